@@ -1,0 +1,247 @@
+"""The codec is exact: every mode returns, bit for bit, the integer sum of the workers' arrays."""
+
+import numpy as np
+import pytest
+
+from host_agent import codec
+from host_agent.codec import AggregationOverflow, CodecError, simulate
+
+ALL_MODES = ["auto", "dense", "union", "sketch"]
+
+
+def exact_sum(arrays):
+    return np.sum(np.stack(arrays).astype(np.int64), axis=0)
+
+
+def sparse_workers(rng, n, workers, density, lo=-(2**20), hi=2**20, support=None):
+    out = []
+    for _ in range(workers):
+        a = np.zeros(n, np.int32)
+        idx = support if support is not None else rng.choice(n, int(n * density), replace=False)
+        a[idx] = rng.integers(lo, hi, len(idx), dtype=np.int64).astype(np.int32)
+        out.append(a)
+    return out
+
+
+def assert_exact(arrays, mode, seed=1, **kw):
+    res = simulate(arrays, seed, mode=mode, **kw)
+    assert res.total.dtype == np.int32
+    np.testing.assert_array_equal(res.total.astype(np.int64), exact_sum(arrays))
+    return res
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize(
+    "n,workers,density",
+    [(1, 1, 1.0), (7, 2, 0.5), (33, 3, 0.1), (1000, 4, 0.01), (4099, 8, 0.05), (100_003, 8, 0.01),
+     (65_537, 64, 0.001), (10_000, 1, 0.02)],
+)
+def test_random_sparse_sums_are_exact(mode, n, workers, density):
+    rng = np.random.default_rng(n * 31 + workers)
+    assert_exact(sparse_workers(rng, n, workers, density), mode)
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_all_zero(mode):
+    res = assert_exact([np.zeros(1000, np.int32)] * 4, mode)
+    assert res.u == 0 or res.mode == "dense"
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_single_nonzero_in_one_worker(mode):
+    arrays = [np.zeros(12345, np.int32) for _ in range(5)]
+    arrays[3][12344] = -7
+    res = assert_exact(arrays, mode)
+    if mode != "dense":
+        assert res.u == 1
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_fully_dense(mode):
+    rng = np.random.default_rng(2)
+    arrays = [rng.integers(1, 2**20, 5000, dtype=np.int32) for _ in range(4)]
+    res = assert_exact(arrays, mode)
+    if mode == "auto":
+        assert res.mode == "dense"  # the byte count says the bitmap cannot pay for itself
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_identical_supports(mode):
+    rng = np.random.default_rng(3)
+    support = rng.choice(50_000, 500, replace=False)
+    assert_exact(sparse_workers(rng, 50_000, 8, 0, support=support), mode)
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_disjoint_supports(mode):
+    rng = np.random.default_rng(4)
+    perm = rng.permutation(40_000)
+    arrays = []
+    for w in range(8):
+        a = np.zeros(40_000, np.int32)
+        a[perm[w * 400 : (w + 1) * 400]] = rng.integers(-1000, 1000, 400)
+        arrays.append(a)
+    res = assert_exact(arrays, mode)
+    if mode in ("union", "sketch"):
+        assert res.u == 8 * 400
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_cancelling_values_keep_support(mode):
+    # Values that sum to zero are still in U; the sum there is an exact 0.
+    a = np.zeros(100, np.int32)
+    b = np.zeros(100, np.int32)
+    a[[1, 50, 99]] = [5, -9, 2**29]
+    b[[1, 50, 99]] = [-5, 9, -(2**29)]
+    res = assert_exact([a, b], mode)
+    assert not res.total.any()
+
+
+@pytest.mark.parametrize("mode", ["dense", "union", "sketch"])
+def test_extreme_magnitudes_that_fit(mode):
+    # One worker at each int32 extreme, others zero: every partial sum fits, so no overflow.
+    n = 3000
+    a = np.zeros(n, np.int32)
+    b = np.zeros(n, np.int32)
+    a[::7] = codec.INT32_MAX
+    b[3::7] = codec.INT32_MIN
+    if mode == "sketch":
+        # Several extremes may share a counter; the switch must flag that, never wrap silently.
+        try:
+            assert_exact([a, b], mode)
+        except AggregationOverflow as e:
+            assert e.round_name in ("sketch", "sketch-encode")
+    else:
+        assert_exact([a, b], mode)
+
+
+@pytest.mark.parametrize("mode", ["dense", "union", "sketch"])
+def test_overflowing_sum_is_flagged_not_wrapped(mode):
+    a = np.zeros(100, np.int32)
+    a[10] = 2**30 + 5
+    with pytest.raises(AggregationOverflow):
+        simulate([a, a.copy()], 1, mode=mode)
+
+
+def test_intermediate_overflow_is_flagged_like_the_switch():
+    a = np.full(4, 2**30, np.int32)
+    b = np.full(4, 2**30, np.int32)
+    c = np.full(4, -(2**30), np.int32)
+    # The final sum 2**30 fits, but the switch adds in arrival order and sees 2**31 first.
+    with pytest.raises(AggregationOverflow):
+        simulate([a, b, c], 1, mode="dense")
+
+
+def test_peeling_failure_is_repaired_by_the_residual_round():
+    rng = np.random.default_rng(5)
+    arrays = sparse_workers(rng, 200_000, 8, 0.01)
+    # 0.8 counters per element is below the peeling threshold: most elements stay unresolved.
+    res = assert_exact(arrays, "sketch", ratio=0.8)
+    assert res.unresolved > res.u // 2
+    assert res.bytes_per_worker["residual"] == 4 * res.unresolved
+
+
+def test_peeling_at_design_ratio_resolves_nearly_everything():
+    rng = np.random.default_rng(6)
+    res = assert_exact(sparse_workers(rng, 1_000_000, 8, 0.01), "sketch")
+    assert res.m == codec.sketch_size(res.u)
+    assert res.unresolved <= res.u // 1000
+
+
+def test_different_seeds_give_different_sketches_same_sum():
+    rng = np.random.default_rng(7)
+    arrays = sparse_workers(rng, 20_000, 4, 0.02)
+    s = codec.Sparse.from_dense(arrays[0])
+    m = codec.sketch_size(1000)
+    assert not np.array_equal(codec.sketch_encode(s, m, 1), codec.sketch_encode(s, m, 2))
+    for seed in (1, 2, 2**40 + 3):
+        assert_exact(arrays, "sketch", seed=seed)
+
+
+def test_sketch_hashes_are_distinct_per_element_and_in_range():
+    idx = np.arange(0, 10**6, 37)
+    pos, sgn = codec.sketch_hashes(idx, codec.sketch_size(idx.size), 9)
+    m = codec.sketch_size(idx.size)
+    assert pos.min() >= 0 and pos.max() < m
+    assert np.all(pos[0] != pos[1]) and np.all(pos[1] != pos[2]) and np.all(pos[0] != pos[2])
+    assert set(np.unique(sgn)) == {-1, 1}
+
+
+def test_bitmap_round_trip_with_odd_sizes():
+    for n in (1, 31, 32, 33, 1001):
+        a = np.zeros(n, np.int32)
+        a[[0, n - 1]] = 1
+        words = codec.bitmap(codec.Sparse.from_dense(a))
+        assert words.size == codec.bitmap_words(n)
+        np.testing.assert_array_equal(codec.union_indices(words, n), np.unique([0, n - 1]))
+
+
+# --- quantization --------------------------------------------------------------------------
+
+
+def test_quantized_job_sums_fit_with_headroom():
+    rng = np.random.default_rng(8)
+    workers = 8
+    xs = [rng.standard_normal(10_000).astype(np.float32) * 1e3 for _ in range(workers)]
+    e = max(codec.max_exponent(x) for x in xs)
+    shift = codec.shift_for(e, workers)
+    qs = [codec.quantize(x, shift) for x in xs]
+    res = assert_exact(qs, "dense")
+    # Dequantized sum is within rounding of the float sum; the int sum itself is exact.
+    ref = np.sum(np.stack(xs).astype(np.float64), axis=0)
+    assert np.max(np.abs(codec.dequantize(res.total, shift, np.float64) - ref)) <= workers * 2.0**-shift
+
+
+def test_sparse_from_float_quantizes_only_nonzeros():
+    x = np.array([0.0, 1.5, 0.0, 1e-9, -2.25], np.float32)
+    s = codec.Sparse.from_float(x, 4)
+    np.testing.assert_array_equal(s.idx, [1, 3, 4])  # 1e-9 rounds to 0 but stays in the support
+    np.testing.assert_array_equal(s.val, [24, 0, -36])
+    np.testing.assert_array_equal(s.to_dense(), codec.quantize(x, 4))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_values_are_refused_with_their_index(bad):
+    x = np.ones(10, np.float32)
+    x[6] = bad
+    with pytest.raises(CodecError, match="index 6"):
+        codec.max_exponent(x)
+    with pytest.raises(CodecError, match="index 6"):
+        codec.quantize(x, 3)
+
+
+def test_all_zero_tensor_has_no_exponent():
+    assert codec.max_exponent(np.zeros(5, np.float32)) is None
+    assert codec.shift_for(None, 4) == 0
+
+
+def test_shift_for_leaves_room_for_workers_and_headroom():
+    e = codec.max_exponent(np.array([3.0]))  # 3 < 2**2
+    s = codec.shift_for(e, 8, 16)
+    assert 8 * 16 * 2 ** (e + s) <= 2**30
+
+
+# --- refusals ------------------------------------------------------------------------------
+
+
+def test_mismatched_sizes_are_refused():
+    with pytest.raises(CodecError, match="worker 1"):
+        simulate([np.zeros(10, np.int32), np.zeros(11, np.int32)], 1)
+
+
+def test_wrong_dtype_is_refused():
+    with pytest.raises(CodecError, match="int32"):
+        simulate([np.zeros(10, np.int64)], 1)
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(CodecError, match="mode"):
+        simulate([np.zeros(10, np.int32)], 1, mode="lossy")
+
+
+def test_choose_mode_follows_the_byte_count():
+    n = 1_000_000
+    assert codec.choose_mode(n, 10_000) == "union"
+    assert codec.choose_mode(n, n) == "dense"
+    # Union pays n/32 for the bitmap: dense wins once u > n - n/32.
+    assert codec.choose_mode(n, n - n // 64) == "dense"
