@@ -29,6 +29,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+try:  # compiled kernels for the O(n) and O(u) loops; the numpy code below stays the reference
+    import numba as _numba
+except ImportError:  # pragma: no cover - numba is a declared dependency
+    _numba = None
+
+#: Use the compiled kernels (tests switch this off to run the numpy reference path).
+USE_JIT = _numba is not None
+
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 
@@ -138,9 +146,9 @@ class Sparse:
         q = np.asarray(q).reshape(-1)
         if q.dtype != np.int32:
             raise CodecError(f"expected int32 values, got {q.dtype}")
-        mask = q != 0
-        idx = np.flatnonzero(mask)
-        return cls(q.size, idx, q[idx], _pack(mask))
+        words = _pack(q != 0)
+        idx = set_bits(words, q.size)
+        return cls(q.size, idx, q[idx], words)
 
     @classmethod
     def from_float(cls, x: np.ndarray, shift: int) -> "Sparse":
@@ -169,9 +177,9 @@ class Scan:
         x = np.asarray(x).reshape(-1)
         if not np.issubdtype(x.dtype, np.floating):
             raise CodecError(f"expected a floating-point tensor, got {x.dtype}")
-        mask = x != 0  # NaN != 0, so NaNs land in raw and max_exponent() names them
-        idx = np.flatnonzero(mask)
-        return cls(x.size, idx, x[idx], _pack(mask))
+        words = _pack(x != 0)  # NaN != 0, so NaNs land in raw and max_exponent() names them
+        idx = set_bits(words, x.size)
+        return cls(x.size, idx, x[idx], words)
 
     def max_exponent(self) -> int | None:
         try:
@@ -195,10 +203,11 @@ def bitmap_words(n: int) -> int:
 
 
 def _pack(mask: np.ndarray) -> np.ndarray:
-    pad = (-mask.size) % 32
+    b = np.packbits(mask)  # zero-pads the last byte
+    pad = (-b.size) % 4
     if pad:
-        mask = np.concatenate([mask, np.zeros(pad, bool)])
-    return np.packbits(mask).view(np.uint32)
+        b = np.concatenate([b, np.zeros(pad, np.uint8)])
+    return b.view(np.uint32)
 
 
 def bitmap(s: Sparse) -> np.ndarray:
@@ -210,14 +219,29 @@ def bitmap(s: Sparse) -> np.ndarray:
     return _pack(mask)
 
 
+def set_bits(words: np.ndarray, n: int) -> np.ndarray:
+    """Sorted int64 positions < n whose bit is set in a packed bitmap (``bitmap``'s layout)."""
+    words = np.ascontiguousarray(words, dtype=np.uint32)
+    if n > 32 * words.size:
+        raise CodecError(f"bitmap of {words.size} words is too short for {n} elements")
+    if USE_JIT:
+        return _k_set_bits(words, n)
+    bits = np.unpackbits(words.view(np.uint8), count=n)
+    return np.flatnonzero(bits.view(bool))
+
+
 def union_indices(words: np.ndarray, n: int) -> np.ndarray:
     """Positions set in an ORed bitmap (sorted), i.e. the union support U."""
-    bits = np.unpackbits(np.asarray(words, dtype=np.uint32).view(np.uint8), count=n)
-    return np.flatnonzero(bits.view(bool))
+    return set_bits(words, n)
 
 
 def ranks_in(union: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """Rank of each of a worker's positions within U (they are a subset of U)."""
+    if USE_JIT:
+        r, bad = _k_ranks(np.ascontiguousarray(union, np.int64), np.ascontiguousarray(idx, np.int64))
+        if bad >= 0:
+            raise CodecError("worker's support is not contained in the union bitmap")
+        return r
     r = np.searchsorted(union, idx)
     if idx.size and (r[-1] >= union.size or not np.array_equal(union[r], idx)):
         raise CodecError("worker's support is not contained in the union bitmap")
@@ -252,22 +276,38 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _seeds(seed: int) -> tuple[np.uint64, np.uint64]:
+    return tuple(np.uint64((seed * 2 + j + 1) * 0x2545F4914F6CDD1D % 2**64) for j in range(2))
+
+
 def sketch_hashes(idx: np.ndarray, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Counter positions (k, len) in [0, m) and signs (k, len) in {-1, +1} for tensor positions.
 
     Hash j maps into partition j (counters [j*m/k, (j+1)*m/k)), so an element's k counters are
-    distinct. Seeded per job; identical on every worker.
+    distinct. Seeded per job; identical on every worker. Two splitmix64 mixes per element give
+    128 bits: three 32-bit words place the element (multiply-shift into the partition) and three
+    low bits of the second mix are its signs.
     """
+    idx = np.asarray(idx)
     part = m // K_HASHES
+    if part >= 2**32:
+        raise CodecError(f"sketch of {m} counters is too large")
+    if USE_JIT:
+        return _k_hashes(np.ascontiguousarray(idx, np.int64), part, *_seeds(seed))
+    s1, s2 = _seeds(seed)
     base = idx.astype(np.uint64) * _M1
+    lo32 = np.uint64(0xFFFFFFFF)
+    u32, p = np.uint64(32), np.uint64(part)
     pos = np.empty((K_HASHES, idx.size), np.int64)
     sgn = np.empty((K_HASHES, idx.size), np.int8)
     with np.errstate(over="ignore"):
+        a = _mix(base + s1)
+        b = _mix(base + s2)
+        words = (a >> u32, a & lo32, b >> u32)
         for j in range(K_HASHES):
-            h = _mix(base + np.uint64((seed * K_HASHES + j + 1) * 0x2545F4914F6CDD1D % 2**64))
-            pos[j] = ((h >> np.uint64(32)) * np.uint64(part)) >> np.uint64(32)
+            pos[j] = (words[j] * p) >> u32
             pos[j] += j * part
-            sgn[j] = ((h & np.uint64(1)).astype(np.int8) << 1) - 1
+            sgn[j] = (((b >> np.uint64(j)) & np.uint64(1)).astype(np.int8) << 1) - 1
     return pos, sgn
 
 
@@ -276,10 +316,16 @@ def sketch_encode(s: Sparse, m: int, seed: int) -> np.ndarray:
     this worker alone leaves int32 (headroom exceeded: rescale)."""
     if m == 0:
         return np.zeros(0, np.int32)
-    pos, sgn = sketch_hashes(s.idx, m, seed)
-    contrib = (sgn * s.val.astype(np.float64)).ravel()
-    # float64 bincount is exact here: at most a few hundred terms of |v| < 2**31 per counter.
-    c = np.bincount(pos.ravel(), weights=contrib, minlength=m)
+    if USE_JIT:
+        if m // K_HASHES >= 2**32:
+            raise CodecError(f"sketch of {m} counters is too large")
+        c = _k_sketch_encode(np.ascontiguousarray(s.idx, np.int64), np.ascontiguousarray(s.val),
+                             m, *_seeds(seed))
+    else:
+        pos, sgn = sketch_hashes(s.idx, m, seed)
+        contrib = (sgn * s.val.astype(np.float64)).ravel()
+        # float64 bincount is exact here: at most a few hundred terms of |v| < 2**31 per counter.
+        c = np.bincount(pos.ravel(), weights=contrib, minlength=m)
     bad = np.flatnonzero((c > INT32_MAX) | (c < INT32_MIN))
     if bad.size:
         raise AggregationOverflow("sketch-encode", bad)
@@ -307,6 +353,19 @@ def peel(counters: np.ndarray, union: np.ndarray, seed: int) -> PeelResult:
     u, m = union.size, counters.size
     if u == 0:
         return PeelResult(np.zeros(0, np.int64), np.zeros(0, bool), 0)
+    if USE_JIT:
+        if m // K_HASHES >= 2**32:
+            raise CodecError(f"sketch of {m} counters is too large")
+        values = np.zeros(u, np.int64)
+        resolved = np.zeros(u, bool)
+        # Count in the low bits, rank xor above: 8 + 23 bits fit an int32 (half the traffic).
+        small = u < 2**23
+        state = np.zeros(m, np.int32 if small else np.int64)
+        rounds = _k_peel(np.ascontiguousarray(union, np.int64), *_seeds(seed), values, resolved,
+                         state, counters.astype(np.int64), 8 if small else 16,
+                         np.empty(m, np.int64), np.empty(m, np.int64))
+        if rounds >= 0:
+            return PeelResult(values, resolved, rounds)
     pos, sgn = sketch_hashes(union, m, seed)
     flat = pos.ravel()
     cnt = np.bincount(flat, minlength=m)
@@ -435,8 +494,16 @@ def residual_values(s: Sparse, positions: np.ndarray) -> np.ndarray:
 
 def assemble(n: int, union: np.ndarray, values: np.ndarray, shift: int,
              dtype=np.float32) -> np.ndarray:
-    """The decoded sum as a dense float tensor: values (per union rank) / 2**shift."""
+    """The decoded sum as a dense float tensor: values (per union rank) / 2**shift.
+
+    Each value is rounded once, from the exact ``values * 2**-shift``, to ``dtype``.
+    """
     out = np.zeros(n, dtype)
+    if USE_JIT and abs(shift) <= 1000 and out.dtype in (np.float32, np.float64):
+        # v * 2.0**-shift is ldexp(v, -shift) exactly: the scale is a normal float64.
+        _k_assemble(out, np.ascontiguousarray(union, np.int64), np.ascontiguousarray(values),
+                    math.ldexp(1.0, -shift))
+        return out
     out[union] = np.ldexp(values.astype(np.float64), -shift)
     return out
 
@@ -523,3 +590,188 @@ def simulate(
     total[union] = values.astype(np.int32)
     m = words.size if mode == "sketch" else 0
     return SimResult(total, mode, n, u, m, left.size, peeled.rounds, nbytes)
+
+
+# --------------------------------------------------------------------------------------------
+# Compiled kernels (numba). Each one has a numpy twin above that tests compare it against.
+# --------------------------------------------------------------------------------------------
+
+if _numba is not None:
+    _jit = _numba.njit(cache=True, nogil=True)
+
+    try:
+        from numba.cpython.unsafe.numbers import trailing_zeros as _ctz
+    except ImportError:  # pragma: no cover - internal numba API; fall back to a de Bruijn table
+        _DEBRUIJN = np.array([0, 1, 28, 2, 29, 14, 24, 3, 30, 22, 20, 15, 25, 17, 4, 8, 31, 27,
+                              13, 23, 21, 19, 16, 7, 26, 12, 18, 6, 11, 5, 10, 9], np.int64)
+
+        @_jit
+        def _ctz(w):  # w: int64 in (0, 2**32)
+            return _DEBRUIJN[(((w & -w) * 0x077CB531) & 0xFFFFFFFF) >> 27]
+
+    _U1, _U27, _U30, _U31, _U32 = (np.uint64(v) for v in (1, 27, 30, 31, 32))
+    _LO32 = np.uint64(0xFFFFFFFF)
+
+    @_jit
+    def _k_popcount32(w):
+        w = w - ((w >> 1) & 0x55555555)
+        w = (w & 0x33333333) + ((w >> 2) & 0x33333333)
+        return (((w + (w >> 4)) & 0x0F0F0F0F) * 0x01010101 & 0xFFFFFFFF) >> 24
+
+    @_jit
+    def _k_set_bits(words, n):
+        total = 0
+        for i in range(words.size):
+            total += _k_popcount32(np.int64(words[i]))
+        out = np.empty(total, np.int64)
+        k = 0
+        for i in range(words.size):
+            w = np.int64(words[i])
+            if w == 0:
+                continue
+            # Tensor bit 8j+t is bit 7-t of byte j: reverse the bits of each byte so that it
+            # becomes bit 8j+t of the (little-endian) word, then walk the set bits upwards.
+            w = ((w >> 1) & 0x55555555) | ((w & 0x55555555) << 1)
+            w = ((w >> 2) & 0x33333333) | ((w & 0x33333333) << 2)
+            w = ((w >> 4) & 0x0F0F0F0F) | ((w & 0x0F0F0F0F) << 4)
+            base = np.int64(i) * 32
+            while w:
+                out[k] = base + _ctz(w)
+                k += 1
+                w &= w - 1
+        while k > 0 and out[k - 1] >= n:  # padding bits of a foreign bitmap
+            k -= 1
+        return out[:k]
+
+    @_jit
+    def _k_ranks(union, idx):
+        r = np.empty(idx.size, np.int64)
+        j = 0
+        u = union.size
+        for i in range(idx.size):
+            t = idx[i]
+            while j < u and union[j] < t:
+                j += 1
+            if j == u or union[j] != t:
+                return r, i
+            r[i] = j
+        return r, -1
+
+    @_jit
+    def _k_mix(x):
+        x ^= x >> _U30
+        x *= _M2
+        x ^= x >> _U27
+        x *= _M3
+        x ^= x >> _U31
+        return x
+
+    @_jit
+    def _k_hash(i, part, s1, s2):
+        """(p0, p1, p2, g0, g1, g2): counters and signs of tensor position i (see sketch_hashes)."""
+        base = np.uint64(i) * _M1
+        a = _k_mix(base + s1)
+        b = _k_mix(base + s2)
+        p = np.uint64(part)
+        p0 = np.int64(((a >> _U32) * p) >> _U32)
+        p1 = np.int64(((a & _LO32) * p) >> _U32) + part
+        p2 = np.int64(((b >> _U32) * p) >> _U32) + 2 * part
+        g0 = np.int64(b & _U1) * 2 - 1
+        g1 = np.int64((b >> _U1) & _U1) * 2 - 1
+        g2 = np.int64((b >> np.uint64(2)) & _U1) * 2 - 1
+        return p0, p1, p2, g0, g1, g2
+
+    @_jit
+    def _k_hashes(idx, part, s1, s2):
+        pos = np.empty((3, idx.size), np.int64)
+        sgn = np.empty((3, idx.size), np.int8)
+        for i in range(idx.size):
+            p0, p1, p2, g0, g1, g2 = _k_hash(idx[i], part, s1, s2)
+            pos[0, i], pos[1, i], pos[2, i] = p0, p1, p2
+            sgn[0, i], sgn[1, i], sgn[2, i] = g0, g1, g2
+        return pos, sgn
+
+    @_jit
+    def _k_sketch_encode(idx, val, m, s1, s2):
+        part = m // 3
+        c = np.zeros(m, np.int64)
+        for i in range(idx.size):
+            p0, p1, p2, g0, g1, g2 = _k_hash(idx[i], part, s1, s2)
+            v = np.int64(val[i])
+            c[p0] += g0 * v
+            c[p1] += g1 * v
+            c[p2] += g2 * v
+        return c
+
+    @_jit
+    def _k_peel(union, s1, s2, values, resolved, state, res, bits, frontier, nxt):
+        """Peel a sketch in place; returns the number of rounds, or -1 if a counter has too many
+        elements for this kernel (the caller then uses the numpy reference).
+
+        ``state`` (zeros, m, int32 or int64) packs per counter the number of unresolved elements
+        (low ``bits`` bits) and the xor of their union ranks (above), so a counter with one
+        element names it; ``res`` (int64, m) is the aggregated sketch, reduced as elements are
+        peeled. The accesses are random and the working set decides the speed, hence the packing.
+        ``values``/``resolved`` are per union rank; ``frontier`` and ``nxt`` are scratch of size m.
+
+        Rounds are level-synchronous, like the numpy reference: each round takes the counters
+        that hold one element. A counter reaches that state at most once (counts only fall), so a
+        frontier never exceeds m.
+        """
+        u = union.size
+        m = res.size
+        part = m // 3
+        low = (1 << bits) - 1
+        for r in range(u):
+            p0, p1, p2, g0, g1, g2 = _k_hash(union[r], part, s1, s2)
+            x = r << bits
+            state[p0] = (state[p0] ^ x) + 1
+            state[p1] = (state[p1] ^ x) + 1
+            state[p2] = (state[p2] ^ x) + 1
+            if ((state[p0] | state[p1] | state[p2]) & low) == low:
+                return -1
+        nf = 0
+        for c in range(m):
+            if (state[c] & low) == 1:
+                frontier[nf] = c
+                nf += 1
+        rounds = 0
+        while nf:
+            rounds += 1
+            end = nf
+            nf = 0
+            frontier, nxt = nxt, frontier
+            for i in range(end):
+                c = nxt[i]
+                s = state[c]
+                if (s & low) != 1:  # its element was peeled from another counter
+                    continue
+                r = np.int64(s >> bits)
+                p0, p1, p2, g0, g1, g2 = _k_hash(union[r], part, s1, s2)
+                j = c // part
+                g = g0 if j == 0 else (g1 if j == 1 else g2)
+                v = g * res[c]
+                values[r] = v
+                resolved[r] = True
+                res[p0] -= g0 * v
+                res[p1] -= g1 * v
+                res[p2] -= g2 * v
+                x = r << bits
+                state[p0] = (state[p0] - 1) ^ x
+                state[p1] = (state[p1] - 1) ^ x
+                state[p2] = (state[p2] - 1) ^ x
+                if (state[p0] & low) == 1:
+                    frontier[nf] = p0
+                    nf += 1
+                if (state[p1] & low) == 1:
+                    frontier[nf] = p1
+                    nf += 1
+                if (state[p2] & low) == 1:
+                    frontier[nf] = p2
+                    nf += 1
+        return rounds
+
+    @_jit
+    def _k_assemble(out, union, values, scale):
+        for r in range(union.size):
+            out[union[r]] = np.float64(values[r]) * scale

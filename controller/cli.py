@@ -1,0 +1,203 @@
+"""homagg-ctl: the operator's CLI over P4Runtime.
+
+    homagg-ctl build                              compile p4/ (p4c-bm2-ss)
+    homagg-ctl -c net.toml install                push the pipeline, base forwarding, the jobs
+    homagg-ctl -c net.toml job add 1              install job 1 from the config
+    homagg-ctl -c net.toml job add 2 --slots 32 --worker h1:50001 --worker h2:50001
+    homagg-ctl -c net.toml job list [--json]
+    homagg-ctl -c net.toml job remove 1
+    homagg-ctl -c net.toml stats [--json]
+    homagg-ctl -c net.toml reset 1                new epoch, zeroed counters (and registers)
+
+Every P4Runtime request goes to a log (``--request-log``, default build/logs/<switch>-p4runtime.log).
+Errors are one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from controller import jobs as J
+from controller.config import Config, ConfigError, SwitchSpec, Worker, load, validate_job
+from controller.p4build import DEFAULT_OUT, BuildError, Pipeline, build
+from controller.switch import SwitchConnection, SwitchError
+from controller.toolchain import ToolMissing
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="homagg-ctl", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-c", "--config", type=Path, help="TOML file: switch, hosts, jobs")
+    p.add_argument("--grpc", help="P4Runtime address (overrides the config)")
+    p.add_argument("--device-id", type=int, help="P4Runtime device id (overrides the config)")
+    p.add_argument("--election-id", default="0,1", help="high,low (default 0,1)")
+    p.add_argument("--request-log", type=Path, help="file that logs every P4Runtime request")
+    p.add_argument("--build-dir", type=Path, default=DEFAULT_OUT, help="compiled pipeline")
+    p.add_argument("--log-level", default="warning",
+                   choices=["debug", "info", "warning", "error"])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    b = sub.add_parser("build", help="compile the P4 program")
+    b.add_argument("--force", action="store_true")
+
+    i = sub.add_parser("install", help="push pipeline, base forwarding and the config's jobs")
+    i.add_argument("--no-jobs", action="store_true", help="do not install the config's jobs")
+
+    job = sub.add_parser("job", help="add, list or remove jobs").add_subparsers(dest="job_cmd",
+                                                                             required=True)
+    ja = job.add_parser("add", help="install a job (from the config, or --worker ...)")
+    ja.add_argument("id", type=int)
+    ja.add_argument("--slots", type=int, help="slot region size")
+    ja.add_argument("--worker", action="append", default=[], metavar="HOST[:UDP_PORT]",
+                    help="a worker: a host of the config and its UDP port (default 50000)")
+    jl = job.add_parser("list", help="jobs installed on the switch")
+    jl.add_argument("--json", action="store_true")
+    jr = job.add_parser("remove", help="remove a job")
+    jr.add_argument("id", type=int)
+
+    s = sub.add_parser("stats", help="counters per drop reason and per job")
+    s.add_argument("--json", action="store_true")
+
+    r = sub.add_parser("reset", help="start a job afresh: new epoch, zeroed counters")
+    r.add_argument("id", type=int)
+    return p
+
+
+def _switch_spec(a, cfg: Config | None) -> SwitchSpec:
+    spec = cfg.switch if cfg else SwitchSpec()
+    if a.grpc or a.device_id is not None:
+        spec = SwitchSpec(spec.name, a.grpc or spec.grpc,
+                          a.device_id if a.device_id is not None else spec.device_id,
+                          spec.thrift_port, spec.ip, spec.mac)
+    return spec
+
+
+def _connect(a, cfg: Config | None, pipeline: Pipeline | None = None) -> SwitchConnection:
+    spec = _switch_spec(a, cfg)
+    try:
+        high, low = (int(x) for x in a.election_id.split(","))
+    except ValueError:
+        raise ConfigError(f"--election-id {a.election_id!r}: expected HIGH,LOW") from None
+    logf = a.request_log or ROOT / "build" / "logs" / f"{spec.name}-p4runtime.log"
+    logf.parent.mkdir(parents=True, exist_ok=True)
+    return SwitchConnection(spec.grpc, spec.device_id, (high, low), logf, spec.name).open(pipeline)
+
+
+def _need_config(a) -> Config:
+    if not a.config:
+        raise ConfigError("this command needs --config FILE (see controller/config.py)")
+    return load(a.config)
+
+
+def _job_spec(a, cfg: Config):
+    if not a.worker:
+        spec = cfg.job(a.id)
+        if a.slots:
+            spec = validate_job(spec.id, list(spec.workers), a.slots)
+        return spec
+    workers = []
+    for w in a.worker:
+        name, _, port = w.partition(":")
+        h = cfg.host(name)
+        try:
+            udp = int(port) if port else 50000
+        except ValueError:
+            raise ConfigError(f"--worker {w!r}: port must be an integer") from None
+        workers.append(Worker(h.ip, udp, h.mac, h.port, h.name))
+    return validate_job(a.id, workers, a.slots or 64)
+
+
+def _table(rows: list[list], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*(str(x) for x in r)) for r in rows]
+    return "\n".join(lines)
+
+
+def run(a) -> int:
+    if a.cmd == "build":
+        p = build(a.build_dir, a.force)
+        print(f"built {p.bmv2_json} and {p.p4info}")
+        return 0
+
+    cfg = load(a.config) if a.config else None
+    if a.cmd == "install":
+        cfg = _need_config(a)
+        pipeline = build(a.build_dir)
+        with _connect(a, cfg, pipeline) as sw:
+            J.install_base(sw, cfg)
+            print(f"pipeline installed on {cfg.switch.name} ({cfg.switch.grpc}); "
+                  f"{len(cfg.hosts)} hosts routed")
+            if not a.no_jobs:
+                for job in cfg.jobs:
+                    j = J.add_job(sw, job)
+                    print(f"job {j.id}: {len(j.workers)} workers, slots {j.base}-"
+                          f"{j.base + j.size - 1}, epoch {j.epoch}, group {j.group}")
+        return 0
+
+    with _connect(a, cfg) as sw:
+        if a.cmd == "job" and a.job_cmd == "add":
+            spec = _job_spec(a, _need_config(a))
+            j = J.add_job(sw, spec)
+            print(f"job {j.id}: {len(j.workers)} workers, slots {j.base}-{j.base + j.size - 1}, "
+                  f"epoch {j.epoch}, group {j.group}")
+        elif a.cmd == "job" and a.job_cmd == "list":
+            installed = J.list_jobs(sw)
+            if a.json:
+                print(json.dumps([{"id": j.id, "workers": [{"worker": w, "ip": ip, "udp_port": p}
+                                                           for w, ip, p in j.workers],
+                                   "epoch": j.epoch, "slot_base": j.base, "slots": j.size,
+                                   "group": j.group} for j in installed], indent=2))
+            elif not installed:
+                print("no jobs installed")
+            else:
+                print(_table([[j.id, len(j.workers), f"{j.base}-{j.base + j.size - 1}", j.epoch,
+                               j.group, " ".join(f"{ip}:{p}" for _, ip, p in j.workers)]
+                              for j in installed],
+                             ["job", "workers", "slots", "epoch", "group", "senders"]))
+        elif a.cmd == "job" and a.job_cmd == "remove":
+            j = J.remove_job(sw, a.id)
+            print(f"job {j.id} removed (slots {j.base}-{j.base + j.size - 1} free)")
+        elif a.cmd == "stats":
+            st = J.read_stats(sw)
+            if a.json:
+                print(json.dumps(st, indent=2))
+            else:
+                print(_table([[k, v] for k, v in st["switch"].items()]
+                             + [[k, v] for k, v in st["forwarding"].items()],
+                             ["counter", "packets"]))
+                if st["jobs"]:
+                    print()
+                    names = list(next(iter(st["jobs"].values())))
+                    print(_table([[j] + [d[n]["packets"] for n in names]
+                                  for j, d in st["jobs"].items()],
+                                 ["job"] + [n.replace("JOB_STAT_", "").lower() for n in names]))
+        elif a.cmd == "reset":
+            spec = _switch_spec(a, cfg)
+            res = J.reset_job(sw, a.id, spec.thrift_port)
+            print(f"job {res['job']} reset: epoch {res['epoch']}, counters zeroed, registers "
+                  f"{res['registers']}")
+    return 0
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return run(a)
+    except (ConfigError, SwitchError, J.JobError, ToolMissing, BuildError) as e:
+        print(f"homagg-ctl: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

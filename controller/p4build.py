@@ -1,0 +1,88 @@
+"""Compile p4/homagg.p4 with p4c-bm2-ss into bmv2 JSON and P4Info (text format).
+
+    python -m controller.p4build [--out build/p4]      (also: homagg-ctl build)
+
+Rebuilds only when a source under p4/ is newer than the outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from controller.toolchain import ToolMissing, require
+
+ROOT = Path(__file__).resolve().parents[1]
+P4_DIR = ROOT / "p4"
+MAIN = P4_DIR / "homagg.p4"
+DEFAULT_OUT = ROOT / "build" / "p4"
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The build outputs a switch needs."""
+
+    bmv2_json: Path
+    p4info: Path
+
+    @classmethod
+    def in_dir(cls, out: Path) -> "Pipeline":
+        return cls(out / "homagg.json", out / "homagg.p4info.txtpb")
+
+    def exists(self) -> bool:
+        return self.bmv2_json.is_file() and self.p4info.is_file()
+
+
+def sources() -> list[Path]:
+    return sorted(P4_DIR.rglob("*.p4"))
+
+
+def up_to_date(p: Pipeline) -> bool:
+    if not p.exists():
+        return False
+    built = min(p.bmv2_json.stat().st_mtime, p.p4info.stat().st_mtime)
+    return all(s.stat().st_mtime <= built for s in sources())
+
+
+def build(out: Path = DEFAULT_OUT, force: bool = False) -> Pipeline:
+    """Compile if needed; return the pipeline. Raises ToolMissing or BuildError (with p4c's
+    own messages)."""
+    p = Pipeline.in_dir(out)
+    if not force and up_to_date(p):
+        return p
+    p4c = require("p4c-bm2-ss")
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [str(p4c), "--std", "p4-16", "--arch", "v1model",
+           "--p4runtime-files", str(p.p4info), "-o", str(p.bmv2_json), str(MAIN)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    log = out / "p4c.log"
+    log.write_text(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+    if proc.returncode != 0:
+        raise BuildError(f"p4c-bm2-ss failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
+    return p
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    a = ap.parse_args(argv)
+    try:
+        p = build(a.out, a.force)
+    except (ToolMissing, BuildError) as e:
+        print(f"homagg build: {e}", file=sys.stderr)
+        return 1
+    print(f"{p.bmv2_json}\n{p.p4info}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""Where the external P4 tools are: PATH, or the environment variables the README documents.
+
+bmv2 and p4c are not in any package registry homagg installs from, so they are looked up, never
+installed; whatever needs one and does not find it says exactly what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+#: tool name -> environment variable that may point at it
+TOOLS = {
+    "p4c-bm2-ss": "HOMAGG_P4C",
+    "simple_switch_grpc": "HOMAGG_BMV2",
+    "simple_switch_CLI": "HOMAGG_BMV2_CLI",
+}
+
+
+class ToolMissing(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    path: Path | None
+    how: str  # where it was found, or why not
+
+    @property
+    def found(self) -> bool:
+        return self.path is not None
+
+
+def find(name: str) -> Tool:
+    var = TOOLS[name]
+    value = os.environ.get(var)
+    if value:
+        p = Path(value)
+        if p.is_file() and os.access(p, os.X_OK):
+            return Tool(name, p, f"${var}")
+        return Tool(name, None, f"${var}={value} is not an executable file")
+    hit = shutil.which(name)
+    if hit:
+        return Tool(name, Path(hit), "PATH")
+    return Tool(name, None, f"{name} is not on PATH and ${var} is not set")
+
+
+def require(name: str) -> Path:
+    tool = find(name)
+    if not tool.found:
+        raise ToolMissing(f"{tool.how}: install {name} (README, 'bmv2 and p4c') or set "
+                          f"{TOOLS[name]}=/path/to/{name}")
+    return tool.path
+
+
+def missing(*names: str) -> str | None:
+    """None if every tool is found, else one line naming what is missing (for skip reasons)."""
+    gone = [find(n) for n in names]
+    gone = [t.how for t in gone if not t.found]
+    return "; ".join(gone) if gone else None

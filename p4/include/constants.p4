@@ -1,0 +1,93 @@
+/* homagg: every constant and size, in one place.
+ *
+ * Python reads the same values from host_agent/wire.py; bmv2_tests/test_constants.py (runs
+ * everywhere) parses this file and fails if the two ever drift.
+ */
+#ifndef HOMAGG_CONSTANTS_P4
+#define HOMAGG_CONSTANTS_P4
+
+/* ---- wire protocol ---------------------------------------------------------------------- */
+/* Workers send to the switch's address on a UDP port in [MIN, MAX]: several agents may share a
+ * host, each on its own source port, and the fixed range keeps homagg traffic easy to match. */
+const bit<16> HOMAGG_UDP_PORT_MIN = 48864;   /* 0xBEE0 */
+const bit<16> HOMAGG_UDP_PORT_MAX = 48879;   /* 0xBEEF */
+const bit<4>  HOMAGG_VERSION      = 1;
+
+const bit<4>  OP_ADD = 1;    /* int32 two's-complement add, overflow flagged */
+const bit<4>  OP_OR  = 2;    /* bitwise OR of 32-bit words (bitmaps) */
+
+/* flags byte (most significant bit first) */
+const bit<8>  FLAG_RESULT    = 0x80;   /* set by the switch on every result it sends */
+const bit<8>  FLAG_OVERFLOW  = 0x40;   /* some int32 add of this slot round overflowed */
+const bit<8>  FLAG_PHASE     = 0x20;   /* which of the slot's two copies (shadow copy) */
+const bit<8>  FLAG_RETRANS   = 0x10;   /* result re-sent by unicast to a retransmission */
+
+/* Words per packet (K). 64 x 32 bit = 256 B of payload, 310 B frames: SwitchML's choice, and
+ * on bmv2 the per-packet cost (parse, queue, thread hand-offs) dominates the per-word cost, so
+ * fewer, larger packets aggregate more elements per second. The header below has exactly this
+ * many word fields and ingress exactly this many register lanes. */
+#define WORDS_PER_PACKET 64
+const bit<16> HOMAGG_HDR_BYTES     = 12;
+const bit<16> HOMAGG_PAYLOAD_BYTES = 256;   /* 4 * WORDS_PER_PACKET */
+const bit<16> HOMAGG_UDP_LEN       = 276;   /* 8 (UDP) + 12 (homagg) + 256 (words) */
+const bit<16> HOMAGG_IPV4_LEN      = 296;   /* 20 (IPv4, no options) + HOMAGG_UDP_LEN */
+
+/* ---- switch memory ---------------------------------------------------------------------- */
+/* Slots: the streaming pool shared by all jobs. A job owns a region [base, base + size). Each
+ * slot has two copies (phase 0/1, the shadow copy), so registers have 2 * SLOTS entries.
+ * 1024 slots x 2 x 64 lanes x 4 B = 512 KiB of register state: trivial for bmv2, and enough for
+ * 8 jobs with a window of 128 packets each. */
+#define SLOT_INDEX_WIDTH 10
+#define SLOTS (1 << SLOT_INDEX_WIDTH)
+#define SLOT_STATE_SIZE (2 << SLOT_INDEX_WIDTH)                /* two copies per slot */
+
+/* Workers per job: one bit each in the slot's worker bitmap. */
+#define MAX_WORKERS 64
+typedef bit<64> worker_bitmap_t;
+
+/* Jobs: ids index the per-job counters. */
+#define JOB_ID_WIDTH 6
+#define MAX_JOBS (1 << JOB_ID_WIDTH)
+
+/* ---- counters ---------------------------------------------------------------------------- */
+/* Switch-wide: index = reason. */
+#define STATS_SIZE 32
+const bit<32> STAT_RX              = 0;   /* homagg packets addressed to the switch */
+const bit<32> STAT_ACCEPTED        = 1;   /* contributions added into a slot */
+const bit<32> STAT_COMPLETED       = 2;   /* slot rounds completed (results multicast) */
+const bit<32> STAT_RETRANS_REPLY   = 3;   /* finished results re-sent by unicast */
+const bit<32> STAT_DUP_PENDING     = 4;   /* duplicates of a slot still in progress: dropped */
+const bit<32> STAT_OVERFLOW        = 5;   /* slot rounds whose result carries FLAG_OVERFLOW */
+const bit<32> DROP_MALFORMED       = 6;   /* truncated, IPv4 options, parser error */
+const bit<32> DROP_BAD_LENGTH      = 7;   /* IPv4/UDP length not the homagg packet size */
+const bit<32> DROP_BAD_VERSION     = 8;
+const bit<32> DROP_BAD_OP          = 9;
+const bit<32> DROP_FORGED_RESULT   = 10;  /* FLAG_RESULT set by a host */
+const bit<32> DROP_UNKNOWN_SENDER  = 11;  /* (source address, port) not in the job table */
+const bit<32> DROP_WRONG_IDENTITY  = 12;  /* header job/worker differ from the job table's */
+const bit<32> DROP_BAD_SLOT        = 13;  /* slot outside the job's region */
+const bit<32> DROP_SEQ_MISMATCH    = 14;  /* contribution for another round than the slot's */
+const bit<32> DROP_STALE           = 15;  /* a round that already finished (late duplicate) */
+/* Never counted by the data plane: the controller keeps the last job epoch it handed out here
+ * (P4Runtime can write counters but not registers), so epochs stay unique for the switch's
+ * lifetime, across controller restarts, and restart with the registers when the switch does. */
+const bit<32> EPOCH_STORE          = 31;
+
+/* Plain traffic (forwarding control): index = outcome. */
+#define FWD_STATS_SIZE 4
+const bit<32> FWD_ROUTED           = 0;   /* IPv4 packets routed */
+const bit<32> FWD_ARP_REPLIES      = 1;   /* ARP requests answered (proxy ARP) */
+const bit<32> FWD_NO_ROUTE         = 2;   /* no route, TTL expired, or neither IPv4 nor ARP */
+
+/* Per job: index = job * JOB_STATS_PER_JOB + kind. */
+#define JOB_STATS_PER_JOB 4
+#define JOB_STATS_SIZE (MAX_JOBS * JOB_STATS_PER_JOB)
+const bit<32> JOB_STAT_ACCEPTED    = 0;
+const bit<32> JOB_STAT_COMPLETED   = 1;
+const bit<32> JOB_STAT_RETRANS     = 2;   /* retransmissions seen (replied or dropped) */
+const bit<32> JOB_STAT_DROPPED     = 3;   /* dropped after the job was identified */
+
+/* Replication ids: worker w of a job is rid w + 1 in the job's multicast group. */
+const bit<16> RID_WORKER_OFFSET = 1;
+
+#endif

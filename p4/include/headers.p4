@@ -1,0 +1,116 @@
+/* homagg: headers and metadata. */
+#ifndef HOMAGG_HEADERS_P4
+#define HOMAGG_HEADERS_P4
+
+#include "constants.p4"
+
+header ethernet_h {
+    bit<48> dst_addr;
+    bit<48> src_addr;
+    bit<16> ether_type;
+}
+
+header arp_h {
+    bit<16> htype;
+    bit<16> ptype;
+    bit<8>  hlen;
+    bit<8>  plen;
+    bit<16> oper;
+    bit<48> sha;
+    bit<32> spa;
+    bit<48> tha;
+    bit<32> tpa;
+}
+
+header ipv4_h {
+    bit<4>  version;
+    bit<4>  ihl;
+    bit<8>  diffserv;
+    bit<16> total_len;
+    bit<16> identification;
+    bit<3>  flags;
+    bit<13> frag_offset;
+    bit<8>  ttl;
+    bit<8>  protocol;
+    bit<16> hdr_checksum;
+    bit<32> src_addr;
+    bit<32> dst_addr;
+}
+
+header udp_h {
+    bit<16> src_port;
+    bit<16> dst_port;
+    bit<16> length;
+    bit<16> checksum;
+}
+
+/* The homagg header, after UDP (all fields big-endian):
+ *
+ *  0                   1                   2                   3
+ *  0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
+ * +-------+-------+---------------+-------------------------------+
+ * |version|  op   |R|O|P|T| zero  |            job id             |
+ * +-------+-------+---------------+-------------------------------+
+ * |   worker id   |   reserved    |        slot (in region)       |
+ * +---------------+---------------+-------------------------------+
+ * |                   sequence number (round tag)                 |
+ * +---------------------------------------------------------------+
+ * |                            word 0                             |
+ * +---------------------------------------------------------------+
+ * :                              ...                              :
+ * +---------------------------------------------------------------+
+ * |                   word WORDS_PER_PACKET - 1                   |
+ * +---------------------------------------------------------------+
+ *
+ *  op:     OP_ADD (int32 add) or OP_OR (bitwise OR)
+ *  flags:  R result (switch -> host only), O overflow, P phase (which copy of the slot),
+ *          T retransmitted result (unicast reply to a duplicate)
+ *  slot:   index within the job's slot region
+ *  seq:    the round tag: every worker sends the same seq into the same slot round, and a
+ *          worker's successive rounds on one slot have increasing seq (serial arithmetic)
+ *  words:  int32 (ADD) or bit sets (OR); results come back in the same layout
+ */
+header homagg_h {
+    bit<4>  version;
+    bit<4>  op;
+    bit<8>  flags;
+    bit<16> job;
+    bit<8>  worker;
+    bit<8>  reserved;
+    bit<16> slot;
+    bit<32> seq;
+}
+
+#define W8(p) bit<32> w##p##0; bit<32> w##p##1; bit<32> w##p##2; bit<32> w##p##3; \
+              bit<32> w##p##4; bit<32> w##p##5; bit<32> w##p##6; bit<32> w##p##7;
+/* WORDS_PER_PACKET words, named w00 .. w77 (two octal digits: lane = 8 * tens + units). */
+header words_h {
+    W8(0) W8(1) W8(2) W8(3) W8(4) W8(5) W8(6) W8(7)
+}
+#undef W8
+
+struct headers_t {
+    ethernet_h ethernet;
+    arp_h      arp;
+    ipv4_h     ipv4;
+    udp_h      udp;
+    homagg_h   homagg;
+    words_h    words;
+}
+
+struct metadata_t {
+    bit<1>  to_switch;      /* homagg packet addressed to the switch itself */
+    bit<1>  mcast_result;   /* egress rewrites the destination per replica */
+    bit<16> job;
+    bit<8>  worker;
+    bit<8>  workers;
+    bit<16> epoch;
+    bit<16> region_base;
+    bit<16> region_size;
+    bit<16> mcast_group;
+    bit<32> idx;            /* slot state index: 2 * (region_base + slot) + phase */
+    bit<1>  first;          /* this packet starts a new round of its slot copy */
+    bit<32> overflow;       /* OR of per-lane overflow bits (bit 31 matters) */
+}
+
+#endif
