@@ -20,6 +20,10 @@ arithmetic (int32 add with overflow detection, bitwise OR).
 Note on bytes: once every worker knows U exactly, ``union`` costs u words and ``sketch`` about
 1.23 u words, so the byte-count policy (``choose_mode``) prefers ``union``; ``sketch`` is kept,
 tested and benchmarked as the paper's scheme (see README, "Codec").
+
+Speed: the loops over the bitmap, the union and the sketch run as numba kernels (``USE_JIT``);
+each has a numpy twin, kept as the reference the tests compare it with bit for bit, and used
+when numba is missing.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ SKETCH_SLACK = 4
 DEFAULT_HEADROOM = 16
 
 MODES = ("dense", "union", "sketch")
+
+#: Peeling packs a counter's element count (8 bits) and rank xor (23 bits) in an int32 below this
+#: union size, in an int64 (16 + 47 bits) from it on.
+_PEEL_INT32_STATE_BELOW = 2**23
 
 
 class CodecError(ValueError):
@@ -359,11 +367,11 @@ def peel(counters: np.ndarray, union: np.ndarray, seed: int) -> PeelResult:
         values = np.zeros(u, np.int64)
         resolved = np.zeros(u, bool)
         # Count in the low bits, rank xor above: 8 + 23 bits fit an int32 (half the traffic).
-        small = u < 2**23
+        small = u < _PEEL_INT32_STATE_BELOW
         state = np.zeros(m, np.int32 if small else np.int64)
         rounds = _k_peel(np.ascontiguousarray(union, np.int64), *_seeds(seed), values, resolved,
                          state, counters.astype(np.int64), 8 if small else 16,
-                         np.empty(m, np.int64), np.empty(m, np.int64))
+                         *(np.empty(m, np.int64) for _ in range(4)))
         if rounds >= 0:
             return PeelResult(values, resolved, rounds)
     pos, sgn = sketch_hashes(union, m, seed)
@@ -704,7 +712,7 @@ if _numba is not None:
         return c
 
     @_jit
-    def _k_peel(union, s1, s2, values, resolved, state, res, bits, frontier, nxt):
+    def _k_peel(union, s1, s2, values, resolved, state, res, bits, frontier, nxt, bc, br):
         """Peel a sketch in place; returns the number of rounds, or -1 if a counter has too many
         elements for this kernel (the caller then uses the numpy reference).
 
@@ -712,11 +720,14 @@ if _numba is not None:
         (low ``bits`` bits) and the xor of their union ranks (above), so a counter with one
         element names it; ``res`` (int64, m) is the aggregated sketch, reduced as elements are
         peeled. The accesses are random and the working set decides the speed, hence the packing.
-        ``values``/``resolved`` are per union rank; ``frontier`` and ``nxt`` are scratch of size m.
+        ``values``/``resolved`` are per union rank; ``frontier``, ``nxt``, ``bc``, ``br`` are
+        scratch of size m.
 
         Rounds are level-synchronous, like the numpy reference: each round takes the counters
         that hold one element. A counter reaches that state at most once (counts only fall), so a
-        frontier never exceeds m.
+        frontier never exceeds m. A round runs in passes of independent loads (pure counters and
+        their ranks; the ranks' tensor positions; then the updates), so that the cache misses of
+        different elements overlap instead of queueing behind one another.
         """
         u = union.size
         m = res.size
@@ -741,13 +752,21 @@ if _numba is not None:
             end = nf
             nf = 0
             frontier, nxt = nxt, frontier
-            for i in range(end):
+            nb = 0
+            for i in range(end):  # counters still holding one element, and its rank
                 c = nxt[i]
                 s = state[c]
-                if (s & low) != 1:  # its element was peeled from another counter
+                bc[nb] = c
+                br[nb] = s >> bits
+                nb += (s & low) == 1
+            for i in range(nb):  # rank -> tensor position
+                nxt[i] = union[br[i]]
+            for i in range(nb):
+                c = bc[i]
+                r = br[i]
+                if resolved[r]:  # pure in two counters: peeled already this round
                     continue
-                r = np.int64(s >> bits)
-                p0, p1, p2, g0, g1, g2 = _k_hash(union[r], part, s1, s2)
+                p0, p1, p2, g0, g1, g2 = _k_hash(nxt[i], part, s1, s2)
                 j = c // part
                 g = g0 if j == 0 else (g1 if j == 1 else g2)
                 v = g * res[c]

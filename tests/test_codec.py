@@ -245,3 +245,132 @@ def test_choose_mode_follows_the_byte_count():
     assert codec.choose_mode(n, n) == "dense"
     # Union pays n/32 for the bitmap: dense wins once u > n - n/32.
     assert codec.choose_mode(n, n - n // 64) == "dense"
+
+
+# --- compiled kernels against the numpy reference ---------------------------------------------
+
+needs_jit = pytest.mark.skipif(not codec.USE_JIT, reason="numba not installed")
+
+
+@pytest.fixture
+def reference(monkeypatch):
+    """Run a callable with the numpy reference path (compiled kernels off)."""
+
+    def run(fn, *args, **kw):
+        with monkeypatch.context() as m:
+            m.setattr(codec, "USE_JIT", False)
+            return fn(*args, **kw)
+
+    return run
+
+
+def _bitmaps():
+    rng = np.random.default_rng(21)
+    for n in (0, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 1000, 4097, 100_003):
+        for density in (0.0, 0.01, 0.3, 0.9, 1.0):
+            mask = rng.random(n) < density
+            yield n, codec._pack(mask), mask
+
+
+@needs_jit
+def test_set_bits_matches_reference(reference):
+    for n, words, mask in _bitmaps():
+        got = codec.set_bits(words, n)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, np.flatnonzero(mask))
+        np.testing.assert_array_equal(got, reference(codec.set_bits, words, n))
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_set_bits_ignores_bits_past_n(jit, monkeypatch):
+    if jit and not codec.USE_JIT:
+        pytest.skip("numba not installed")
+    monkeypatch.setattr(codec, "USE_JIT", jit)
+    full = np.full(3, 0xFFFFFFFF, np.uint32)  # a foreign bitmap with its padding bits set
+    for n in (0, 1, 40, 95, 96):
+        np.testing.assert_array_equal(codec.set_bits(full, n), np.arange(n))
+    with pytest.raises(CodecError):
+        codec.set_bits(full, 97)
+
+
+@needs_jit
+def test_ranks_in_matches_searchsorted(reference):
+    rng = np.random.default_rng(22)
+    for u in (0, 1, 5, 1000, 50_000):
+        union = np.sort(rng.choice(10 * u + 1, u, replace=False)).astype(np.int64)
+        for k in sorted({0, min(1, u), u // 3, u}):
+            idx = np.sort(rng.choice(union, k, replace=False)) if k else np.zeros(0, np.int64)
+            np.testing.assert_array_equal(codec.ranks_in(union, idx),
+                                          reference(codec.ranks_in, union, idx))
+    union = np.array([2, 5, 9])
+    for idx in ([1], [3], [10], [2, 5, 9, 11]):
+        with pytest.raises(CodecError, match="not contained"):
+            codec.ranks_in(union, np.array(idx))
+        with pytest.raises(CodecError, match="not contained"):
+            reference(codec.ranks_in, union, np.array(idx))
+
+
+@needs_jit
+def test_sketch_hashes_and_encode_match_reference(reference):
+    rng = np.random.default_rng(23)
+    for size in (0, 1, 10, 5000):
+        idx = np.sort(rng.choice(2**34, size, replace=False)).astype(np.int64)
+        s = codec.Sparse(2**34, idx, rng.integers(-(2**18), 2**18, size).astype(np.int32))
+        for m, seed in ((3, 0), (codec.sketch_size(max(size, 1)), 5), (3 * 2**20, 2**40 + 3)):
+            pos, sgn = codec.sketch_hashes(idx, m, seed)
+            rpos, rsgn = reference(codec.sketch_hashes, idx, m, seed)
+            np.testing.assert_array_equal(pos, rpos)
+            np.testing.assert_array_equal(sgn, rsgn)
+            np.testing.assert_array_equal(codec.sketch_encode(s, m, seed),
+                                          reference(codec.sketch_encode, s, m, seed))
+
+
+def _peel_case(rng, u, ratio, seed):
+    union = np.sort(rng.choice(50 * u + 1, u, replace=False)).astype(np.int64)
+    vals = rng.integers(-(2**20), 2**20, u).astype(np.int32)
+    m = codec.sketch_size(u, ratio)
+    counters = codec.sketch_encode(codec.Sparse(50 * u + 1, union, vals), m, seed)
+    return union, vals, counters
+
+
+@needs_jit
+@pytest.mark.parametrize("u,ratio", [(1, 1.25), (2, 1.25), (100, 1.25), (20_000, 1.25),
+                                     (20_000, 0.8), (3000, 0.001)])
+@pytest.mark.parametrize("int32_state", [True, False])
+def test_peel_matches_reference(reference, monkeypatch, u, ratio, int32_state):
+    # ratio 0.001 puts ~600 elements in a counter: past the int32 state, which hands over to numpy.
+    if not int32_state:
+        monkeypatch.setattr(codec, "_PEEL_INT32_STATE_BELOW", 0)
+    rng = np.random.default_rng(u)
+    union, vals, counters = _peel_case(rng, u, ratio, 3)
+    got = codec.peel(counters, union, 3)
+    ref = reference(codec.peel, counters, union, 3)
+    np.testing.assert_array_equal(got.resolved, ref.resolved)  # the 2-core is order-free
+    np.testing.assert_array_equal(got.values, ref.values)
+    np.testing.assert_array_equal(got.values[got.resolved], vals[got.resolved])
+    assert got.values.dtype == np.int64
+    if ratio >= 1.25:
+        assert got.resolved.all()
+
+
+@needs_jit
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shift", [0, 7, 30, -5, 1050])
+def test_assemble_matches_reference(reference, dtype, shift):
+    rng = np.random.default_rng(24)
+    n = 10_007
+    union = np.sort(rng.choice(n, 3000, replace=False))
+    values = rng.integers(-(2**31), 2**31, union.size, dtype=np.int64)
+    values[:3] = [0, 2**24 + 1, -(2**31)]  # an odd value past fp32's mantissa: one rounding
+    got = codec.assemble(n, union, values, shift, dtype)
+    ref = reference(codec.assemble, n, union, values, shift, dtype)
+    assert got.dtype == ref.dtype == dtype
+    np.testing.assert_array_equal(got.view(np.uint8), ref.view(np.uint8))
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_reference_path_is_exact(mode, monkeypatch):
+    monkeypatch.setattr(codec, "USE_JIT", False)
+    rng = np.random.default_rng(25)
+    for n, workers, density in ((33, 3, 0.1), (4099, 8, 0.05), (100_003, 8, 0.01)):
+        assert_exact(sparse_workers(rng, n, workers, density), mode)
