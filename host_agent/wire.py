@@ -25,6 +25,7 @@ FLAG_RESULT = 0x80
 FLAG_OVERFLOW = 0x40
 FLAG_PHASE = 0x20
 FLAG_RETRANS = 0x10
+FLAG_STATUS = 0x08  # reply to a duplicate of an unfinished round: words 0-1 bitmap, 2 count
 
 WORDS_PER_PACKET = 64
 HOMAGG_HDR_BYTES = 12
@@ -65,7 +66,7 @@ STATS_SIZE = 32
 EPOCH_STORE = 31  # stats index the controller uses as storage (constants.p4)
 STAT_INDEX = {v: k for k, v in STATS.items()}
 
-FWD_STATS = {0: "FWD_ROUTED", 1: "FWD_ARP_REPLIES", 2: "FWD_NO_ROUTE"}
+FWD_STATS = {0: "FWD_ROUTED", 1: "FWD_ARP_REPLIES", 2: "FWD_NO_ROUTE", 3: "FWD_SPOOFED"}
 FWD_STATS_SIZE = 4
 
 JOB_STATS = {0: "JOB_STAT_ACCEPTED", 1: "JOB_STAT_COMPLETED", 2: "JOB_STAT_RETRANS",

@@ -85,6 +85,22 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         LANES(READ_LANE)
     }
 
+    /* Send this packet back where it came from, from the switch's address. */
+    action reply_to_sender() {
+        bit<48> mac = hdr.ethernet.dst_addr;
+        hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
+        hdr.ethernet.src_addr = mac;
+        bit<32> ip = hdr.ipv4.dst_addr;
+        hdr.ipv4.dst_addr = hdr.ipv4.src_addr;
+        hdr.ipv4.src_addr = ip;
+        bit<16> port = hdr.udp.dst_port;
+        hdr.udp.dst_port = hdr.udp.src_port;
+        hdr.udp.src_port = port;
+        hdr.udp.checksum = 0;
+        hdr.ipv4.ttl = 64;
+        standard_metadata.egress_spec = standard_metadata.ingress_port;
+    }
+
     action job_count(bit<32> kind) {
         job_stats.count((bit<32>)meta.job * JOB_STATS_PER_JOB + kind);
     }
@@ -132,9 +148,9 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         bit<8> verdict = V_ACCEPT;
         bit<8> count;
         bit<1> overflowed;
+        worker_bitmap_t seen;
 
         @atomic {
-            worker_bitmap_t seen;
             bit<32> tag;
             bit<4> op;
             bit<16> epoch;
@@ -165,6 +181,8 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                 }
             } else if (count >= meta.workers) {
                 verdict = V_STALE;                    /* finished, and this worker moved on */
+            } else if ((int<32>)(hdr.homagg.seq - tag) < 0) {
+                verdict = V_STALE;                    /* an older round, delayed */
             } else if (tag != hdr.homagg.seq || op != hdr.homagg.op) {
                 verdict = V_SEQ_MISMATCH;
             }
@@ -228,21 +246,17 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             if (overflowed == 1) {
                 hdr.homagg.flags = hdr.homagg.flags | FLAG_OVERFLOW;
             }
-            bit<48> mac = hdr.ethernet.dst_addr;
-            hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
-            hdr.ethernet.src_addr = mac;
-            bit<32> ip = hdr.ipv4.dst_addr;
-            hdr.ipv4.dst_addr = hdr.ipv4.src_addr;
-            hdr.ipv4.src_addr = ip;
-            bit<16> port = hdr.udp.dst_port;
-            hdr.udp.dst_port = hdr.udp.src_port;
-            hdr.udp.src_port = port;
-            hdr.udp.checksum = 0;
-            hdr.ipv4.ttl = 64;
-            standard_metadata.egress_spec = standard_metadata.ingress_port;
+            reply_to_sender();
         } else if (verdict == V_DUP_PENDING) {
+            /* Tell the retransmitting worker who has contributed: it names the missing peers
+             * in its error instead of guessing. */
             stats.count(STAT_DUP_PENDING);
             job_count(JOB_STAT_RETRANS);
+            hdr.homagg.flags = FLAG_RESULT | FLAG_STATUS | (hdr.homagg.flags & FLAG_PHASE);
+            hdr.words.w00 = seen[63:32];
+            hdr.words.w01 = seen[31:0];
+            hdr.words.w02 = (bit<32>)count;
+            reply_to_sender();
         } else if (verdict == V_SEQ_MISMATCH) {
             stats.count(DROP_SEQ_MISMATCH);
             job_count(JOB_STAT_DROPPED);

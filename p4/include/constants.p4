@@ -21,6 +21,9 @@ const bit<8>  FLAG_RESULT    = 0x80;   /* set by the switch on every result it s
 const bit<8>  FLAG_OVERFLOW  = 0x40;   /* some int32 add of this slot round overflowed */
 const bit<8>  FLAG_PHASE     = 0x20;   /* which of the slot's two copies (shadow copy) */
 const bit<8>  FLAG_RETRANS   = 0x10;   /* result re-sent by unicast to a retransmission */
+const bit<8>  FLAG_STATUS    = 0x08;   /* reply to a retransmission of an unfinished round:
+                                          words 0-1 = contributors bitmap (high, low),
+                                          word 2 = their count; not a result */
 
 /* Words per packet (K). 64 x 32 bit = 256 B of payload, 310 B frames: SwitchML's choice, and
  * on bmv2 the per-packet cost (parse, queue, thread hand-offs) dominates the per-word cost, so
@@ -56,7 +59,8 @@ const bit<32> STAT_RX              = 0;   /* homagg packets addressed to the swi
 const bit<32> STAT_ACCEPTED        = 1;   /* contributions added into a slot */
 const bit<32> STAT_COMPLETED       = 2;   /* slot rounds completed (results multicast) */
 const bit<32> STAT_RETRANS_REPLY   = 3;   /* finished results re-sent by unicast */
-const bit<32> STAT_DUP_PENDING     = 4;   /* duplicates of a slot still in progress: dropped */
+const bit<32> STAT_DUP_PENDING     = 4;   /* duplicates of a round in progress: not added,
+                                             answered with a FLAG_STATUS reply */
 const bit<32> STAT_OVERFLOW        = 5;   /* slot rounds whose result carries FLAG_OVERFLOW */
 const bit<32> DROP_MALFORMED       = 6;   /* truncated, IPv4 options, parser error */
 const bit<32> DROP_BAD_LENGTH      = 7;   /* IPv4/UDP length not the homagg packet size */
@@ -78,6 +82,7 @@ const bit<32> EPOCH_STORE          = 31;
 const bit<32> FWD_ROUTED           = 0;   /* IPv4 packets routed */
 const bit<32> FWD_ARP_REPLIES      = 1;   /* ARP requests answered (proxy ARP) */
 const bit<32> FWD_NO_ROUTE         = 2;   /* no route, TTL expired, or neither IPv4 nor ARP */
+const bit<32> FWD_SPOOFED          = 3;   /* UDP from a homagg port: only the switch sends those */
 
 /* Per job: index = job * JOB_STATS_PER_JOB + kind. */
 #define JOB_STATS_PER_JOB 4

@@ -52,6 +52,11 @@ control Forwarding(inout headers_t hdr, inout standard_metadata_t standard_metad
         bool done = false;
         if (hdr.arp.isValid() && hdr.arp.oper == ARP_OPER_REQUEST) {
             done = arp_proxy.apply().hit;
+        } else if (hdr.udp.isValid() &&
+                   (hdr.udp.src_port & 0xFFF0) == HOMAGG_UDP_PORT_MIN) {
+            /* Results come only from the switch: a host must not forge one for another. */
+            fwd_stats.count(FWD_SPOOFED);
+            done = true;
         } else if (hdr.ipv4.isValid() && hdr.ipv4.ttl > 1) {
             done = ipv4_route.apply().hit;
         }

@@ -49,7 +49,7 @@ header udp_h {
  *  0                   1                   2                   3
  *  0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
  * +-------+-------+---------------+-------------------------------+
- * |version|  op   |R|O|P|T| zero  |            job id             |
+ * |version|  op   |R|O|P|T|S|zero |            job id             |
  * +-------+-------+---------------+-------------------------------+
  * |   worker id   |   reserved    |        slot (in region)       |
  * +---------------+---------------+-------------------------------+
@@ -64,7 +64,8 @@ header udp_h {
  *
  *  op:     OP_ADD (int32 add) or OP_OR (bitwise OR)
  *  flags:  R result (switch -> host only), O overflow, P phase (which copy of the slot),
- *          T retransmitted result (unicast reply to a duplicate)
+ *          T retransmitted result (unicast reply to a duplicate), S status: the round is not
+ *          finished yet (reply to a duplicate; words 0-1 contributors bitmap, word 2 count)
  *  slot:   index within the job's slot region
  *  seq:    the round tag: every worker sends the same seq into the same slot round, and a
  *          worker's successive rounds on one slot have increasing seq (serial arithmetic)

@@ -1,0 +1,57 @@
+"""Fixtures for tests against a real bmv2: they skip, with the reason, where it cannot run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from controller.toolchain import missing
+
+ROOT = Path(__file__).resolve().parents[1]
+LOG_DIR = ROOT / "build" / "logs" / "bmv2_tests"
+
+
+def bmv2_skip_reason(*extra_tools: str) -> str | None:
+    gone = missing("p4c-bm2-ss", "simple_switch_grpc", *extra_tools)
+    if gone:
+        return f"bmv2/p4c not found ({gone})"
+    if os.geteuid() != 0:
+        return "needs root (veth pairs)"
+    try:
+        import p4runtime_sh  # noqa: F401
+        import scapy  # noqa: F401
+    except ImportError as e:
+        return f"missing Python package: {e.name}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def pipeline():
+    reason = bmv2_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from controller.p4build import build
+
+    return build()
+
+
+@pytest.fixture(scope="module")
+def testbed(pipeline):
+    """A 5-port bmv2 switch with the homagg pipeline and base forwarding installed."""
+    from bmv2_tests.harness import start_testbed, stop_testbed
+    from controller import jobs
+    from controller.switch import SwitchConnection
+
+    bed = start_testbed(5, LOG_DIR)
+    try:
+        conn = SwitchConnection(bed.switch.grpc_addr, request_log=LOG_DIR / "s1-p4runtime.log")
+        conn.open(pipeline)
+        jobs.install_base(conn, bed.config)
+        bed.conn = conn
+        yield bed
+    finally:
+        if getattr(bed, "conn", None):
+            bed.conn.close()
+        stop_testbed(bed)

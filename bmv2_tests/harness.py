@@ -1,0 +1,147 @@
+"""A bmv2 switch on veth pairs, driven with raw frames: no Mininet, just root.
+
+Each switch port p is one end of a veth pair; the test owns the other end through an AF_PACKET
+socket, sends frames crafted with scapy and reads what the switch emits.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+
+from controller.bmv2 import Bmv2Switch
+from controller.config import Config, Host, JobSpec, SwitchSpec, Worker
+from host_agent import wire
+
+SWITCH_IP = "10.0.0.254"
+SWITCH_MAC = "00:00:0a:00:00:fe"
+ETH_P_ALL = 0x0003
+
+
+def host_ip(i: int) -> str:
+    return f"10.0.0.{i + 1}"
+
+
+def host_mac(i: int) -> str:
+    return f"00:00:0a:00:00:{i + 1:02x}"
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+class Port:
+    """The test's end of one switch port."""
+
+    def __init__(self, iface: str):
+        self.iface = iface
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        self.sock.bind((iface, 0))
+        self.sock.setblocking(False)
+
+    def send(self, frame) -> None:
+        self.sock.send(bytes(frame))
+
+    def drain(self) -> None:
+        while self.recv_one(0) is not None:
+            pass
+
+    def recv_one(self, timeout: float) -> bytes | None:
+        r, _, _ = select.select([self.sock], [], [], timeout)
+        if not r:
+            return None
+        try:
+            data, addr = self.sock.recvfrom(65535)
+        except BlockingIOError:
+            return None
+        if addr[2] == socket.PACKET_OUTGOING:  # our own transmissions
+            return self.recv_one(timeout)
+        return data
+
+    def recv(self, timeout: float = 0.5, want=None, count: int | None = None) -> list:
+        """Frames received until ``timeout`` passes with nothing new (or ``count`` matched),
+        as scapy packets, filtered by ``want``."""
+        out = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            data = self.recv_one(max(0.0, deadline - time.monotonic()))
+            if data is None:
+                break
+            pkt = Ether(data)
+            if want is None or want(pkt):
+                out.append(pkt)
+                if count is not None and len(out) >= count:
+                    break
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def is_homagg(pkt) -> bool:
+    return UDP in pkt and wire.HOMAGG_UDP_PORT_MIN <= pkt[UDP].sport <= wire.HOMAGG_UDP_PORT_MAX
+
+
+def homagg_frame(i: int, payload: bytes, sport: int = 50000, src_ip: str | None = None,
+                 dport: int = wire.HOMAGG_UDP_PORT_MIN):
+    """A frame from host i to the switch carrying ``payload`` as the UDP payload."""
+    return (Ether(src=host_mac(i), dst=SWITCH_MAC)
+            / IP(src=src_ip or host_ip(i), dst=SWITCH_IP, id=1)
+            / UDP(sport=sport, dport=dport) / Raw(payload))
+
+
+def result_of(pkt) -> wire.Packet:
+    return wire.unpack(bytes(pkt[UDP].payload))
+
+
+@dataclass
+class Testbed:
+    switch: Bmv2Switch
+    ports: list[Port]
+    config: Config
+
+    def job(self, job_id: int, workers: list[int], slots: int = 8, udp_port: int = 50000) -> JobSpec:
+        return JobSpec(job_id, tuple(Worker(host_ip(i), udp_port, host_mac(i), i + 1, f"h{i}")
+                                     for i in workers), slots)
+
+
+def start_testbed(n_ports: int, log_dir: Path) -> Testbed:
+    tag = f"{os.getpid() % 10000}"
+    pairs = []
+    try:
+        for i in range(n_ports):
+            sw_end, host_end = f"hs{tag}s{i}", f"hs{tag}h{i}"
+            subprocess.run(["ip", "link", "del", sw_end], capture_output=True)
+            _ip("link", "add", sw_end, "type", "veth", "peer", "name", host_end)
+            pairs.append((sw_end, host_end))
+            for dev in (sw_end, host_end):
+                subprocess.run(["sysctl", "-q", "-w", f"net.ipv6.conf.{dev}.disable_ipv6=1"],
+                               capture_output=True)
+                _ip("link", "set", dev, "mtu", "9000", "up")
+        sw = Bmv2Switch({i + 1: s for i, (s, _) in enumerate(pairs)}, log_dir).start()
+    except Exception:
+        for s, _ in pairs:
+            subprocess.run(["ip", "link", "del", s], capture_output=True)
+        raise
+    hosts = tuple(Host(f"h{i}", host_ip(i), host_mac(i), i + 1) for i in range(n_ports))
+    cfg = Config(SwitchSpec("s1", sw.grpc_addr, 1, sw.thrift_port, SWITCH_IP, SWITCH_MAC), hosts)
+    bed = Testbed(sw, [Port(h) for _, h in pairs], cfg)
+    bed._pairs = pairs
+    return bed
+
+
+def stop_testbed(bed: Testbed) -> None:
+    for p in bed.ports:
+        p.close()
+    bed.switch.stop()
+    for s, _ in bed._pairs:
+        subprocess.run(["ip", "link", "del", s], capture_output=True)
