@@ -1,0 +1,228 @@
+"""Agents on loopback through the software aggregator, with loss, duplication and reordering
+injected: every sum is compared bit for bit with the integer sum of the quantized inputs."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from controller.softswitch import Faults, SoftSwitch, SoftSwitchServer
+from host_agent import codec, wire
+from host_agent.agent import Agent, AgentConfig, AgentError, AggregationTimeout
+
+_switch_ips = itertools.count(2)
+
+
+def free_udp_port(ip="127.0.0.1"):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    """A soft switch on its own loopback address and W agents, one thread each."""
+
+    def __init__(self, workers, slots=16, faults=None, **agent_kw):
+        self.switch_ip = f"127.0.1.{next(_switch_ips)}"
+        self.server = SoftSwitchServer(SoftSwitch(), (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN),
+                                       faults).start()
+        ports = [free_udp_port() for _ in range(workers)]
+        self.server.switch.add_job(1, [("127.0.0.1", p) for p in ports], slots)
+        kw = dict(timeout=0.01, deadline=5.0)
+        kw.update(agent_kw)
+        self.agents = [Agent(AgentConfig(1, w, workers, (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN),
+                                         ("127.0.0.1", ports[w]), slots, **kw))
+                       for w in range(workers)]
+
+    def run(self, fn_per_worker):
+        """Run fn(agent, w) on every worker at once; return results or raise the first error."""
+        results, errors = [None] * len(self.agents), [None] * len(self.agents)
+
+        def work(w):
+            try:
+                results[w] = fn_per_worker(self.agents[w], w)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors[w] = e
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(len(self.agents))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "an agent hung"
+        return results, errors
+
+    def close(self):
+        for a in self.agents:
+            a.close()
+        self.server.stop()
+
+
+@pytest.fixture
+def make_job():
+    made = []
+
+    def make(*a, **kw):
+        j = Job(*a, **kw)
+        made.append(j)
+        return j
+
+    yield make
+    for j in made:
+        j.close()
+
+
+def sparse_tensors(rng, workers, n, density):
+    xs = []
+    for _ in range(workers):
+        x = np.zeros(n, np.float32)
+        idx = rng.choice(n, max(1, int(n * density)), replace=False)
+        x[idx] = rng.standard_normal(idx.size).astype(np.float32) * 10
+        xs.append(x)
+    return xs
+
+
+def assert_exact(results, xs):
+    shift = results[0].shift
+    expect = np.sum([codec.quantize(x, shift).astype(np.int64) for x in xs], axis=0)
+    for r in results:
+        assert r.shift == shift
+        np.testing.assert_array_equal(r.ints(), expect)
+        np.testing.assert_array_equal(r.out, np.ldexp(expect.astype(np.float64), -shift)
+                                      .astype(np.float32))
+
+
+@pytest.mark.parametrize("mode", ["auto", "dense", "union", "sketch"])
+def test_allreduce_is_exact_in_every_mode(make_job, mode):
+    job = make_job(4, mode=mode)
+    xs = sparse_tensors(np.random.default_rng(1), 4, 20_000, 0.01)
+    res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+    assert not any(err), err
+    assert_exact(res, xs)
+    assert res[0].mode == ("union" if mode == "auto" else mode)
+
+
+def test_allreduce_int_is_the_integer_sum(make_job):
+    job = make_job(3)
+    rng = np.random.default_rng(2)
+    qs = [rng.integers(-(2**29), 2**29, 1000).astype(np.int32) for _ in range(3)]
+    res, err = job.run(lambda a, w: a.allreduce_int(qs[w]))
+    assert not any(err)
+    for r in res:
+        np.testing.assert_array_equal(r, np.sum(qs, axis=0, dtype=np.int64))
+
+
+def test_lossy_duplicating_reordering_network_stays_exact(make_job):
+    job = make_job(4, faults=Faults(loss=0.05, dup=0.05, reorder=0.1, seed=3))
+    rng = np.random.default_rng(3)
+    for it in range(3):
+        xs = sparse_tensors(rng, 4, 50_000, 0.01)
+        res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+        assert not any(err), err
+        assert_exact(res, xs)
+    assert sum(a.counters.retransmissions for a in job.agents) > 0
+
+
+def test_many_tensors_of_odd_sizes_in_sequence(make_job):
+    job = make_job(2, slots=4)
+    rng = np.random.default_rng(4)
+    for n in (1, 63, 64, 65, 1000, 4097):
+        xs = [rng.standard_normal(n).astype(np.float32) for _ in range(2)]
+        res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+        assert not any(err), err
+        assert_exact(res, xs)
+
+
+def test_dense_tensors_go_dense_and_remember_it(make_job):
+    job = make_job(2)
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal(5000).astype(np.float32) for _ in range(2)]
+    res, _ = job.run(lambda a, w: a.allreduce_detailed(xs[w], key="w1"))
+    assert res[0].mode == "dense"
+    sent = [a.counters.bytes_sent for a in job.agents]
+    res, _ = job.run(lambda a, w: a.allreduce_detailed(xs[w], key="w1"))
+    assert_exact(res, xs)
+    # second time: no bitmap round (one exponent packet + dense values)
+    dense_packets = -(-5000 // wire.WORDS_PER_PACKET) + 1
+    assert job.agents[0].counters.bytes_sent - sent[0] == dense_packets * wire.PACKET_BYTES
+
+
+def test_all_zero_tensors(make_job):
+    job = make_job(3)
+    res, err = job.run(lambda a, w: a.allreduce_detailed(np.zeros(777, np.float32)))
+    assert not any(err)
+    assert all(not r.out.any() for r in res)
+
+
+@pytest.mark.parametrize("mode", ["dense", "union"])
+def test_overflow_is_rescaled_never_wrapped(make_job, monkeypatch, mode):
+    # A scale 7 bits too fine (headroom 16 and 4 workers leave 6): 1.5 * 2**30 overflows once
+    # two workers are added, the switch flags it, and every worker rescales the same way.
+    real = codec.shift_for
+    monkeypatch.setattr("host_agent.agent.codec.shift_for", lambda *a: real(*a) + 7)
+    job = make_job(4, mode=mode)
+    x = np.zeros(1000, np.float32)
+    x[::10] = 1.5
+    res, err = job.run(lambda a, w: a.allreduce_detailed(x))
+    assert not any(err), err
+    assert all(a.counters.rescales == 1 for a in job.agents)
+    assert res[0].shift == real(codec.max_exponent(x), 4) + 7 - 4
+    assert_exact(res, [x] * 4)
+    np.testing.assert_array_equal(res[0].out, 4 * x)
+
+
+def test_dead_peer_is_named_within_the_deadline(make_job):
+    job = make_job(3, deadline=1.0)
+    x = np.ones(1000, np.float32)
+    t0 = time.monotonic()
+    res, err = job.run(lambda a, w: None if w == 2 else a.allreduce(x))
+    elapsed = time.monotonic() - t0
+    assert isinstance(err[0], AggregationTimeout) and isinstance(err[1], AggregationTimeout)
+    assert "worker(s) 2" in str(err[0]) and "job 1 worker 0" in str(err[0])
+    assert elapsed < 5.0
+    with pytest.raises(AgentError, match="unusable"):
+        job.agents[0].allreduce(x)
+
+
+def test_missing_switch_is_a_clear_error(make_job):
+    port = free_udp_port()
+    a = Agent(AgentConfig(1, 0, 2, ("127.0.1.250", wire.HOMAGG_UDP_PORT_MIN), ("127.0.0.1", port),
+                          deadline=0.5, timeout=0.05))
+    try:
+        with pytest.raises(AggregationTimeout, match="did not answer at all"):
+            a.allreduce(np.ones(10, np.float32))
+    finally:
+        a.close()
+
+
+def test_nan_is_refused_with_its_index(make_job):
+    job = make_job(1)
+    x = np.ones(10, np.float32)
+    x[4] = np.nan
+    with pytest.raises(AgentError, match="index 4"):
+        job.agents[0].allreduce(x)
+
+
+def test_foreign_datagrams_are_ignored(make_job):
+    job = make_job(2)
+    xs = [np.arange(300, dtype=np.float32), np.ones(300, np.float32)]
+    junk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for a in job.agents:
+        junk.sendto(b"\x00" * 10, a.cfg.bind)
+        junk.sendto(wire.pack(wire.OP_ADD, 1, 0, 0, 1, np.ones(64), flags=wire.FLAG_RESULT),
+                    a.cfg.bind)
+    junk.close()
+    res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+    assert not any(err)
+    assert_exact(res, xs)
+    assert all(a.counters.ignored >= 2 for a in job.agents)
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(AgentError, match="worker 4 of 4"):
+        AgentConfig(1, 4, 4)
