@@ -13,7 +13,7 @@ cd "$(dirname "$0")"
 ROOT=$PWD
 VENV=${HOMAGG_VENV:-$ROOT/.venv}
 PY=${HOMAGG_PYTHON:-/usr/bin/python3}
-APT_PACKAGES=(mininet bridge-utils iputils-ping iproute2 python3-venv)
+APT_PACKAGES=(mininet bridge-utils iputils-ping iproute2 ethtool python3-venv)
 
 log() { printf '[run.sh] %s\n' "$*" >&2; }
 
@@ -65,9 +65,9 @@ case "$cmd" in
         ;;
     demo)
         setup
-        # Until the Mininet demo lands (issue 6), the main job is the codec benchmark: it runs a
-        # simulated 8-worker job per row and checks every sum bit for bit.
-        exec "$VENV/bin/python" bench/codec.py "$@"
+        # Mininet demo: 4 workers train through bmv2 where installed, else the software
+        # aggregator (it says which); every aggregate is checked bit for bit.
+        exec "$VENV/bin/python" -m launcher demo "$@"
         ;;
     *)
         echo "usage: ./run.sh {demo|test|setup} [args]" >&2

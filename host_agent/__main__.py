@@ -1,0 +1,3 @@
+from host_agent.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""homagg launcher: Mininet topologies, the demo, and the targets (bmv2 or software)."""

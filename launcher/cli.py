@@ -1,0 +1,140 @@
+"""homagg-net: a Mininet topology of workers around one aggregation switch.
+
+    homagg-net demo                       train the demo recommender on 4 workers (main job)
+    homagg-net demo --target soft --bw 100 --delay 1ms --loss 1
+    homagg-net run -- bench --size 1000000 --density 0.01 --check   agents on every worker
+    homagg-net cli                        the topology with an interactive Mininet CLI
+
+``--target auto`` (default) uses bmv2 where simple_switch_grpc and p4c-bm2-ss are installed,
+else the software aggregator, and says which. Needs root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from launcher.net import HomaggNet, NetError, NetOptions
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="homagg-net", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--log-level", default="warning",
+                   choices=["debug", "info", "warning", "error"])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--target", default="auto", choices=["auto", "soft", "bmv2"])
+    common.add_argument("--workers", type=int, default=4)
+    common.add_argument("--bw", type=float, help="link bandwidth, Mbit/s")
+    common.add_argument("--delay", help="link delay, e.g. 1ms")
+    common.add_argument("--loss", type=float, help="link loss, percent")
+    common.add_argument("--slots", type=int, default=64, help="the job's slot region (window)")
+    common.add_argument("--log-dir", type=Path, help="default build/logs/net")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("demo", parents=[common], help="the end-to-end training demo")
+    d.add_argument("--iterations", type=int, default=30)
+    d.add_argument("--no-check", action="store_true", help="skip the bit-exact check")
+    r = sub.add_parser("run", parents=[common], help="run homagg-agent on every worker")
+    r.add_argument("agent_args", nargs=argparse.REMAINDER,
+                   help="after --: homagg-agent subcommand and options")
+    sub.add_parser("cli", parents=[common], help="start the topology and a Mininet CLI")
+    return p
+
+
+def _options(a) -> NetOptions:
+    o = NetOptions(workers=a.workers, target=a.target, bw=a.bw, delay=a.delay, loss=a.loss,
+                   slots=a.slots)
+    if a.log_dir:
+        o.log_dir = a.log_dir
+    return o
+
+
+def run_agents(net: HomaggNet, agent_args: list[str], echo_worker0: bool = True) -> list[dict]:
+    """Run homagg-agent on every worker; worker 0's output is echoed live. Returns the
+    summaries; raises NetError naming the workers that failed."""
+    log_dir = net.opts.log_dir
+    procs = []
+    for w, h in enumerate(net.worker_hosts()):
+        cmd = net.agent_command(w, "--summary-json", str(log_dir / f"worker{w}.json"),
+                                *agent_args)
+        (log_dir / f"worker{w}.json").unlink(missing_ok=True)
+        procs.append(net.popen(h, cmd, None if w == 0 else log_dir / f"worker{w}.out"))
+    lines = []
+    for line in procs[0].stdout:
+        lines.append(line)
+        if echo_worker0:
+            print(line, end="", flush=True)
+    (log_dir / "worker0.out").write_text("".join(lines))
+    failed = []
+    for w, p in enumerate(procs):
+        if p.wait() != 0:
+            tail = (log_dir / f"worker{w}.out").read_text().strip().splitlines()[-1:]
+            failed.append(f"worker {w} (exit {p.returncode}): {' '.join(tail)}")
+    if failed:
+        raise NetError("; ".join(failed))
+    return [json.loads((log_dir / f"worker{w}.json").read_text()) for w in range(len(procs))]
+
+
+def demo(a) -> int:
+    net = HomaggNet(_options(a))
+    label = "bmv2 (simple_switch_grpc running p4/homagg.p4)" if net.target == "bmv2" else \
+        "software aggregator"
+    print(f"homagg demo: {a.workers} workers training an NCF-style recommender through the "
+          f"switch\ntarget: {label} [{net.why}]", flush=True)
+    t0 = time.monotonic()
+    with net:
+        args = ["train", "--iterations", str(a.iterations)] + ([] if a.no_check else ["--check"])
+        summaries = run_agents(net, args)
+    digests = {s["model_digest"] for s in summaries}
+    if len(digests) != 1:
+        raise NetError(f"workers ended with different models: {sorted(digests)}")
+    wire_b = sum(s["bytes_on_wire"] for s in summaries)
+    dense_b = sum(s["dense_fp32_bytes"] for s in summaries)
+    print(f"done on {net.target}: {a.iterations} iterations, final loss "
+          f"{summaries[0]['final_loss']:.5f}, {wire_b / dense_b:.1%} of dense fp32 bytes, "
+          f"{sum(s['retransmissions'] for s in summaries)} retransmissions, identical models "
+          f"({digests.pop()}), "
+          f"{'every aggregate bit-exact' if not a.no_check else 'not checked'}, "
+          f"{time.monotonic() - t0:.1f} s", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        if a.cmd == "demo":
+            return demo(a)
+        if a.cmd == "run":
+            args = a.agent_args[1:] if a.agent_args[:1] == ["--"] else a.agent_args
+            if not args:
+                raise NetError("run needs the agent's subcommand after --, e.g. -- bench --check")
+            with HomaggNet(_options(a)) as net:
+                print(f"target: {net.target} [{net.why}]", flush=True)
+                run_agents(net, args)
+            return 0
+        if a.cmd == "cli":
+            from mininet.cli import CLI
+
+            with HomaggNet(_options(a)) as net:
+                print(f"target: {net.target} [{net.why}]; agents: "
+                      f"{' '.join(net.agent_command(0, 'bench', '--check'))}", flush=True)
+                CLI(net.net)
+            return 0
+    except NetError as e:
+        print(f"homagg-net: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("homagg-net: interrupted, topology torn down", file=sys.stderr)
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,265 @@
+"""The Mininet topology: N worker hosts around one aggregation switch.
+
+Target ``bmv2``: the switch is simple_switch_grpc running p4/homagg.p4, installed by the
+controller (pipeline, proxy ARP and routes, the job). Target ``soft``: the switch is a Linux
+bridge and the software aggregator runs on host ``agg`` at the switch's address, so workers
+use the very same address, port and wire protocol either way.
+
+Links take bandwidth (Mbit/s), delay and loss options (TCLink / netem). Everything is torn
+down on exit or Ctrl-C: processes, bmv2, veths, namespaces.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controller.config import Config, Host, JobSpec, SwitchSpec, Worker
+from controller.toolchain import missing
+
+log = logging.getLogger("homagg.net")
+
+ROOT = Path(__file__).resolve().parents[1]
+SWITCH_IP = "10.0.0.254"
+SWITCH_MAC = "00:00:0a:00:00:fe"
+AGENT_PORT = 50000
+
+
+class NetError(RuntimeError):
+    pass
+
+
+def host_ip(i: int) -> str:
+    return f"10.0.0.{i + 1}"
+
+
+def host_mac(i: int) -> str:
+    return f"00:00:0a:00:00:{i + 1:02x}"
+
+
+def choose_target(requested: str) -> tuple[str, str]:
+    """(target, why). ``auto``: bmv2 where p4c and simple_switch_grpc are installed."""
+    gone = missing("p4c-bm2-ss", "simple_switch_grpc")
+    if requested == "bmv2":
+        if gone:
+            raise NetError(f"--target bmv2, but {gone}")
+        return "bmv2", "requested"
+    if requested == "soft":
+        return "soft", "requested"
+    if gone:
+        return "soft", f"bmv2 not installed: {gone}"
+    return "bmv2", "simple_switch_grpc and p4c-bm2-ss found"
+
+
+def preflight() -> None:
+    if os.geteuid() != 0:
+        raise NetError("Mininet needs root: run as root (sudo)")
+    try:
+        import mininet  # noqa: F401
+    except ImportError:
+        raise NetError("Mininet is not importable: apt-get install mininet (./run.sh setup "
+                       "does it), and use a venv made with --system-site-packages") from None
+    for tool in ("ip", "tc", "brctl", "ethtool"):
+        if not shutil.which(tool):
+            raise NetError(f"{tool} not found: ./run.sh setup installs it")
+
+
+@dataclass
+class NetOptions:
+    workers: int = 4
+    target: str = "auto"
+    bw: float | None = None       # Mbit/s on each worker link
+    delay: str | None = None      # e.g. "1ms"
+    loss: float | None = None     # percent, on each worker link
+    slots: int = 64
+    job: int = 1
+    log_dir: Path = field(default_factory=lambda: ROOT / "build" / "logs" / "net")
+
+
+def _bmv2_switch_class():
+    from mininet.node import Switch
+
+    from controller.bmv2 import Bmv2Switch
+
+    class Bmv2Node(Switch):
+        """A Mininet switch that is one simple_switch_grpc (root namespace)."""
+
+        def __init__(self, name, log_dir: Path, **kw):
+            kw.setdefault("inNamespace", False)
+            super().__init__(name, **kw)
+            self.log_dir = log_dir
+            self.bmv2: Bmv2Switch | None = None
+
+        def start(self, controllers):
+            ports = {self.ports[i]: i.name for i in self.intfList() if i.name != "lo"}
+            for name in ports.values():
+                subprocess.run(["sysctl", "-q", "-w", f"net.ipv6.conf.{name}.disable_ipv6=1"],
+                               capture_output=True)
+            self.bmv2 = Bmv2Switch(ports, self.log_dir, self.name).start()
+
+        def stop(self, deleteIntfs=True):
+            if self.bmv2:
+                self.bmv2.stop()
+                self.bmv2 = None
+            super().stop(deleteIntfs)
+
+    return Bmv2Node
+
+
+class HomaggNet:
+    def __init__(self, opts: NetOptions):
+        self.opts = opts
+        self.target, self.why = choose_target(opts.target)
+        self.net = None
+        self.procs: list[subprocess.Popen] = []
+        self.config: Config | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> "HomaggNet":
+        preflight()
+        from mininet.link import Link, TCLink
+        from mininet.log import setLogLevel
+        from mininet.net import Mininet
+        from mininet.nodelib import LinuxBridge
+
+        setLogLevel("error")  # its bridge-netfilter warning does not apply: no iptables rules here
+        o = self.opts
+        o.log_dir.mkdir(parents=True, exist_ok=True)
+        shaped = o.bw is not None or o.delay is not None or o.loss is not None
+        link_kw = {}
+        if o.bw is not None:
+            link_kw["bw"] = o.bw
+        if o.delay is not None:
+            link_kw["delay"] = o.delay
+        if o.loss is not None:
+            link_kw["loss"] = o.loss
+        net = Mininet(topo=None, controller=None, link=TCLink if shaped else Link, build=False,
+                      autoSetMacs=False, waitConnected=False)
+        self.net = net
+        try:
+            if self.target == "bmv2":
+                s1 = net.addSwitch("s1", cls=_bmv2_switch_class(), log_dir=o.log_dir)
+            else:
+                s1 = net.addSwitch("s1", cls=LinuxBridge)
+            hosts = []
+            for i in range(o.workers):
+                h = net.addHost(f"h{i + 1}", ip=f"{host_ip(i)}/24", mac=host_mac(i))
+                net.addLink(h, s1, port2=i + 1, **link_kw)
+                hosts.append(h)
+            if self.target == "soft":
+                agg = net.addHost("agg", ip=f"{SWITCH_IP}/24", mac=SWITCH_MAC)
+                net.addLink(agg, s1, port2=o.workers + 1)
+            net.build()
+            net.start()
+            for h in net.hosts:
+                h.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
+                h.cmd(f"ethtool -K {h.defaultIntf()} tx off rx off >/dev/null 2>&1")
+            self.config = self._config()
+            if self.target == "bmv2":
+                self._install_bmv2(s1)
+            else:
+                self._start_soft()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _config(self) -> Config:
+        o = self.opts
+        hosts = tuple(Host(f"h{i + 1}", host_ip(i), host_mac(i), i + 1) for i in range(o.workers))
+        job = JobSpec(o.job, tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name) for h in hosts),
+                      o.slots)
+        sw = SwitchSpec("s1", "127.0.0.1:9559", 1, 9090, SWITCH_IP, SWITCH_MAC)
+        return Config(sw, hosts, (job,))
+
+    def _install_bmv2(self, s1) -> None:
+        from controller import jobs
+        from controller.p4build import build
+        from controller.switch import SwitchConnection
+
+        pipeline = build()
+        b = s1.bmv2
+        self.config = Config(SwitchSpec("s1", b.grpc_addr, 1, b.thrift_port, SWITCH_IP,
+                                        SWITCH_MAC), self.config.hosts, self.config.jobs)
+        with SwitchConnection(b.grpc_addr, request_log=self.opts.log_dir / "s1-p4runtime.log",
+                              name="s1").open(pipeline) as sw:
+            jobs.install_base(sw, self.config)
+            for j in self.config.jobs:
+                jobs.add_job(sw, j)
+
+    def _start_soft(self) -> None:
+        cfg_path = self.opts.log_dir / "soft-aggregator.toml"
+        cfg_path.write_text(render_toml(self.config))
+        agg = self.net.get("agg")
+        out = open(self.opts.log_dir / "soft-aggregator.out", "w")
+        p = agg.popen([sys.executable, "-m", "controller.softswitch", "-c", str(cfg_path),
+                       "--stats-file", str(self.opts.log_dir / "soft-stats.json"),
+                       "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT,
+                      cwd=str(ROOT))
+        self.procs.append(p)
+        # ready once the UDP port is bound
+        import time
+
+        for _ in range(100):
+            if p.poll() is not None:
+                raise NetError(f"software aggregator exited ({p.returncode}); see "
+                               f"{self.opts.log_dir / 'soft-aggregator.out'}")
+            if "48864" in agg.cmd("ss -uln"):
+                return
+            time.sleep(0.1)
+        raise NetError("software aggregator did not start listening")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(3)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        self.procs = []
+        if self.net is not None:
+            try:
+                self.net.stop()
+            finally:
+                self.net = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -- running things on hosts ---------------------------------------------------------------
+    def worker_hosts(self):
+        return [self.net.get(f"h{i + 1}") for i in range(self.opts.workers)]
+
+    def agent_command(self, worker: int, *args: str) -> list[str]:
+        o = self.opts
+        return [sys.executable, "-m", "host_agent", "--job", str(o.job), "--worker", str(worker),
+                "--workers", str(o.workers), "--switch", SWITCH_IP,
+                "--bind", f"{host_ip(worker)}:{AGENT_PORT}", "--slots", str(o.slots), *args]
+
+    def popen(self, host, cmd: list[str], out_path: Path | None = None, **kw):
+        out = open(out_path, "w") if out_path else subprocess.PIPE
+        p = host.popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), text=True, **kw)
+        self.procs.append(p)
+        return p
+
+
+def render_toml(cfg: Config) -> str:
+    s = cfg.switch
+    lines = ["[switch]", f'name = "{s.name}"', f'grpc = "{s.grpc}"', f"device_id = {s.device_id}",
+             f"thrift_port = {s.thrift_port}", f'ip = "{s.ip}"', f'mac = "{s.mac}"', ""]
+    for h in cfg.hosts:
+        lines += ["[[hosts]]", f'name = "{h.name}"', f'ip = "{h.ip}"', f'mac = "{h.mac}"',
+                  f"port = {h.port}", ""]
+    for j in cfg.jobs:
+        ws = ", ".join(f'{{ host = "{w.host}", udp_port = {w.udp_port} }}' for w in j.workers)
+        lines += ["[[jobs]]", f"id = {j.id}", f"slots = {j.slots}", f"workers = [ {ws} ]", ""]
+    return "\n".join(lines)
