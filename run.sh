@@ -45,6 +45,18 @@ setup_venv() {
         "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[controller,test,bench]"
         touch "$stamp"
     fi
+    # torch is optional (the DDP hook and its test). Install it only from a CPU wheel already on
+    # this machine's disk: from PyPI, plain torch is a CUDA build of several GB.
+    if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+        local whl
+        whl=$(ls /opt/wheels/torch-*+cpu-cp3*.whl 2>/dev/null | head -n 1 || true)
+        if [ -n "$whl" ]; then
+            log "installing torch (CPU) from $whl"
+            "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$whl"
+        else
+            log "no local CPU torch wheel: the DDP hook test will skip"
+        fi
+    fi
 }
 
 setup() { setup_system; setup_venv; }
