@@ -98,10 +98,10 @@ def install_base(sw: SwitchConnection, cfg: Config) -> None:
 def list_jobs(sw: SwitchConnection) -> list[InstalledJob]:
     by_job: dict[int, dict] = {}
     for match, _action, p in sw.read_table(T_JOB):
-        j = by_job.setdefault(p["job"], {"workers": [], **p})
-        j["workers"].append((p["worker"], int_ip(match["hdr.ipv4.src_addr"]),
+        j = by_job.setdefault(p["job"], {"senders": [], **p})
+        j["senders"].append((p["worker"], int_ip(match["hdr.ipv4.src_addr"]),
                              match["hdr.udp.src_port"]))
-    return [InstalledJob(j, tuple(sorted(v["workers"])), v["epoch"], v["region_base"],
+    return [InstalledJob(j, tuple(sorted(v["senders"])), v["epoch"], v["region_base"],
                          v["region_size"], v["mcast_group"])
             for j, v in sorted(by_job.items())]
 

@@ -216,18 +216,15 @@ class SwitchConnection:
 
         def collect(te):
             match = {}
-            for name, fm in te.match._fields.items():
+            for name, fm in te.match._mk.items():  # name -> p4runtime FieldMatch
                 if fm.HasField("exact"):
                     match[name] = int.from_bytes(fm.exact.value, "big")
                 elif fm.HasField("lpm"):
                     match[name] = (int.from_bytes(fm.lpm.value, "big"), fm.lpm.prefix_len)
-            a = te._entry.action.action
-            params = {}
-            action_name = shell.context.get_name_from_id(a.action_id)
-            info = shell.context.get_obj_by_id(a.action_id)
-            names = {p.id: p.name for p in info.params}
-            for p in a.params:
-                params[names[p.param_id]] = int.from_bytes(p.value, "big")
+            action = te.action  # p4runtime-shell Action: name -> p4runtime Param message
+            params = {name: int.from_bytes(p.value, "big")
+                      for name, p in action._param_values.items()}
+            action_name = action.action_name
             out.append((match, action_name, params))
 
         self._do(f"read {table}", lambda: shell.TableEntry(table).read(collect))
