@@ -60,7 +60,9 @@ class AgentConfig:
     bind: tuple[str, int] = ("0.0.0.0", 50000)
     slots: int = 64              # the job's slot region (controller: job 'slots')
     seed: int | None = None      # sketch hash seed; default: the job id
-    timeout: float = 0.02        # first retransmission timeout (s)
+    timeout: float = 0.05        # initial retransmission timeout (s); then measured RTTs
+    min_timeout: float = 0.02    # floor of the measured timeout: a window's last chunks queue
+                                 # behind its first, so one RTT sample understates the rest
     max_timeout: float = 0.5
     backoff: float = 2.0
     deadline: float = 10.0       # no progress for this long: AggregationTimeout
@@ -133,6 +135,11 @@ class Agent:
         self._broken: str | None = None
         self._rbuf = bytearray(2048)
         self._last_mode: dict = {}
+        # Retransmission timeout from measured round trips (RFC 6298, Karn: samples only from
+        # chunks sent once). A fixed timeout resends half of everything on a queueing bmv2.
+        self._srtt: float | None = None
+        self._rttvar = 0.0
+        self._rto = config.timeout
 
     def close(self) -> None:
         self.sock.close()
@@ -175,7 +182,8 @@ class Agent:
         out = np.zeros(nchunks * K, np.int32)
         done = np.zeros(nchunks, bool)
         sent_at = np.full(nchunks, np.inf)
-        rto = np.full(nchunks, cfg.timeout)
+        rto = np.full(nchunks, self._rto)
+        resent = np.zeros(nchunks, bool)
         overflow = False
         ndone = 0
         next_c = 0
@@ -234,9 +242,12 @@ class Agent:
                     continue
                 if flags & wire.FLAG_STATUS:
                     w = np.frombuffer(rbuf, ">u4", 3, wire.HOMAGG_HDR_BYTES)
-                    # The switch is alive but the round is not finished: diagnostics only,
-                    # it does not postpone the deadline.
+                    # The switch holds our contribution; the round waits for peers. Only a
+                    # lost result could still need us, so resend rarely. Not progress: it does
+                    # not postpone the deadline.
                     status[int(c)] = ((int(w[0]) << 32) | int(w[1]), int(w[2]))
+                    sent_at[c] = time.monotonic()
+                    rto[c] = cfg.max_timeout
                     continue
                 if done[c]:
                     c_.ignored += 1
@@ -244,6 +255,9 @@ class Agent:
                 out[c * K:(c + 1) * K] = np.frombuffer(rbuf, ">i4", K, wire.HOMAGG_HDR_BYTES)
                 done[c] = True
                 ndone += 1
+                if not resent[c]:
+                    self._rtt_sample(time.monotonic() - sent_at[c])
+                    rto[next_c:] = self._rto
                 c_.results += 1
                 overflow |= bool(flags & wire.FLAG_OVERFLOW)
                 last_progress = time.monotonic()
@@ -257,6 +271,7 @@ class Agent:
                     send(int(c))
                     sent_at[c] = now
                     rto[c] = min(rto[c] * cfg.backoff, cfg.max_timeout)
+                    resent[c] = True
                     c_.retransmissions += 1
             if now - last_progress > cfg.deadline:
                 self._chunk = g0 + nchunks
@@ -268,6 +283,15 @@ class Agent:
         if overflow:
             raise _Overflow()
         return out[:n]
+
+    def _rtt_sample(self, rtt: float) -> None:
+        if self._srtt is None:
+            self._srtt, self._rttvar = rtt, rtt / 2
+        else:
+            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - rtt)
+            self._srtt = 0.875 * self._srtt + 0.125 * rtt
+        self._rto = min(max(self._srtt + 4 * self._rttvar, self.cfg.min_timeout),
+                        self.cfg.max_timeout)
 
     def _timeout(self, pending, g0, status) -> AggregationTimeout:
         S, W = self.cfg.slots, self.cfg.workers

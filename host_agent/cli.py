@@ -38,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--switch", default="10.0.0.254", help="IP[:PORT] of the switch/aggregator")
     p.add_argument("--bind", default="0.0.0.0:50000", help="IP[:PORT] this agent sends from")
     p.add_argument("--slots", type=int, default=64, help="the job's slot region size")
-    p.add_argument("--timeout", type=float, default=0.02, help="first retransmission timeout")
+    p.add_argument("--timeout", type=float, default=0.05,
+                   help="initial retransmission timeout (s); measured round trips take over")
     p.add_argument("--deadline", type=float, default=10.0, help="error after this long stuck")
     p.add_argument("--rate", type=float, help="pace sends to this many packets/s")
     p.add_argument("--mode", default="auto", choices=["auto", "dense", "union", "sketch"])
