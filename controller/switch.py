@@ -115,6 +115,7 @@ class SwitchConnection:
         except SystemExit:
             raise SwitchError(f"switch {self.name} at {self.addr}: no P4Runtime session "
                               f"(device id {self.device_id}?)") from None
+        shell.global_options["verbose"] = False  # else it prints every match field it builds
         self._stub_wrapper = _LoggingStub(client.stub, self.request_log, self.name)
         client.stub = self._stub_wrapper
         self.client = client
