@@ -8,6 +8,8 @@ decision logic is ``SoftSwitch.handle`` (pure: bytes in, datagrams out), so test
 without sockets; ``serve`` puts it on a socket.
 
     homagg-softswitch --config net.toml [--bind 10.0.0.254] [--stats-file stats.json]
+
+SIGHUP resets every job (new epoch, zeroed job counters), as ``homagg-ctl reset`` does on bmv2.
 """
 
 from __future__ import annotations
@@ -337,7 +339,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", "-c", type=Path, required=True, help="TOML: switch and jobs")
     ap.add_argument("--bind", help="address to listen on (default: the config's switch ip)")
     ap.add_argument("--port", type=int, default=wire.HOMAGG_UDP_PORT_MIN)
-    ap.add_argument("--stats-file", type=Path, help="write counters as JSON here every second")
+    ap.add_argument("--stats-file", type=Path, help="write counters as JSON here every 0.2 s")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     a = ap.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
@@ -352,12 +354,17 @@ def main(argv=None) -> int:
     except (ConfigError, OSError, RuntimeError) as e:
         print(f"homagg-softswitch: error: {e}", file=sys.stderr)
         return 1
+    def reset_all(*_):
+        for job_id in list(sw.jobs):
+            log.info("job %d reset: epoch %d", job_id, sw.reset_job(job_id))
+
     signal.signal(signal.SIGTERM, lambda *_: server._stop.set())
+    signal.signal(signal.SIGHUP, reset_all)  # the operator's "reset": every job starts afresh
     log.info("software aggregator listening on %s:%d", *server.address)
     server.start()
     try:
         while server._thread.is_alive():
-            server._thread.join(1.0)
+            server._thread.join(0.2)
             if a.stats_file:
                 a.stats_file.write_text(json.dumps(sw.read_stats(), indent=1))
     except KeyboardInterrupt:

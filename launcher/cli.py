@@ -32,7 +32,11 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--workers", type=int, default=4)
     common.add_argument("--bw", type=float, help="link bandwidth, Mbit/s")
     common.add_argument("--delay", help="link delay, e.g. 1ms")
-    common.add_argument("--loss", type=float, help="link loss, percent")
+    common.add_argument("--loss", type=float, help="link loss, percent (each direction)")
+    common.add_argument("--dup", type=float, help="link duplication, percent")
+    common.add_argument("--reorder", type=float, help="link reordering, percent (needs --delay)")
+    common.add_argument("--jitter", help="delay jitter, e.g. 1ms")
+    common.add_argument("--jobs", type=int, default=1, help="split the workers into N jobs")
     common.add_argument("--slots", type=int,
                         help="the job's slot region, i.e. each agent's window (default: 16 on "
                              "bmv2, whose queues drop deeper bursts; 64 on the soft target)")
@@ -50,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _options(a) -> NetOptions:
     o = NetOptions(workers=a.workers, target=a.target, bw=a.bw, delay=a.delay, loss=a.loss,
-                   slots=a.slots)
+                   dup=a.dup, reorder=a.reorder, jitter=a.jitter, jobs=a.jobs, slots=a.slots)
     if a.log_dir:
         o.log_dir = a.log_dir
     return o

@@ -5,8 +5,9 @@ controller (pipeline, proxy ARP and routes, the job). Target ``soft``: the switc
 bridge and the software aggregator runs on host ``agg`` at the switch's address, so workers
 use the very same address, port and wire protocol either way.
 
-Links take bandwidth (Mbit/s), delay and loss options (TCLink / netem). Everything is torn
-down on exit or Ctrl-C: processes, bmv2, veths, namespaces.
+Each worker link can be shaped with netem on both of its ends: rate (Mbit/s), delay, jitter,
+loss, duplication and reordering. Workers may be split into several concurrent jobs.
+Everything is torn down on exit or Ctrl-C: processes, bmv2, veths, namespaces.
 """
 
 from __future__ import annotations
@@ -75,7 +76,11 @@ class NetOptions:
     target: str = "auto"
     bw: float | None = None       # Mbit/s on each worker link
     delay: str | None = None      # e.g. "1ms"
-    loss: float | None = None     # percent, on each worker link
+    jitter: str | None = None     # e.g. "1ms" (with delay; reorders packets too)
+    loss: float | None = None     # percent, each direction of each worker link
+    dup: float | None = None      # percent duplicated
+    reorder: float | None = None  # percent sent ahead of the delayed rest (needs delay)
+    jobs: int = 1                 # workers are split evenly into this many jobs
     slots: int | None = None     # None: 16 on bmv2, 64 on the soft target
     job: int = 1
     log_dir: Path = field(default_factory=lambda: ROOT / "build" / "logs" / "net")
@@ -122,28 +127,23 @@ class HomaggNet:
         self.net = None
         self.procs: list[subprocess.Popen] = []
         self.config: Config | None = None
+        self.aggregator: subprocess.Popen | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "HomaggNet":
         preflight()
-        from mininet.link import Link, TCLink
+        from mininet.link import Link
         from mininet.log import setLogLevel
         from mininet.net import Mininet
         from mininet.nodelib import LinuxBridge
 
         setLogLevel("error")  # its bridge-netfilter warning does not apply: no iptables rules here
         o = self.opts
+        if o.workers % o.jobs:
+            raise NetError(f"{o.workers} workers do not split into {o.jobs} equal jobs")
         o.log_dir.mkdir(parents=True, exist_ok=True)
-        shaped = o.bw is not None or o.delay is not None or o.loss is not None
-        link_kw = {}
-        if o.bw is not None:
-            link_kw["bw"] = o.bw
-        if o.delay is not None:
-            link_kw["delay"] = o.delay
-        if o.loss is not None:
-            link_kw["loss"] = o.loss
-        net = Mininet(topo=None, controller=None, link=TCLink if shaped else Link, build=False,
-                      autoSetMacs=False, waitConnected=False)
+        net = Mininet(topo=None, controller=None, link=Link, build=False, autoSetMacs=False,
+                      waitConnected=False)
         self.net = net
         try:
             if self.target == "bmv2":
@@ -153,7 +153,7 @@ class HomaggNet:
             hosts = []
             for i in range(o.workers):
                 h = net.addHost(f"h{i + 1}", ip=f"{host_ip(i)}/24", mac=host_mac(i))
-                net.addLink(h, s1, port2=i + 1, **link_kw)
+                net.addLink(h, s1, port2=i + 1)
                 hosts.append(h)
             if self.target == "soft":
                 agg = net.addHost("agg", ip=f"{SWITCH_IP}/24", mac=SWITCH_MAC)
@@ -163,6 +163,7 @@ class HomaggNet:
             for h in net.hosts:
                 h.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
                 h.cmd(f"ethtool -K {h.defaultIntf()} tx off rx off >/dev/null 2>&1")
+            self._shape(hosts)
             self.config = self._config()
             if self.target == "bmv2":
                 self._install_bmv2(s1)
@@ -176,10 +177,48 @@ class HomaggNet:
     def _config(self) -> Config:
         o = self.opts
         hosts = tuple(Host(f"h{i + 1}", host_ip(i), host_mac(i), i + 1) for i in range(o.workers))
-        job = JobSpec(o.job, tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name) for h in hosts),
-                      o.slots)
+        per = o.workers // o.jobs
+        jobs = tuple(JobSpec(o.job + k, tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name)
+                                              for h in hosts[k * per:(k + 1) * per]), o.slots)
+                     for k in range(o.jobs))
         sw = SwitchSpec("s1", "127.0.0.1:9559", 1, 9090, SWITCH_IP, SWITCH_MAC)
-        return Config(sw, hosts, (job,))
+        return Config(sw, hosts, jobs)
+
+    def netem_args(self) -> list[str]:
+        o = self.opts
+        args = []
+        if o.delay:
+            args += ["delay", o.delay] + ([o.jitter] if o.jitter else [])
+        if o.loss:
+            args += ["loss", f"{o.loss}%"]
+        if o.dup:
+            args += ["duplicate", f"{o.dup}%"]
+        if o.reorder:
+            if not o.delay:
+                raise NetError("--reorder needs --delay (netem reorders by sending some "
+                               "packets without the delay)")
+            args += ["reorder", f"{o.reorder}%"]
+        if o.bw:
+            args += ["rate", f"{o.bw}mbit"]
+        return args
+
+    def _shape(self, hosts) -> None:
+        """netem on both ends of every worker link (the host's and the switch's side)."""
+        args = self.netem_args()
+        if not args:
+            return
+        for h in hosts:
+            for intf in (h.defaultIntf(), h.defaultIntf().link.intf2):
+                node = intf.node
+                out = node.cmd(f"tc qdisc replace dev {intf.name} root netem limit 10000 "
+                               + " ".join(args))
+                if out.strip():
+                    raise NetError(f"tc netem on {intf.name}: {out.strip()}")
+
+    def job_of(self, worker: int) -> tuple[int, int, int]:
+        """(job id, worker index in the job, workers in the job) of worker host ``worker``."""
+        per = self.opts.workers // self.opts.jobs
+        return self.opts.job + worker // per, worker % per, per
 
     def _install_bmv2(self, s1) -> None:
         from controller import jobs
@@ -206,6 +245,7 @@ class HomaggNet:
                        "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT,
                       cwd=str(ROOT))
         self.procs.append(p)
+        self.aggregator = p
         # ready once the UDP port is bound
         import time
 
@@ -217,6 +257,61 @@ class HomaggNet:
                 return
             time.sleep(0.1)
         raise NetError("software aggregator did not start listening")
+
+    # -- operating the running network --------------------------------------------------------
+    def _connection(self):
+        from controller.switch import SwitchConnection
+
+        return SwitchConnection(self.config.switch.grpc,
+                                request_log=self.opts.log_dir / "s1-p4runtime.log", name="s1")
+
+    def stats(self) -> dict:
+        """The switch's counters: over P4Runtime (bmv2) or from the aggregator's stats file."""
+        import json
+        import time
+
+        if self.target == "bmv2":
+            from controller import jobs
+
+            with self._connection().open() as sw:
+                return jobs.read_stats(sw)
+        path = self.opts.log_dir / "soft-stats.json"
+        before = path.stat().st_mtime if path.exists() else 0
+        for _ in range(50):  # the aggregator rewrites it every 0.2 s
+            time.sleep(0.1)
+            if path.exists() and path.stat().st_mtime > before:
+                break
+        data = json.loads(path.read_text())
+        data["jobs"] = {int(k): v for k, v in data["jobs"].items()}
+        return data
+
+    def reset_jobs(self) -> None:
+        """Every job starts afresh (new epoch): what an operator does after a worker died."""
+        import signal
+        import time
+
+        if self.target == "bmv2":
+            from controller import jobs
+
+            with self._connection().open() as sw:
+                for j in self.config.jobs:
+                    jobs.reset_job(sw, j.id)
+        else:
+            self.aggregator.send_signal(signal.SIGHUP)
+            time.sleep(0.3)
+
+    def restart_switch(self) -> None:
+        """Kill the switch (all its state) and bring it back; the controller re-installs."""
+        if self.target == "bmv2":
+            s1 = self.net.get("s1")
+            s1.bmv2.stop()
+            s1.bmv2.start()
+            self._install_bmv2(s1)
+        else:
+            self.aggregator.kill()
+            self.aggregator.wait()
+            self.procs.remove(self.aggregator)
+            self._start_soft()
 
     def stop(self) -> None:
         for p in self.procs:
@@ -244,10 +339,11 @@ class HomaggNet:
         return [self.net.get(f"h{i + 1}") for i in range(self.opts.workers)]
 
     def agent_command(self, worker: int, *args: str) -> list[str]:
-        o = self.opts
-        return [sys.executable, "-m", "host_agent", "--job", str(o.job), "--worker", str(worker),
-                "--workers", str(o.workers), "--switch", SWITCH_IP,
-                "--bind", f"{host_ip(worker)}:{AGENT_PORT}", "--slots", str(o.slots), *args]
+        job, index, workers = self.job_of(worker)
+        return [sys.executable, "-m", "host_agent", "--job", str(job), "--worker", str(index),
+                "--workers", str(workers), "--switch", SWITCH_IP,
+                "--bind", f"{host_ip(worker)}:{AGENT_PORT}", "--slots", str(self.opts.slots),
+                *args]
 
     def popen(self, host, cmd: list[str], out_path: Path | None = None, **kw):
         out = open(out_path, "w") if out_path else subprocess.PIPE
