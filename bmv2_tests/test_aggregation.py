@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bmv2_tests.conftest import bmv2_skip_reason
+from bmv2_tests.harness import host_ip
 from bmv2_tests.targets import Bmv2Target, SoftTarget
 from host_agent import wire
 
@@ -229,6 +230,8 @@ def _still_exact(j):
 BAD = {
     "unknown source port": ("DROP_UNKNOWN_SENDER", dict(sport=50001)),
     "forged source address": ("DROP_UNKNOWN_SENDER", dict(src_ip="10.0.0.77")),
+    "a registered worker's address, from another port": ("DROP_SPOOFED",
+                                                         dict(host=1, src_ip=host_ip(0))),
     "wrong version": ("DROP_BAD_VERSION", dict(version=2)),
     "unknown op": ("DROP_BAD_OP", dict(op=7)),
     "result flag from a host": ("DROP_FORGED_RESULT", dict(flags=wire.FLAG_RESULT)),
@@ -241,6 +244,9 @@ BAD = {
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_packet_is_dropped_counted_and_harmless(target, job, case):
     reason, kw = BAD[case][0], dict(BAD[case][1])
+    if reason == "DROP_SPOOFED" and target.name == "soft":
+        pytest.skip("the software aggregator sees addresses, not switch ports: it cannot tell "
+                    "a forged registered address (documented limit; bmv2 binds senders to ports)")
     j = job(workers=(0, 1))
     before = counter(target, reason)
     slot = kw.pop("slot", 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller.config import Config, ConfigError, JobSpec, SwitchSpec
 from controller.switch import SwitchConnection, SwitchError
@@ -40,6 +40,7 @@ class InstalledJob:
     base: int
     size: int
     group: int
+    ports: dict = field(default_factory=dict)  # worker id -> switch port
 
     @property
     def region(self) -> range:
@@ -98,11 +99,12 @@ def install_base(sw: SwitchConnection, cfg: Config) -> None:
 def list_jobs(sw: SwitchConnection) -> list[InstalledJob]:
     by_job: dict[int, dict] = {}
     for match, _action, p in sw.read_table(T_JOB):
-        j = by_job.setdefault(p["job"], {"senders": [], **p})
+        j = by_job.setdefault(p["job"], {"senders": [], "ports": {}, **p})
         j["senders"].append((p["worker"], int_ip(match["hdr.ipv4.src_addr"]),
                              match["hdr.udp.src_port"]))
+        j["ports"][p["worker"]] = p["port"]
     return [InstalledJob(j, tuple(sorted(v["senders"])), v["epoch"], v["region_base"],
-                         v["region_size"], v["mcast_group"])
+                         v["region_size"], v["mcast_group"], v["ports"])
             for j, v in sorted(by_job.items())]
 
 
@@ -121,7 +123,7 @@ def _worker_entries(job: JobSpec, epoch: int, base: int):
         yield ({"hdr.ipv4.src_addr": w.ip, "hdr.udp.src_port": w.udp_port},
                {"job": job.id, "worker": wid, "workers": len(job.workers), "epoch": epoch,
                 "region_base": base, "region_size": job.slots,
-                "mcast_group": mcast_group(job.id)})
+                "mcast_group": mcast_group(job.id), "port": w.switch_port})
 
 
 def add_job(sw: SwitchConnection, job: JobSpec) -> InstalledJob:
@@ -188,9 +190,10 @@ def reset_job(sw: SwitchConnection, job_id: int, thrift_port: int | None = None)
     epoch = next_epoch(sw)
     for _, ip, port in job.workers:
         match = {"hdr.ipv4.src_addr": ip, "hdr.udp.src_port": port}
-        params = {"job": job.id, "worker": [w for w, i, p in job.workers if (i, p) == (ip, port)][0],
-                  "workers": len(job.workers), "epoch": epoch, "region_base": job.base,
-                  "region_size": job.size, "mcast_group": job.group}
+        wid = [w for w, i, p in job.workers if (i, p) == (ip, port)][0]
+        params = {"job": job.id, "worker": wid, "workers": len(job.workers), "epoch": epoch,
+                  "region_base": job.base, "region_size": job.size, "mcast_group": job.group,
+                  "port": job.ports[wid]}
         sw.modify(T_JOB, match, f"{AGG}.set_worker", params)
     reset_job_counters(sw, job.id)
     registers = "skipped (simple_switch_CLI not found)"

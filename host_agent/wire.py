@@ -61,6 +61,7 @@ STATS = {
     13: "DROP_BAD_SLOT",
     14: "DROP_SEQ_MISMATCH",
     15: "DROP_STALE",
+    16: "DROP_SPOOFED",
 }
 STATS_SIZE = 32
 EPOCH_STORE = 31  # stats index the controller uses as storage (constants.p4)

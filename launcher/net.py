@@ -198,22 +198,34 @@ class HomaggNet:
                 raise NetError("--reorder needs --delay (netem reorders by sending some "
                                "packets without the delay)")
             args += ["reorder", f"{o.reorder}%"]
-        if o.bw:
-            args += ["rate", f"{o.bw}mbit"]
         return args
 
     def _shape(self, hosts) -> None:
-        """netem on both ends of every worker link (the host's and the switch's side)."""
-        args = self.netem_args()
-        if not args:
+        """Both ends of every worker link: HTB for the rate, netem under it for the rest."""
+        netem = self.netem_args()
+        if not netem and not self.opts.bw:
             return
         for h in hosts:
             for intf in (h.defaultIntf(), h.defaultIntf().link.intf2):
-                node = intf.node
-                out = node.cmd(f"tc qdisc replace dev {intf.name} root netem limit 10000 "
-                               + " ".join(args))
-                if out.strip():
-                    raise NetError(f"tc netem on {intf.name}: {out.strip()}")
+                node, dev = intf.node, intf.name
+                cmds = []
+                parent = "root"
+                if self.opts.bw:
+                    rate = f"{self.opts.bw}mbit"
+                    cmds += [f"tc qdisc replace dev {dev} root handle 1: htb default 1",
+                             f"tc class add dev {dev} parent 1: classid 1:1 htb rate {rate} "
+                             f"ceil {rate} quantum 1514"]
+                    parent = "parent 1:1 handle 10:"
+                if netem:
+                    cmds.append(f"tc qdisc replace dev {dev} {parent} netem limit 10000 "
+                                + " ".join(netem))
+                for c in cmds:
+                    out = node.cmd(c).strip()
+                    if "rror" in out or "nknown" in out:
+                        hint = (" (this kernel has no netem: use --inject-loss/--inject-dup/"
+                                "--inject-reorder, which the agents apply at their sockets)"
+                                if "netem" in c and "unknown" in out else "")
+                        raise NetError(f"{c}: {out}{hint}")
 
     def job_of(self, worker: int) -> tuple[int, int, int]:
         """(job id, worker index in the job, workers in the job) of worker host ``worker``."""

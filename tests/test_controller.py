@@ -165,7 +165,7 @@ def test_add_job_writes_workers_results_and_group():
     assert len(workers) == 2
     params = min((p for _, p in workers.values()), key=lambda p: p["worker"])
     assert params == {"job": 3, "worker": 0, "workers": 2, "epoch": 1, "region_base": 0,
-                      "region_size": 32, "mcast_group": 4}
+                      "region_size": 32, "mcast_group": 4, "port": 1}
     assert sw.groups[4] == [(1, 1), (2, 2)]
     assert len(sw.tables[jobs.T_RESULT]) == 2
     assert jobs.list_jobs(sw)[0].workers == ((0, "10.0.0.1", 50000), (1, "10.0.0.2", 50000))

@@ -44,7 +44,9 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
 
     /* ---- who may send: (source address, source port) -> job and worker ---------------- */
     action set_worker(bit<16> job, bit<8> worker, bit<8> workers, bit<16> epoch,
-                      bit<16> region_base, bit<16> region_size, bit<16> mcast_group) {
+                      bit<16> region_base, bit<16> region_size, bit<16> mcast_group,
+                      bit<9> port) {
+        meta.sender_port = port;
         meta.job = job;
         meta.worker = worker;
         meta.workers = workers;
@@ -129,6 +131,12 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         }
         if (!job_workers.apply().hit) {
             stats.count(DROP_UNKNOWN_SENDER);
+            return;
+        }
+        if (standard_metadata.ingress_port != meta.sender_port) {
+            /* Source addresses are easy to forge; the port a worker is cabled to is not. */
+            stats.count(DROP_SPOOFED);
+            job_count(JOB_STAT_DROPPED);
             return;
         }
         if (hdr.homagg.job != meta.job || hdr.homagg.worker != meta.worker) {

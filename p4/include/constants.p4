@@ -72,6 +72,7 @@ const bit<32> DROP_WRONG_IDENTITY  = 12;  /* header job/worker differ from the j
 const bit<32> DROP_BAD_SLOT        = 13;  /* slot outside the job's region */
 const bit<32> DROP_SEQ_MISMATCH    = 14;  /* contribution for another round than the slot's */
 const bit<32> DROP_STALE           = 15;  /* a round that already finished (late duplicate) */
+const bit<32> DROP_SPOOFED         = 16;  /* a registered sender's address from another port */
 /* Never counted by the data plane: the controller keeps the last job epoch it handed out here
  * (P4Runtime can write counters but not registers), so epochs stay unique for the switch's
  * lifetime, across controller restarts, and restart with the registers when the switch does. */

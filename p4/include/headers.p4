@@ -109,6 +109,7 @@ struct metadata_t {
     bit<16> region_base;
     bit<16> region_size;
     bit<16> mcast_group;
+    bit<9>  sender_port;    /* the switch port the sender is cabled to */
     bit<32> idx;            /* slot state index: 2 * (region_base + slot) + phase */
     bit<1>  first;          /* this packet starts a new round of its slot copy */
     bit<32> overflow;       /* OR of per-lane overflow bits (bit 31 matters) */
