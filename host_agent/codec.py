@@ -23,7 +23,10 @@ tested and benchmarked as the paper's scheme (see README, "Codec").
 
 Speed: the loops over the bitmap, the union and the sketch run as numba kernels (``USE_JIT``);
 each has a numpy twin, kept as the reference the tests compare it with bit for bit, and used
-when numba is missing.
+when numba is missing. Mode ``union`` never lists U on the worker: ``encode_union`` ranks a
+worker's non-zeros by popcounts of the ORed bitmap, and ``decode_union`` writes the dense sum in
+one pass over that bitmap (``union_indices`` + ``assemble`` remain, for the sketch and as the
+reference). ``Scan.of`` reads the tensor once for bitmap, positions and values.
 """
 
 from __future__ import annotations
@@ -185,7 +188,12 @@ class Scan:
         x = np.asarray(x).reshape(-1)
         if not np.issubdtype(x.dtype, np.floating):
             raise CodecError(f"expected a floating-point tensor, got {x.dtype}")
-        words = _pack(x != 0)  # NaN != 0, so NaNs land in raw and max_exponent() names them
+        # NaN != 0, so NaNs land in raw and max_exponent() names them
+        if USE_JIT and x.dtype in (np.float32, np.float64):
+            # One pass: bitmap, positions and values together (x is read once).
+            words, idx, raw = _k_scan(np.ascontiguousarray(x))
+            return cls(x.size, idx, raw, words)
+        words = _pack(x != 0)
         idx = set_bits(words, x.size)
         return cls(x.size, idx, x[idx], words)
 
@@ -254,6 +262,55 @@ def ranks_in(union: np.ndarray, idx: np.ndarray) -> np.ndarray:
     if idx.size and (r[-1] >= union.size or not np.array_equal(union[r], idx)):
         raise CodecError("worker's support is not contained in the union bitmap")
     return r
+
+
+def union_size(words: np.ndarray, n: int) -> int:
+    """u: the number of positions < n set in an ORed bitmap (without listing them)."""
+    words = np.ascontiguousarray(words, dtype=np.uint32)
+    if n > 32 * words.size:
+        raise CodecError(f"bitmap of {words.size} words is too short for {n} elements")
+    if USE_JIT:
+        return int(_k_union_size(words, n))
+    return int(np.count_nonzero(np.unpackbits(words.view(np.uint8), count=n)))
+
+
+def encode_union(s: Sparse, union_words: np.ndarray) -> np.ndarray:
+    """Round-2 words in mode ``union`` straight from the ORed bitmap: int32[u], this worker's
+    value at each union rank (0 elsewhere). Same words as ``encode_values(s, union, 'union', .)``
+    without listing U: a position's rank is the popcount of the union bitmap before it."""
+    words = np.ascontiguousarray(union_words, dtype=np.uint32)
+    if s.n > 32 * words.size:
+        raise CodecError(f"bitmap of {words.size} words is too short for {s.n} elements")
+    if USE_JIT:
+        v, bad = _k_encode_union(words, s.n, np.ascontiguousarray(s.idx, np.int64),
+                                 np.ascontiguousarray(s.val, np.int32))
+        if bad >= 0:
+            raise CodecError("worker's support is not contained in the union bitmap")
+        return v
+    return encode_values(s, union_indices(words, s.n), "union", 0)
+
+
+def decode_union(union_words: np.ndarray, n: int, values: np.ndarray, shift: int,
+                 dtype=np.float32) -> np.ndarray:
+    """Mode ``union``'s decoded sum as a dense float tensor, straight from the ORed bitmap:
+    ``assemble(n, union_indices(union_words, n), values, shift, dtype)`` in one sequential pass
+    over the bitmap that writes every output element once (0 off the union)."""
+    words = np.ascontiguousarray(union_words, dtype=np.uint32)
+    if n > 32 * words.size:
+        raise CodecError(f"bitmap of {words.size} words is too short for {n} elements")
+    values = np.asarray(values)
+    dt = np.dtype(dtype)
+    if (USE_JIT and abs(shift) <= 1000 and dt in (np.float32, np.float64)
+            and values.dtype in (np.int32, np.int64)):
+        out = np.empty(n, dt)
+        if _k_decode_union(out, words, np.ascontiguousarray(values),
+                           math.ldexp(1.0, -shift)) != values.size:
+            raise CodecError("union bitmap and values disagree on the union size")
+        return out
+    union = union_indices(words, n)
+    if union.size != values.size:
+        raise CodecError("union bitmap and values disagree on the union size")
+    return assemble(n, union, values, shift, dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -614,7 +671,9 @@ if _numba is not None:
                               13, 23, 21, 19, 16, 7, 26, 12, 18, 6, 11, 5, 10, 9], np.int64)
 
         @_jit
-        def _ctz(w):  # w: int64 in (0, 2**32)
+        def _ctz(w):  # w: int64 in (0, 2**33); bit 32 alone is a sentinel (_k_decode_union)
+            if (w & 0xFFFFFFFF) == 0:
+                return 32
             return _DEBRUIJN[(((w & -w) * 0x077CB531) & 0xFFFFFFFF) >> 27]
 
     _U1, _U27, _U30, _U31, _U32 = (np.uint64(v) for v in (1, 27, 30, 31, 32))
@@ -794,3 +853,166 @@ if _numba is not None:
     def _k_assemble(out, union, values, scale):
         for r in range(union.size):
             out[union[r]] = np.float64(values[r]) * scale
+
+    @_jit
+    def _k_brev8(w):
+        """Reverse the bits of each byte: packed-bitmap word <-> tensor-order word (bit j is
+        element 32i + j), and back."""
+        w = ((w >> 1) & 0x55555555) | ((w & 0x55555555) << 1)
+        w = ((w >> 2) & 0x33333333) | ((w & 0x33333333) << 2)
+        return ((w >> 4) & 0x0F0F0F0F) | ((w & 0x0F0F0F0F) << 4)
+
+    @_jit
+    def _k_scan_into(x, i, words, idx, raw, k):
+        """Scan full words from word i on, appending positions and values at k, until the
+        buffers may not hold another word (k + 32 > capacity). Returns (next word, k).
+
+        Kept free of array (re)allocation: rebinding arrays in the loop costs 3x."""
+        nfull = x.size // 32
+        cap = idx.size
+        while i < nfull and k + 32 <= cap:
+            base = i * 32
+            t = np.int64(0)
+            for j in range(32):
+                t |= np.int64(x[base + j] != 0) << j
+            words[i] = _k_brev8(t)
+            while t:
+                p = base + _ctz(t)
+                idx[k] = p
+                raw[k] = x[p]
+                k += 1
+                t &= t - 1
+            i += 1
+        return i, k
+
+    @_jit
+    def _k_scan(x):
+        """Scan.of in one pass: packed bitmap (``_pack(x != 0)``), positions and values."""
+        n = x.size
+        nfull = n // 32
+        words = np.empty((n + 31) // 32, np.uint32)
+        cap = n // 64 + 64
+        idx = np.empty(cap, np.int64)
+        raw = np.empty(cap, x.dtype)
+        i, k = _k_scan_into(x, 0, words, idx, raw, 0)
+        while i < nfull:  # more non-zeros than guessed: grow and resume
+            cap = min(2 * cap, n + 32)
+            idx2 = np.empty(cap, np.int64)
+            idx2[:k] = idx[:k]
+            idx = idx2
+            raw2 = np.empty(cap, x.dtype)
+            raw2[:k] = raw[:k]
+            raw = raw2
+            i, k = _k_scan_into(x, i, words, idx, raw, k)
+        if nfull < words.size:  # the partial last word
+            if k + 32 > idx.size:
+                idx2 = np.empty(k + 32, np.int64)
+                idx2[:k] = idx[:k]
+                idx = idx2
+                raw2 = np.empty(k + 32, x.dtype)
+                raw2[:k] = raw[:k]
+                raw = raw2
+            base = nfull * 32
+            t = np.int64(0)
+            for j in range(n - base):
+                t |= np.int64(x[base + j] != 0) << j
+            words[nfull] = _k_brev8(t)
+            while t:
+                p = base + _ctz(t)
+                idx[k] = p
+                raw[k] = x[p]
+                k += 1
+                t &= t - 1
+        return words, idx[:k].copy(), raw[:k].copy()
+
+    @_jit
+    def _k_union_size(words, n):
+        full = n // 32
+        total = 0
+        for i in range(full):
+            total += _k_popcount32(np.int64(words[i]))
+        rem = n - full * 32
+        if rem:  # only the first rem tensor bits of the last word
+            total += _k_popcount32(_k_brev8(np.int64(words[full])) & ((np.int64(1) << rem) - 1))
+        return total
+
+    @_jit
+    def _k_encode_union(words, n, idx, val):
+        """(int32[u] values by union rank, index of the first own position outside U or -1).
+
+        A position's rank is the popcount of the union bitmap before it: a per-word prefix
+        (n/32 words), then O(1) per non-zero."""
+        nw = words.size
+        pre = np.empty(nw, np.int64)
+        acc = 0
+        for i in range(nw):
+            pre[i] = acc
+            acc += _k_popcount32(np.int64(words[i]))
+        out = np.zeros(_k_union_size(words, n), np.int32)
+        for i in range(idx.size):
+            p = idx[i]
+            if p < 0 or p >= n:
+                return out, i
+            pw = p >> 5
+            t = _k_brev8(np.int64(words[pw]))  # tensor order: bit j is element 32 pw + j
+            j = p & 31
+            if not (t >> j) & 1:
+                return out, i
+            out[pre[pw] + _k_popcount32(t & ((np.int64(1) << j) - 1))] = val[i]
+        return out, -1
+
+    @_jit
+    def _k_decode_union(out, words, values, scale):
+        """Write the dense sum in one pass: 0 off the union, values[rank] * scale on it. Returns
+        the number of union positions (< n), or -1 if values is shorter than that.
+
+        Per word: zero its 32 outputs, then write its first four set bits unconditionally (a
+        sentinel bit 32 makes a missing one land on the next word's first output, which that
+        word's zeroing overwrites), and loop only for the rest: no unpredictable loop exit for
+        most words. The fast loop needs a next word and 32 values to read ahead."""
+        n = out.size
+        u = values.size
+        nfull = n // 32
+        sentinel = np.int64(1) << 32
+        r = 0
+        i = 0
+        while i < nfull - 1 and r + 32 <= u:
+            base = i * 32
+            for j in range(32):
+                out[base + j] = 0
+            w = _k_brev8(np.int64(words[i]))
+            c = _k_popcount32(w)
+            t = w | sentinel
+            out[base + _ctz(t)] = np.float64(values[r]) * scale
+            t = (t & (t - 1)) | sentinel
+            out[base + _ctz(t)] = np.float64(values[r + 1]) * scale
+            t = (t & (t - 1)) | sentinel
+            out[base + _ctz(t)] = np.float64(values[r + 2]) * scale
+            t = (t & (t - 1)) | sentinel
+            out[base + _ctz(t)] = np.float64(values[r + 3]) * scale
+            if c > 4:
+                t &= t - 1  # drops the sentinel: bits 5.. of w remain
+                k = r + 4
+                while t:
+                    out[base + _ctz(t)] = np.float64(values[k]) * scale
+                    k += 1
+                    t &= t - 1
+            r += c
+            i += 1
+        nw = (n + 31) // 32
+        while i < nw:
+            base = i * 32
+            lim = min(32, n - base)
+            for j in range(lim):
+                out[base + j] = 0
+            w = _k_brev8(np.int64(words[i]))
+            if lim < 32:
+                w &= (np.int64(1) << lim) - 1
+            while w:
+                if r >= u:
+                    return -1
+                out[base + _ctz(w)] = np.float64(values[r]) * scale
+                r += 1
+                w &= w - 1
+            i += 1
+        return r

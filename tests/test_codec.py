@@ -374,3 +374,119 @@ def test_reference_path_is_exact(mode, monkeypatch):
     rng = np.random.default_rng(25)
     for n, workers, density in ((33, 3, 0.1), (4099, 8, 0.05), (100_003, 8, 0.01)):
         assert_exact(sparse_workers(rng, n, workers, density), mode)
+
+
+# --- union mode straight from the bitmap (never listing U) -------------------------------------
+
+
+def _union_cases():
+    """(n, worker int32 arrays): odd sizes, empty/full unions, a worker with no non-zeros,
+    values at the last position."""
+    rng = np.random.default_rng(26)
+    for n in (0, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 95, 1000, 4097, 100_003):
+        for density in (0.0, 0.01, 0.3, 1.0):
+            arrays = sparse_workers(rng, n, 3, density)
+            arrays.append(np.zeros(n, np.int32))  # a worker with no non-zeros
+            if n:
+                arrays[0][n - 1] = -3  # the last position
+            yield n, arrays
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_encode_union_and_union_size_match_the_listed_union(jit, monkeypatch, reference):
+    if jit and not codec.USE_JIT:
+        pytest.skip("numba not installed")
+    monkeypatch.setattr(codec, "USE_JIT", jit)
+    for n, arrays in _union_cases():
+        sparse = [codec.Sparse.from_dense(a) for a in arrays]
+        words = codec.switch_or([s.words for s in sparse])
+        union = reference(codec.union_indices, words, n)
+        assert codec.union_size(words, n) == union.size
+        for s in sparse:
+            got = codec.encode_union(s, words)
+            want = reference(codec.encode_values, s, union, "union", 0)
+            assert got.dtype == want.dtype == np.int32
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_union_helpers_ignore_bits_past_n_and_refuse_foreign_supports(jit, monkeypatch):
+    if jit and not codec.USE_JIT:
+        pytest.skip("numba not installed")
+    monkeypatch.setattr(codec, "USE_JIT", jit)
+    full = np.full(3, 0xFFFFFFFF, np.uint32)  # padding bits set past n
+    for n in (0, 1, 40, 95, 96):
+        assert codec.union_size(full, n) == n
+        out = codec.decode_union(full, n, np.arange(n, dtype=np.int32), 0)
+        np.testing.assert_array_equal(out, np.arange(n, dtype=np.float32))
+        q = np.zeros(n, np.int32)
+        q[n - 1:] = 5
+        np.testing.assert_array_equal(codec.encode_union(codec.Sparse.from_dense(q), full),
+                                      q)
+    with pytest.raises(CodecError):
+        codec.union_size(full, 97)
+    words = codec._pack(np.isin(np.arange(70), [2, 5, 69]))
+    q = np.zeros(70, np.int32)
+    for bad in (3, 68):
+        q[:] = 0
+        q[[2, bad]] = 1
+        with pytest.raises(CodecError, match="not contained"):
+            codec.encode_union(codec.Sparse.from_dense(q), words)
+    for values in (np.zeros(2, np.int32), np.zeros(4, np.int32)):
+        with pytest.raises(CodecError, match="disagree"):
+            codec.decode_union(words, 70, values, 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shift", [0, 7, 30, -5, 1050])
+def test_decode_union_matches_assemble(reference, dtype, shift):
+    rng = np.random.default_rng(27)
+    for n, arrays in _union_cases():
+        words = codec.switch_or([codec.Sparse.from_dense(a).words for a in arrays])
+        union = reference(codec.union_indices, words, n)
+        for vdtype in (np.int32, np.int64):
+            hi = 2**31 if vdtype == np.int32 else 2**40
+            values = rng.integers(-hi, hi, union.size, dtype=np.int64).astype(vdtype)
+            values[:3] = [0, 2**24 + 1, -(2**31)][:values.size]  # one rounding past fp32's mantissa
+            want = reference(codec.assemble, n, union, values, shift, dtype)
+            for fn in (codec.decode_union, lambda *a: reference(codec.decode_union, *a)):
+                got = fn(words, n, values, shift, dtype)
+                assert got.dtype == want.dtype == dtype
+                np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@needs_jit
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scan_matches_reference(reference, dtype):
+    rng = np.random.default_rng(28)
+    for n in (0, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 1000, 4097, 100_003):
+        # 0.9 and 1.0 outgrow the kernel's first guess at the number of non-zeros.
+        for density in (0.0, 0.01, 0.3, 0.9, 1.0):
+            x = np.where(rng.random(n) < density, rng.standard_normal(n), 0).astype(dtype)
+            if n:
+                x[n - 1] = -0.5
+            if n > 3:
+                x[1], x[2] = -0.0, np.nan  # -0 is zero; NaN is not (max_exponent names it)
+            got, want = codec.Scan.of(x), reference(codec.Scan.of, x)
+            for a, b in ((got.words, want.words), (got.idx, want.idx), (got.raw, want.raw)):
+                assert a.dtype == b.dtype
+                np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_union_mode_from_the_bitmap_is_the_exact_sum(jit, monkeypatch):
+    if jit and not codec.USE_JIT:
+        pytest.skip("numba not installed")
+    monkeypatch.setattr(codec, "USE_JIT", jit)
+    rng = np.random.default_rng(29)
+    for n, workers, density in ((33, 3, 0.1), (4099, 8, 0.05), (100_003, 8, 0.01)):
+        xs = [np.where(rng.random(n) < density, rng.standard_normal(n), 0).astype(np.float32)
+              for _ in range(workers)]
+        shift = codec.shift_for(max(codec.max_exponent(x) for x in xs), workers)
+        sparse = [codec.Scan.of(x).quantize(shift) for x in xs]
+        words = codec.switch_or([s.words for s in sparse])
+        agg = codec.switch_add([codec.encode_union(s, words) for s in sparse], "union")
+        exact = exact_sum([s.to_dense() for s in sparse])
+        out = codec.decode_union(words, n, agg, shift)
+        np.testing.assert_array_equal(
+            out, np.ldexp(exact.astype(np.float64), -shift).astype(np.float32))
