@@ -101,14 +101,25 @@ class Result:
     shift: int
     mode: str
     n: int
-    union: np.ndarray | None   # positions the values are on (None: dense)
-    values: np.ndarray         # int64 sums (on union, or dense)
+    union_words: np.ndarray | None  # ORed non-zero bitmap the values are on (None: dense)
+    values: np.ndarray         # exact integer sums, per union rank (union: the switch's int32
+                               # words; sketch: int64), or dense int64
     wire_bytes: int            # homagg payload bytes this worker sent (retransmissions too)
     rounds: dict = field(default_factory=dict)
+    _union: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def union(self) -> np.ndarray | None:
+        """Positions the values are on (None: dense), listed on first use only."""
+        if self.union_words is None:
+            return None
+        if self._union is None:
+            self._union = codec.union_indices(self.union_words, self.n)
+        return self._union
 
     def ints(self) -> np.ndarray:
         """The exact integer sum as a dense int64 array."""
-        if self.union is None:
+        if self.union_words is None:
             return self.values.astype(np.int64)
         full = np.zeros(self.n, np.int64)
         full[self.union] = self.values
@@ -350,15 +361,17 @@ class Agent:
             mode = "dense"  # last time this tensor was dense: skip the bitmap (all agree)
         if mode == "dense":
             agg = self.stream(wire.OP_OR, onehot).view(np.uint32)
-            union = None
+            union_words = None
         else:
             agg = self.stream(wire.OP_OR, np.concatenate([onehot, scan.words]))
             agg = agg.view(np.uint32)
-            union = codec.union_indices(agg[EXP_WORDS:], n)
+            union_words = agg[EXP_WORDS:]
             if mode == "auto":
-                mode = codec.choose_mode(n, union.size)
+                mode = codec.choose_mode(n, codec.union_size(union_words, n))
             if mode == "dense":
-                union = None
+                union_words = None
+        # Only the sketch needs U's positions; union mode works from the bitmap itself.
+        union = codec.union_indices(union_words, n) if mode == "sketch" else None
         if key is not None:
             self._last_mode[key] = mode
         e_all = _max_exponent(agg[:EXP_WORDS])
@@ -366,7 +379,8 @@ class Agent:
         rounds = {}
         for attempt in range(cfg.max_rescales + 1):
             try:
-                values, rounds = self._value_rounds(flat, scan, shift, mode, union)
+                values, rounds = self._value_rounds(flat, scan, shift, mode, union_words,
+                                                    union)
                 break
             except _Overflow:
                 self.counters.rescales += 1
@@ -375,19 +389,25 @@ class Agent:
         else:
             raise AgentError(f"{self._who()}: int32 overflow persists after "
                              f"{cfg.max_rescales} rescales")
-        if union is None:
+        if union_words is None:
             out = np.ldexp(values.astype(np.float64), -shift).astype(out_dtype)
+        elif mode == "union":
+            out = codec.decode_union(union_words, n, values, shift, out_dtype)
         else:
             out = codec.assemble(n, union, values, shift, out_dtype)
-        return Result(out, shift, mode, n, union, values,
-                      self.counters.bytes_sent - before, rounds)
+        return Result(out, shift, mode, n, union_words, values,
+                      self.counters.bytes_sent - before, rounds, union)
 
-    def _value_rounds(self, flat, scan, shift, mode, union):
-        """Round 2 (and the residual): int64 sums, on the union or dense."""
-        if mode == "dense" or union is None:
+    def _value_rounds(self, flat, scan, shift, mode, union_words, union):
+        """Round 2 (and the residual): exact sums, on the union (int32 words from the switch
+        in mode union, int64 for the sketch) or dense (int64)."""
+        if mode == "dense" or union_words is None:
             q = codec.quantize(flat, shift)
             return self.stream(wire.OP_ADD, q).astype(np.int64), {"dense": q.size}
         s = scan.quantize(shift)
+        if mode == "union":  # straight from the bitmap: U is never listed
+            words = codec.encode_union(s, union_words)
+            return self.stream(wire.OP_ADD, words), {mode: words.size}
         words = codec.encode_values(s, union, mode, self.seed)
         agg = self.stream(wire.OP_ADD, words)
         peeled = codec.decode_values(agg, union, mode, self.seed)
