@@ -41,7 +41,8 @@ def start_agents(net: HomaggNet, *args: str, tag: str = "run") -> list[subproces
     procs = []
     for w, h in enumerate(net.worker_hosts()):
         out = net.opts.log_dir / f"{tag}-worker{w}.out"
-        procs.append(net.popen(h, net.agent_command(w, *args), out))
+        wargs = [str(net.opts.log_dir / f"worker{w}.json") if x == "{json}" else x for x in args]
+        procs.append(net.popen(h, net.agent_command(w, *wargs), out))
     return procs
 
 
@@ -142,3 +143,42 @@ def test_two_concurrent_jobs_are_each_exact(target):
     assert set(stats["jobs"]) == {1, 2}
     for j in (1, 2):
         assert stats["jobs"][j]["JOB_STAT_COMPLETED"]["packets"] > 0
+
+
+def _summaries(net) -> list[dict]:
+    return [json.loads((net.opts.log_dir / f"worker{w}.json").read_text())
+            for w in range(net.opts.workers)]
+
+
+@pytest.mark.parametrize("loss", [1, 5, 10])
+def test_loss_duplication_and_reordering_stay_exact_for_100_iterations(target, loss):
+    # This kernel has no netem: the agents inject the faults at their sockets, both ways.
+    o = opts(target, f"loss{loss}")
+    o.agent_args = ("--inject-loss", str(loss), "--inject-dup", "1", "--inject-reorder", "5")
+    with HomaggNet(o) as net:
+        procs = start_agents(net, "--summary-json", "{json}", "bench", "--size", "50000",
+                             "--iterations", "100", "--check")
+        results = finish(net, procs, timeout=600)
+        assert_all_exact(results)
+        summaries = _summaries(net)
+    dropped = sum(s["injected"]["dropped_out"] + s["injected"]["dropped_in"] for s in summaries)
+    print(f"{target} loss {loss}%: 100 iterations exact, {dropped} datagrams dropped, "
+          f"{sum(s['injected']['duplicated'] for s in summaries)} duplicated, "
+          f"{sum(s['injected']['reordered'] for s in summaries)} reordered, "
+          f"{sum(s['retransmissions'] for s in summaries)} retransmissions, "
+          f"{max(s['seconds'] for s in summaries):.1f} s")
+    assert dropped > 0 and all(s["retransmissions"] > 0 for s in summaries)
+
+
+def test_overflowing_sums_are_flagged_and_rescaled_never_wrapped(target):
+    o = opts(target, "overflow")
+    o.agent_args = ("--shift-bias", "6")  # every worker: a scale 6 bits too fine
+    with HomaggNet(o) as net:
+        procs = start_agents(net, "--summary-json", "{json}", "bench", "--size", "20000",
+                             "--density", "0.5", "--iterations", "5", "--same-tensor",
+                             "--check")
+        assert_all_exact(finish(net, procs))
+        summaries = _summaries(net)
+        stats = net.stats()["switch"]
+    assert all(s["rescales"] >= 1 for s in summaries)
+    assert stats["STAT_OVERFLOW"] >= 1

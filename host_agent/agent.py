@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from host_agent import codec, wire
+from host_agent.faults import FaultSpec, ImpairedSocket
 
 log = logging.getLogger("homagg.agent")
 
@@ -70,6 +71,11 @@ class AgentConfig:
     mode: str = "auto"           # auto | dense | union | sketch
     headroom: int = codec.DEFAULT_HEADROOM
     max_rescales: int = 6
+    # Fault injection, for tests and demos: loss/duplication/reordering at this agent's socket
+    # (where the kernel has no netem), and a scale finer than negotiated by this many bits
+    # (forces the switch's overflow flag; every worker of the job must use the same value).
+    faults: FaultSpec | None = None
+    shift_bias: int = 0
 
     def __post_init__(self):
         if not 0 <= self.worker < self.workers <= wire.MAX_WORKERS:
@@ -139,6 +145,8 @@ class Agent:
             raise AgentError(f"job {config.job} worker {config.worker}: cannot bind "
                              f"{config.bind[0]}:{config.bind[1]}: {e}") from None
         self.sock.setblocking(False)
+        if config.faults is not None and config.faults.active:
+            self.sock = ImpairedSocket(self.sock, config.faults)
         self.switch = (socket.gethostbyname(config.switch[0]), config.switch[1])
         self.seed = config.job if config.seed is None else config.seed
         self.counters = Counters()
@@ -375,7 +383,7 @@ class Agent:
         if key is not None:
             self._last_mode[key] = mode
         e_all = _max_exponent(agg[:EXP_WORDS])
-        shift = codec.shift_for(e_all, cfg.workers, cfg.headroom)
+        shift = codec.shift_for(e_all, cfg.workers, cfg.headroom) + cfg.shift_bias
         rounds = {}
         for attempt in range(cfg.max_rescales + 1):
             try:
@@ -386,6 +394,10 @@ class Agent:
                 self.counters.rescales += 1
                 log.info("%s: overflow at shift %d, rescaling", self._who(), shift)
                 shift -= 4
+            except codec.CodecError as err:  # e.g. a local value out of int32 at this scale
+                self._broken = str(err)
+                raise AgentError(f"{self._who()}: {err}; peers will time out on this "
+                                 "tensor") from None
         else:
             raise AgentError(f"{self._who()}: int32 overflow persists after "
                              f"{cfg.max_rescales} rescales")

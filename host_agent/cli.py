@@ -22,6 +22,7 @@ import numpy as np
 
 from host_agent import codec, wire
 from host_agent.agent import Agent, AgentConfig, AgentError
+from host_agent.faults import FaultSpec
 
 
 def _addr(text: str, default_port: int) -> tuple[str, int]:
@@ -44,6 +45,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, help="pace sends to this many packets/s")
     p.add_argument("--mode", default="auto", choices=["auto", "dense", "union", "sketch"])
     p.add_argument("--seed", type=int, default=0, help="data seed (same on every worker)")
+    f = p.add_argument_group("fault injection (tests, demos; at this agent's socket)")
+    f.add_argument("--inject-loss", type=float, default=0.0, metavar="PCT",
+                   help="drop this percent of datagrams, each direction")
+    f.add_argument("--inject-dup", type=float, default=0.0, metavar="PCT",
+                   help="send this percent of datagrams twice")
+    f.add_argument("--inject-reorder", type=float, default=0.0, metavar="PCT",
+                   help="hold this percent of datagrams back behind the next one")
+    f.add_argument("--shift-bias", type=int, default=0, metavar="BITS",
+                   help="quantize this many bits finer than negotiated (forces overflows; "
+                        "give every worker the same value)")
     p.add_argument("--summary-json", help="also write the summary as JSON to this file")
     p.add_argument("--log-level", default="warning",
                    choices=["debug", "info", "warning", "error"])
@@ -53,6 +64,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--density", type=float, default=0.01)
     b.add_argument("--iterations", type=int, default=10)
     b.add_argument("--check", action="store_true", help="verify every sum bit for bit")
+    b.add_argument("--same-tensor", action="store_true",
+                   help="every worker all-reduces worker 0's tensor (sums of like signs: with "
+                        "--shift-bias, a way to make the switch flag overflows)")
     t = sub.add_parser("train", help="train the demo recommender through the switch")
     t.add_argument("--iterations", type=int, default=30)
     t.add_argument("--check", action="store_true", help="verify every aggregate bit for bit")
@@ -93,11 +107,12 @@ def run_bench(agent: Agent, a) -> dict:
     W = a.workers
     dense = 0
     for it in _progress(range(a.iterations), a.worker == 0 and sys.stderr.isatty(), "all-reduce"):
-        x = _tensor(a.seed, it, a.worker, a.size, a.density)
+        src = (lambda w: 0) if a.same_tensor else (lambda w: w)
+        x = _tensor(a.seed, it, src(a.worker), a.size, a.density)
         res = agent.allreduce_detailed(x)
         dense += 4 * a.size
         if a.check:
-            _check(res, [_tensor(a.seed, it, w, a.size, a.density) for w in range(W)],
+            _check(res, [_tensor(a.seed, it, src(w), a.size, a.density) for w in range(W)],
                    f"iteration {it}")
         if a.worker == 0 and not sys.stderr.isatty():
             print(f"iter {it:4d}  mode {res.mode:6s}  wire {res.wire_bytes / (4 * a.size):7.2%} "
@@ -149,15 +164,21 @@ def main(argv=None) -> int:
     try:
         cfg = AgentConfig(a.job, a.worker, a.workers, _addr(a.switch, wire.HOMAGG_UDP_PORT_MIN),
                           _addr(a.bind, 50000), a.slots, timeout=a.timeout, deadline=a.deadline,
-                          rate_pps=a.rate, mode=a.mode)
+                          rate_pps=a.rate, mode=a.mode, shift_bias=a.shift_bias,
+                          faults=FaultSpec(a.inject_loss / 100, a.inject_dup / 100,
+                                           a.inject_reorder / 100, seed=1000 * a.job + a.worker))
         t0 = time.monotonic()
         with Agent(cfg) as agent:
             extra = run_bench(agent, a) if a.cmd == "bench" else run_train(agent, a)
             c = agent.counters
+            sk = agent.sock
+            agent_faults = {k: getattr(sk, k, 0) for k in ("dropped_out", "dropped_in",
+                                                            "duplicated", "reordered")}
         summary = {"job": a.job, "worker": a.worker, "bytes_on_wire": c.bytes_sent,
                    "dense_fp32_bytes": extra.pop("dense_bytes"), "packets": c.packets_sent,
                    "rounds": c.rounds, "retransmissions": c.retransmissions,
                    "rescales": c.rescales, "ignored": c.ignored,
+                   "injected": agent_faults,
                    "seconds": round(time.monotonic() - t0, 3), "checked": a.check, **extra}
     except AgentError as e:
         print(f"homagg-agent: error: {e}", file=sys.stderr, flush=True)
@@ -167,7 +188,8 @@ def main(argv=None) -> int:
     ratio = summary["bytes_on_wire"] / max(1, summary["dense_fp32_bytes"])
     print(f"worker {a.worker}: {summary['bytes_on_wire']} B on the wire ({ratio:.1%} of dense "
           f"fp32), {summary['packets']} packets, {summary['rounds']} rounds, "
-          f"{summary['retransmissions']} retransmissions, {summary['seconds']:.2f} s"
+          f"{summary['retransmissions']} retransmissions, {summary['rescales']} rescales, "
+          f"{summary['seconds']:.2f} s"
           + (", every aggregate exact" if a.check else ""), flush=True)
     if a.summary_json:
         with open(a.summary_json, "w") as f:

@@ -37,6 +37,10 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--reorder", type=float, help="link reordering, percent (needs --delay)")
     common.add_argument("--jitter", help="delay jitter, e.g. 1ms")
     common.add_argument("--jobs", type=int, default=1, help="split the workers into N jobs")
+    common.add_argument("--inject-loss", type=float, metavar="PCT",
+                        help="agents drop this percent of datagrams each way (no netem needed)")
+    common.add_argument("--inject-dup", type=float, metavar="PCT")
+    common.add_argument("--inject-reorder", type=float, metavar="PCT")
     common.add_argument("--slots", type=int,
                         help="the job's slot region, i.e. each agent's window (default: 16 on "
                              "bmv2, whose queues drop deeper bursts; 64 on the soft target)")
@@ -55,6 +59,9 @@ def parser() -> argparse.ArgumentParser:
 def _options(a) -> NetOptions:
     o = NetOptions(workers=a.workers, target=a.target, bw=a.bw, delay=a.delay, loss=a.loss,
                    dup=a.dup, reorder=a.reorder, jitter=a.jitter, jobs=a.jobs, slots=a.slots)
+    for flag in ("inject_loss", "inject_dup", "inject_reorder"):
+        if getattr(a, flag):
+            o.agent_args += (f"--{flag.replace('_', '-')}", str(getattr(a, flag)))
     if a.log_dir:
         o.log_dir = a.log_dir
     return o

@@ -81,6 +81,7 @@ class NetOptions:
     dup: float | None = None      # percent duplicated
     reorder: float | None = None  # percent sent ahead of the delayed rest (needs delay)
     jobs: int = 1                 # workers are split evenly into this many jobs
+    agent_args: tuple = ()        # extra homagg-agent options for every worker (fault injection)
     slots: int | None = None     # None: 16 on bmv2, 64 on the soft target
     job: int = 1
     log_dir: Path = field(default_factory=lambda: ROOT / "build" / "logs" / "net")
@@ -355,7 +356,7 @@ class HomaggNet:
         return [sys.executable, "-m", "host_agent", "--job", str(job), "--worker", str(index),
                 "--workers", str(workers), "--switch", SWITCH_IP,
                 "--bind", f"{host_ip(worker)}:{AGENT_PORT}", "--slots", str(self.opts.slots),
-                *args]
+                *self.opts.agent_args, *args]
 
     def popen(self, host, cmd: list[str], out_path: Path | None = None, **kw):
         out = open(out_path, "w") if out_path else subprocess.PIPE

@@ -226,3 +226,44 @@ def test_foreign_datagrams_are_ignored(make_job):
 def test_bad_config_is_refused():
     with pytest.raises(AgentError, match="worker 4 of 4"):
         AgentConfig(1, 4, 4)
+
+
+def test_faults_injected_at_every_agent_socket_stay_exact(make_job):
+    from host_agent.faults import FaultSpec
+
+    job = make_job(4)
+    for w, a in enumerate(job.agents):  # rebuild each agent with its own faulty socket
+        cfg = a.cfg
+        a.close()
+        job.agents[w] = Agent(AgentConfig(cfg.job, cfg.worker, cfg.workers, cfg.switch, cfg.bind,
+                                          cfg.slots, timeout=0.01, deadline=10,
+                                          faults=FaultSpec(0.10, 0.05, 0.10, seed=w)))
+    rng = np.random.default_rng(11)
+    for it in range(3):
+        xs = sparse_tensors(rng, 4, 30_000, 0.01)
+        res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+        assert not any(err), err
+        assert_exact(res, xs)
+    socks = [a.sock for a in job.agents]
+    assert all(s.dropped_out and s.dropped_in and s.duplicated and s.reordered for s in socks)
+
+
+def test_fault_spec_refuses_impossible_probabilities():
+    from host_agent.faults import FaultSpec
+
+    with pytest.raises(ValueError, match="loss"):
+        FaultSpec(loss=1.0)
+
+
+def test_shift_bias_forces_the_overflow_path(make_job):
+    job = make_job(2, mode="dense")
+    for w, a in enumerate(job.agents):
+        cfg = a.cfg
+        a.close()
+        job.agents[w] = Agent(AgentConfig(cfg.job, cfg.worker, cfg.workers, cfg.switch, cfg.bind,
+                                          cfg.slots, timeout=0.01, shift_bias=6, mode="dense"))
+    x = np.full(500, -3.0, np.float32)
+    res, err = job.run(lambda a, w: a.allreduce_detailed(x))
+    assert not any(err), err
+    assert all(a.counters.rescales >= 1 for a in job.agents)
+    assert_exact(res, [x, x])
