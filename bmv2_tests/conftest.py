@@ -55,3 +55,25 @@ def testbed(pipeline):
         if getattr(bed, "conn", None):
             bed.conn.close()
         stop_testbed(bed)
+
+
+def mininet_skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (Mininet)"
+    try:
+        import mininet  # noqa: F401
+    except ImportError:
+        return "Mininet not installed (apt-get install mininet; ./run.sh setup does it)"
+    return None
+
+
+@pytest.fixture(params=["soft", "bmv2"])
+def net_target(request):
+    """Each Mininet test runs on the software aggregator and on bmv2 (each skips with its
+    reason where it cannot run)."""
+    reason = mininet_skip_reason()
+    if reason is None and request.param == "bmv2":
+        reason = bmv2_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    return request.param

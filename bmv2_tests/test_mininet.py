@@ -5,32 +5,16 @@ Needs root and Mininet (./run.sh setup installs it); the bmv2 half also needs bm
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 
-from bmv2_tests.conftest import LOG_DIR, bmv2_skip_reason
+from bmv2_tests.conftest import LOG_DIR
 
 
-def mininet_skip_reason():
-    if os.geteuid() != 0:
-        return "needs root (Mininet)"
-    try:
-        import mininet  # noqa: F401
-    except ImportError:
-        return "Mininet not installed (apt-get install mininet; ./run.sh setup does it)"
-    return None
-
-
-@pytest.fixture(params=["soft", "bmv2"])
-def target(request):
-    reason = mininet_skip_reason()
-    if reason is None and request.param == "bmv2":
-        reason = bmv2_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    return request.param
+@pytest.fixture
+def target(net_target):
+    return net_target
 
 
 def _run(argv):

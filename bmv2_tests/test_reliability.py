@@ -15,20 +15,14 @@ import time
 
 import pytest
 
-from bmv2_tests.conftest import LOG_DIR, bmv2_skip_reason
+from bmv2_tests.conftest import LOG_DIR
 from bmv2_tests.fuzz import EXPECT
-from bmv2_tests.test_mininet import mininet_skip_reason
 from launcher.net import HomaggNet, NetOptions, host_ip, host_mac
 
 
-@pytest.fixture(params=["soft", "bmv2"])
-def target(request):
-    reason = mininet_skip_reason()
-    if reason is None and request.param == "bmv2":
-        reason = bmv2_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    return request.param
+@pytest.fixture
+def target(net_target):
+    return net_target
 
 
 def opts(target, name, **kw) -> NetOptions:

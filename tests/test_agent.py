@@ -27,7 +27,7 @@ def free_udp_port(ip="127.0.0.1"):
 class Job:
     """A soft switch on its own loopback address and W agents, one thread each."""
 
-    def __init__(self, workers, slots=16, faults=None, **agent_kw):
+    def __init__(self, workers, slots=16, faults=None, per_worker=None, **agent_kw):
         self.switch_ip = f"127.0.1.{next(_switch_ips)}"
         self.server = SoftSwitchServer(SoftSwitch(), (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN),
                                        faults).start()
@@ -35,8 +35,9 @@ class Job:
         self.server.switch.add_job(1, [("127.0.0.1", p) for p in ports], slots)
         kw = dict(timeout=0.01, deadline=5.0)
         kw.update(agent_kw)
+        per_worker = per_worker or (lambda w: {})
         self.agents = [Agent(AgentConfig(1, w, workers, (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN),
-                                         ("127.0.0.1", ports[w]), slots, **kw))
+                                         ("127.0.0.1", ports[w]), slots, **kw, **per_worker(w)))
                        for w in range(workers)]
 
     def run(self, fn_per_worker):
@@ -231,13 +232,8 @@ def test_bad_config_is_refused():
 def test_faults_injected_at_every_agent_socket_stay_exact(make_job):
     from host_agent.faults import FaultSpec
 
-    job = make_job(4)
-    for w, a in enumerate(job.agents):  # rebuild each agent with its own faulty socket
-        cfg = a.cfg
-        a.close()
-        job.agents[w] = Agent(AgentConfig(cfg.job, cfg.worker, cfg.workers, cfg.switch, cfg.bind,
-                                          cfg.slots, timeout=0.01, deadline=10,
-                                          faults=FaultSpec(0.10, 0.05, 0.10, seed=w)))
+    job = make_job(4, deadline=10,
+                   per_worker=lambda w: {"faults": FaultSpec(0.10, 0.05, 0.10, seed=w)})
     rng = np.random.default_rng(11)
     for it in range(3):
         xs = sparse_tensors(rng, 4, 30_000, 0.01)
@@ -256,12 +252,7 @@ def test_fault_spec_refuses_impossible_probabilities():
 
 
 def test_shift_bias_forces_the_overflow_path(make_job):
-    job = make_job(2, mode="dense")
-    for w, a in enumerate(job.agents):
-        cfg = a.cfg
-        a.close()
-        job.agents[w] = Agent(AgentConfig(cfg.job, cfg.worker, cfg.workers, cfg.switch, cfg.bind,
-                                          cfg.slots, timeout=0.01, shift_bias=6, mode="dense"))
+    job = make_job(2, mode="dense", shift_bias=6)
     x = np.full(500, -3.0, np.float32)
     res, err = job.run(lambda a, w: a.allreduce_detailed(x))
     assert not any(err), err
