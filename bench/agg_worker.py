@@ -1,0 +1,77 @@
+"""One worker of bench/aggregation.py, run on a Mininet host: all-reduce random sparse fp32
+tensors through homagg and time each all-reduce (tensor generation is done beforehand, so
+only the all-reduce is timed: encode, rounds through the switch, decode).
+
+    python bench/agg_worker.py --job 1 --worker 0 --workers 4 --bind 10.0.0.1:50000 \\
+        --slots 16 --mode auto --size 1000000 --density 0.01 --iterations 5 --out w0.json
+
+Same tensors as ``homagg-agent bench`` (seeded per iteration and worker). The first all-reduce
+is a warm-up (and the workers' start barrier) and is not timed. Writes JSON: per-iteration
+seconds, bytes on the wire, packets, retransmissions, the mode chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from host_agent import wire  # noqa: E402
+from host_agent.agent import Agent, AgentConfig  # noqa: E402
+
+
+def _tensor(seed, it, worker, n, density):
+    """As host_agent.cli's bench: ``density`` of the n positions, standard normal values."""
+    rng = np.random.default_rng([seed, it, worker])
+    x = np.zeros(n, np.float32)
+    idx = rng.choice(n, max(1, int(n * density)), replace=False)
+    x[idx] = rng.standard_normal(idx.size).astype(np.float32)
+    return x
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--job", type=int, required=True)
+    p.add_argument("--worker", type=int, required=True)
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--switch", default="10.0.0.254")
+    p.add_argument("--bind", required=True, help="IP:PORT")
+    p.add_argument("--slots", type=int, default=64)
+    p.add_argument("--mode", default="auto", choices=["auto", "dense", "union", "sketch"])
+    p.add_argument("--size", type=int, default=1_000_000)
+    p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--deadline", type=float, default=30.0)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    ip, _, port = a.bind.partition(":")
+    cfg = AgentConfig(a.job, a.worker, a.workers, (a.switch, wire.HOMAGG_UDP_PORT_MIN),
+                      (ip, int(port)), a.slots, mode=a.mode, deadline=a.deadline)
+    xs = [_tensor(0, it, a.worker, a.size, a.density) for it in range(a.iterations + 1)]
+    times, modes = [], []
+    with Agent(cfg) as agent:
+        agent.allreduce_detailed(xs[0])  # warm-up: numba, sockets, and the start barrier
+        c0 = (agent.counters.bytes_sent, agent.counters.packets_sent,
+              agent.counters.retransmissions)
+        for x in xs[1:]:
+            t0 = time.perf_counter()
+            res = agent.allreduce_detailed(x)
+            times.append(time.perf_counter() - t0)
+            modes.append(res.mode)
+        c = agent.counters
+    out = {"worker": a.worker, "seconds": times, "modes": modes,
+           "bytes_on_wire": c.bytes_sent - c0[0], "packets": c.packets_sent - c0[1],
+           "retransmissions": c.retransmissions - c0[2]}
+    Path(a.out).write_text(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
