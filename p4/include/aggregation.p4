@@ -67,12 +67,24 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
     }
 
     /* ---- the words: one action each, so a slot's read-modify-write is atomic in bmv2 ---- */
+    action first_words() {
+        LANES(FIRST_LANE)
+        meta.overflow = 0;
+    }
+
     action add_words() {
         bit<32> r;
         bit<32> s;
-        bit<32> v;
         bit<32> ovf = 0;
         LANES(ADD_LANE)
+        meta.overflow = ovf;
+    }
+
+    action add_words_emit() {
+        bit<32> r;
+        bit<32> s;
+        bit<32> ovf = 0;
+        LANES(ADD_LANE_EMIT)
         meta.overflow = ovf;
     }
 
@@ -80,6 +92,13 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         bit<32> r;
         bit<32> s;
         LANES(OR_LANE)
+        meta.overflow = 0;
+    }
+
+    action or_words_emit() {
+        bit<32> r;
+        bit<32> s;
+        LANES(OR_LANE_EMIT)
         meta.overflow = 0;
     }
 
@@ -214,8 +233,16 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                 slot_seen.read(other, meta.idx ^ 1);
                 slot_seen.write(meta.idx ^ 1, other & ~me);
 
-                if (hdr.homagg.op == OP_ADD) {
-                    add_words();
+                if (meta.first == 1) {
+                    first_words();               /* the header already holds the words */
+                } else if (hdr.homagg.op == OP_ADD) {
+                    if (count == meta.workers) {
+                        add_words_emit();
+                    } else {
+                        add_words();
+                    }
+                } else if (count == meta.workers) {
+                    or_words_emit();
                 } else {
                     or_words();
                 }

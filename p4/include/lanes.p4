@@ -11,23 +11,27 @@
 
 #define DECLARE_LANE(L) register<bit<32>>(SLOT_STATE_SIZE) lane_##L;
 
-/* int32 add; a fresh round (meta.first) overwrites instead of adding, so slot state resets
- * itself in the data plane. Signed overflow: operands of one sign, result of the other. */
+/* Per lane, as few bmv2 primitives as possible: the packet rate is what they cost.
+ * A round's first packet overwrites (no read: the data plane resets itself). Later packets
+ * read, add and write back; only the packet that completes the round copies the sum into
+ * its header (the result), the others are absorbed. Signed overflow: operands of one sign,
+ * sum of the other, i.e. bit 31 of (r ^ s) & (v ^ s). */
+#define FIRST_LANE(L) lane_##L.write(meta.idx, hdr.words.w##L);
+
 #define ADD_LANE(L) \
     lane_##L.read(r, meta.idx); \
-    r = (meta.first == 1) ? 32w0 : r; \
-    v = hdr.words.w##L; \
-    s = r + v; \
-    ovf = ovf | ((r ^ s) & (v ^ s)); \
-    lane_##L.write(meta.idx, s); \
-    hdr.words.w##L = s;
+    s = r + hdr.words.w##L; \
+    ovf = ovf | ((r ^ s) & (hdr.words.w##L ^ s)); \
+    lane_##L.write(meta.idx, s);
+
+#define ADD_LANE_EMIT(L) ADD_LANE(L) hdr.words.w##L = s;
 
 #define OR_LANE(L) \
     lane_##L.read(r, meta.idx); \
-    r = (meta.first == 1) ? 32w0 : r; \
     s = r | hdr.words.w##L; \
-    lane_##L.write(meta.idx, s); \
-    hdr.words.w##L = s;
+    lane_##L.write(meta.idx, s);
+
+#define OR_LANE_EMIT(L) OR_LANE(L) hdr.words.w##L = s;
 
 #define READ_LANE(L) lane_##L.read(hdr.words.w##L, meta.idx);
 
