@@ -64,7 +64,8 @@ class AgentConfig:
     timeout: float = 0.05        # initial retransmission timeout (s); then measured RTTs
     min_timeout: float = 0.02    # floor of the measured timeout: a window's last chunks queue
                                  # behind its first, so one RTT sample understates the rest
-    max_timeout: float = 0.5
+    max_timeout: float = 0.1     # backoff cap: losses here are random, not congestion, and a
+                                 # round waits for its slowest chunk (10% loss: 37 s -> 9 s)
     backoff: float = 2.0
     deadline: float = 10.0       # no progress for this long: AggregationTimeout
     rate_pps: float | None = None  # pacing (bmv2 drops bursts); None: window-limited only
@@ -261,9 +262,9 @@ class Agent:
                     continue
                 if flags & wire.FLAG_STATUS:
                     w = np.frombuffer(rbuf, ">u4", 3, wire.HOMAGG_HDR_BYTES)
-                    # The switch holds our contribution; the round waits for peers. Only a
-                    # lost result could still need us, so resend rarely. Not progress: it does
-                    # not postpone the deadline.
+                    # The switch holds our contribution; the round waits for peers, so only
+                    # a lost result could need us again: resend after the longest timeout.
+                    # Not progress: the deadline still runs.
                     status[int(c)] = ((int(w[0]) << 32) | int(w[1]), int(w[2]))
                     sent_at[c] = time.monotonic()
                     rto[c] = cfg.max_timeout

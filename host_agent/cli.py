@@ -41,6 +41,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, default=64, help="the job's slot region size")
     p.add_argument("--timeout", type=float, default=0.05,
                    help="initial retransmission timeout (s); measured round trips take over")
+    p.add_argument("--max-timeout", type=float, default=AgentConfig.max_timeout,
+                   help="cap of the retransmission timeout's backoff (s)")
     p.add_argument("--deadline", type=float, default=10.0, help="error after this long stuck")
     p.add_argument("--rate", type=float, help="pace sends to this many packets/s")
     p.add_argument("--mode", default="auto", choices=["auto", "dense", "union", "sketch"])
@@ -164,6 +166,7 @@ def main(argv=None) -> int:
     try:
         cfg = AgentConfig(a.job, a.worker, a.workers, _addr(a.switch, wire.HOMAGG_UDP_PORT_MIN),
                           _addr(a.bind, 50000), a.slots, timeout=a.timeout, deadline=a.deadline,
+                          max_timeout=a.max_timeout,
                           rate_pps=a.rate, mode=a.mode, shift_bias=a.shift_bias,
                           faults=FaultSpec(a.inject_loss / 100, a.inject_dup / 100,
                                            a.inject_reorder / 100, seed=1000 * a.job + a.worker))
