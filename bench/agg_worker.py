@@ -24,15 +24,7 @@ import numpy as np  # noqa: E402
 
 from host_agent import wire  # noqa: E402
 from host_agent.agent import Agent, AgentConfig  # noqa: E402
-
-
-def _tensor(seed, it, worker, n, density):
-    """As host_agent.cli's bench: ``density`` of the n positions, standard normal values."""
-    rng = np.random.default_rng([seed, it, worker])
-    x = np.zeros(n, np.float32)
-    idx = rng.choice(n, max(1, int(n * density)), replace=False)
-    x[idx] = rng.standard_normal(idx.size).astype(np.float32)
-    return x
+from host_agent.cli import bench_tensor as _tensor  # noqa: E402
 
 
 def main(argv=None) -> int:

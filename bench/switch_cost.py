@@ -57,19 +57,9 @@ STALL = 0.05
 
 
 def skip_reason() -> str | None:
-    from controller.toolchain import missing
+    from controller.toolchain import bmv2_unavailable
 
-    gone = missing("p4c-bm2-ss", "simple_switch_grpc")
-    if gone:
-        return f"bmv2/p4c not found ({gone})"
-    if os.geteuid() != 0:
-        return "needs root (veth pairs)"
-    try:
-        import p4runtime_sh  # noqa: F401
-        import scapy  # noqa: F401
-    except ImportError as e:
-        return f"missing Python package: {e.name}"
-    return None
+    return bmv2_unavailable()
 
 
 def build_l2fwd():

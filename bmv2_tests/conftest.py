@@ -7,24 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.toolchain import missing
+from controller.toolchain import bmv2_unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_DIR = ROOT / "build" / "logs" / "bmv2_tests"
 
 
-def bmv2_skip_reason(*extra_tools: str) -> str | None:
-    gone = missing("p4c-bm2-ss", "simple_switch_grpc", *extra_tools)
-    if gone:
-        return f"bmv2/p4c not found ({gone})"
-    if os.geteuid() != 0:
-        return "needs root (veth pairs)"
-    try:
-        import p4runtime_sh  # noqa: F401
-        import scapy  # noqa: F401
-    except ImportError as e:
-        return f"missing Python package: {e.name}"
-    return None
+bmv2_skip_reason = bmv2_unavailable  # the tests' name for it
 
 
 @pytest.fixture(scope="session")

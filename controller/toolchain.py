@@ -61,3 +61,19 @@ def missing(*names: str) -> str | None:
     gone = [find(n) for n in names]
     gone = [t.how for t in gone if not t.found]
     return "; ".join(gone) if gone else None
+
+
+def bmv2_unavailable(*extra_tools: str) -> str | None:
+    """None if bmv2, p4c, root and the Python packages the bmv2 tests and benchmarks need are
+    all there; else one line saying what is missing (a skip reason)."""
+    gone = missing("p4c-bm2-ss", "simple_switch_grpc", *extra_tools)
+    if gone:
+        return f"bmv2/p4c not found ({gone})"
+    if os.geteuid() != 0:
+        return "needs root (veth pairs)"
+    try:
+        import p4runtime_sh  # noqa: F401
+        import scapy  # noqa: F401
+    except ImportError as e:
+        return f"missing Python package: {e.name}"
+    return None

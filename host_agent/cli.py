@@ -78,7 +78,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _tensor(seed, it, worker, n, density):
+def bench_tensor(seed, it, worker, n, density):
+    """Worker ``worker``'s tensor at iteration ``it``: ``density`` of n positions, N(0, 1)."""
     rng = np.random.default_rng([seed, it, worker])
     x = np.zeros(n, np.float32)
     idx = rng.choice(n, max(1, int(n * density)), replace=False)
@@ -110,11 +111,11 @@ def run_bench(agent: Agent, a) -> dict:
     dense = 0
     for it in _progress(range(a.iterations), a.worker == 0 and sys.stderr.isatty(), "all-reduce"):
         src = (lambda w: 0) if a.same_tensor else (lambda w: w)
-        x = _tensor(a.seed, it, src(a.worker), a.size, a.density)
+        x = bench_tensor(a.seed, it, src(a.worker), a.size, a.density)
         res = agent.allreduce_detailed(x)
         dense += 4 * a.size
         if a.check:
-            _check(res, [_tensor(a.seed, it, src(w), a.size, a.density) for w in range(W)],
+            _check(res, [bench_tensor(a.seed, it, src(w), a.size, a.density) for w in range(W)],
                    f"iteration {it}")
         if a.worker == 0 and not sys.stderr.isatty():
             print(f"iter {it:4d}  mode {res.mode:6s}  wire {res.wire_bytes / (4 * a.size):7.2%} "
