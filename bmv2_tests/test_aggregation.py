@@ -165,8 +165,10 @@ def test_duplicate_before_completion_is_not_added_twice_and_gets_a_status(target
     j.send(0, 0, 1, full(10))  # retransmission
     status = j.results([0], timeout=0.5)[0]
     assert len(status) == 1 and status[0].flags & wire.FLAG_STATUS
-    seen = (int(status[0].words[0]) << 32) | (int(status[0].words[1]) & 0xFFFFFFFF)
-    assert seen == 0b001 and status[0].words[2] == 1
+    i = wire.STATUS_WORD
+    words = status[0].words
+    seen = (int(words[i]) << 32) | (int(words[i + 1]) & 0xFFFFFFFF)
+    assert seen == 0b001 and words[i + 2] == 1 and not words[:i].any()
     j.send(1, 0, 1, full(1))
     j.send(2, 0, 1, full(2))
     for w, rs in j.results().items():

@@ -228,10 +228,11 @@ class SoftSwitch:
         if verdict == "pending":
             s[4] += 1
             self._job_count(job, 2)
-            status = words.astype(np.int32)
-            status[0] = np.uint32(int(seen) >> 32).view(np.int32)
-            status[1] = np.uint32(int(seen) & 0xFFFFFFFF).view(np.int32)
-            status[2] = count
+            status = np.zeros(wire.WORDS_PER_PACKET, np.int32)
+            i = wire.STATUS_WORD
+            status[i] = np.uint32(int(seen) >> 32).view(np.int32)
+            status[i + 1] = np.uint32(int(seen) & 0xFFFFFFFF).view(np.int32)
+            status[i + 2] = count
             rflags = wire.FLAG_RESULT | wire.FLAG_STATUS | (flags & wire.FLAG_PHASE)
             return [(self._packet(vo, rflags, job_id, worker, slot, seq, status), src)]
         if verdict == "seq_mismatch":

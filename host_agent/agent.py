@@ -261,7 +261,7 @@ class Agent:
                     c_.ignored += 1
                     continue
                 if flags & wire.FLAG_STATUS:
-                    w = np.frombuffer(rbuf, ">u4", 3, wire.HOMAGG_HDR_BYTES)
+                    w = np.frombuffer(rbuf, ">u4", 3, wire.HOMAGG_HDR_BYTES + 4 * wire.STATUS_WORD)
                     # The switch holds our contribution; the round waits for peers, so only
                     # a lost result could need us again: resend after the longest timeout.
                     # Not progress: the deadline still runs.

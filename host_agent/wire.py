@@ -25,7 +25,8 @@ FLAG_RESULT = 0x80
 FLAG_OVERFLOW = 0x40
 FLAG_PHASE = 0x20
 FLAG_RETRANS = 0x10
-FLAG_STATUS = 0x08  # reply to a duplicate of an unfinished round: words 0-1 bitmap, 2 count
+FLAG_STATUS = 0x08  # reply to a duplicate of an unfinished round: words 61-62 bitmap, 63 count
+STATUS_WORD = 61    # first word of a status reply's (bitmap high, bitmap low, count)
 
 WORDS_PER_PACKET = 64
 HOMAGG_HDR_BYTES = 12

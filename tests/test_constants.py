@@ -83,13 +83,17 @@ def test_header_layout_matches_p4():
     assert wire.HEADER.format == "!BBHBBHI"
 
 
-def test_words_header_has_one_field_per_word():
-    text = (P4 / "include" / "headers.p4").read_text()
-    assert re.search(r"header\s+words_h\s*{\s*W8\(0\) W8\(1\) W8\(2\) W8\(3\) W8\(4\) W8\(5\) "
-                     r"W8\(6\) W8\(7\)\s*}", text)
-    assert 8 * 8 == wire.WORDS_PER_PACKET
+def test_words_field_holds_exactly_the_packet_words():
+    fields = p4_header_fields("words_h")
+    assert fields == [("w", 32 * wire.WORDS_PER_PACKET)]
     lanes = (P4 / "include" / "lanes.p4").read_text()
-    assert "LANES8(X, 7)" in lanes and "LANES8(X, 8)" not in lanes
+    assert f"#define WORDS_BITS {32 * wire.WORDS_PER_PACKET}" in lanes
+    sign = re.search(r"const words_t LANE_SIGN = 0x([0-9a-fA-F]+);", lanes).group(1)
+    assert sign.lower() == "80000000" * wire.WORDS_PER_PACKET
+
+
+def test_status_words_fit_in_the_packet():
+    assert wire.STATUS_WORD + 3 == wire.WORDS_PER_PACKET
 
 
 def test_lengths_are_consistent():

@@ -9,7 +9,7 @@
  *   slot_epoch    the job incarnation that wrote the copy: a re-installed job (new epoch)
  *                 treats older state as empty, whatever a previous job left there
  *   slot_overflow an int32 add of this round overflowed
- *   lane_XX       the words (lanes.p4)
+ *   slot_words    the 64 words, as one 2048-bit value (lanes.p4)
  * Shadow copy (as SwitchML): a worker's slot alternates between its two copies. When worker w
  * contributes to copy p it clears its bit in copy 1-p: it can only be there because it got copy
  * 1-p's result. A new round of copy p therefore always finds its bitmap empty, while a finished
@@ -40,7 +40,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
     register<bit<4>>(SLOT_STATE_SIZE) slot_op;
     register<bit<16>>(SLOT_STATE_SIZE) slot_epoch;
     register<bit<1>>(SLOT_STATE_SIZE) slot_overflow;
-    LANES(DECLARE_LANE)
+    register<words_t>(SLOT_STATE_SIZE) slot_words;
 
     /* ---- who may send: (source address, source port) -> job and worker ---------------- */
     action set_worker(bit<16> job, bit<8> worker, bit<8> workers, bit<16> epoch,
@@ -66,44 +66,48 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         size = 1024;
     }
 
-    /* ---- the words: one action each, so a slot's read-modify-write is atomic in bmv2 ---- */
+    /* ---- the words: one action each, so a slot's read-modify-write is atomic in bmv2 ----
+     * A round's first packet overwrites (the data plane resets itself); later ones
+     * read-add-write; only the completing packet copies the sum into its header. */
     action first_words() {
-        LANES(FIRST_LANE)
+        slot_words.write(meta.idx, hdr.words.w);
         meta.overflow = 0;
     }
 
     action add_words() {
-        bit<32> r;
-        bit<32> s;
-        bit<32> ovf = 0;
-        LANES(ADD_LANE)
-        meta.overflow = ovf;
+        words_t r;
+        slot_words.read(r, meta.idx);
+        words_t s = LANE_ADD(r, hdr.words.w);
+        meta.overflow = (((r ^ s) & (hdr.words.w ^ s) & LANE_SIGN) == 0) ? 1w0 : 1w1;
+        slot_words.write(meta.idx, s);
     }
 
     action add_words_emit() {
-        bit<32> r;
-        bit<32> s;
-        bit<32> ovf = 0;
-        LANES(ADD_LANE_EMIT)
-        meta.overflow = ovf;
+        words_t r;
+        slot_words.read(r, meta.idx);
+        words_t s = LANE_ADD(r, hdr.words.w);
+        meta.overflow = (((r ^ s) & (hdr.words.w ^ s) & LANE_SIGN) == 0) ? 1w0 : 1w1;
+        slot_words.write(meta.idx, s);
+        hdr.words.w = s;
     }
 
     action or_words() {
-        bit<32> r;
-        bit<32> s;
-        LANES(OR_LANE)
+        words_t r;
+        slot_words.read(r, meta.idx);
+        slot_words.write(meta.idx, r | hdr.words.w);
         meta.overflow = 0;
     }
 
     action or_words_emit() {
-        bit<32> r;
-        bit<32> s;
-        LANES(OR_LANE_EMIT)
+        words_t r;
+        slot_words.read(r, meta.idx);
+        hdr.words.w = r | hdr.words.w;
+        slot_words.write(meta.idx, hdr.words.w);
         meta.overflow = 0;
     }
 
     action read_words() {
-        LANES(READ_LANE)
+        slot_words.read(hdr.words.w, meta.idx);
     }
 
     /* Send this packet back where it came from, from the switch's address. */
@@ -246,7 +250,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                 } else {
                     or_words();
                 }
-                overflowed = overflowed | meta.overflow[31:31];
+                overflowed = overflowed | meta.overflow;
                 slot_overflow.write(meta.idx, overflowed);
             } else if (verdict == V_RETRANS_REPLY) {
                 read_words();
@@ -288,9 +292,9 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             stats.count(STAT_DUP_PENDING);
             job_count(JOB_STAT_RETRANS);
             hdr.homagg.flags = FLAG_RESULT | FLAG_STATUS | (hdr.homagg.flags & FLAG_PHASE);
-            hdr.words.w00 = seen[63:32];
-            hdr.words.w01 = seen[31:0];
-            hdr.words.w02 = (bit<32>)count;
+            /* words 61-62: contributors bitmap (high, low), word 63: their count (the low
+             * end of the field: a wide shift up to word 0 is beyond bmv2's limit) */
+            hdr.words.w = (words_t)(seen ++ (bit<32>)count);
             reply_to_sender();
         } else if (verdict == V_SEQ_MISMATCH) {
             stats.count(DROP_SEQ_MISMATCH);

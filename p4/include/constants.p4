@@ -22,8 +22,8 @@ const bit<8>  FLAG_OVERFLOW  = 0x40;   /* some int32 add of this slot round over
 const bit<8>  FLAG_PHASE     = 0x20;   /* which of the slot's two copies (shadow copy) */
 const bit<8>  FLAG_RETRANS   = 0x10;   /* result re-sent by unicast to a retransmission */
 const bit<8>  FLAG_STATUS    = 0x08;   /* reply to a retransmission of an unfinished round:
-                                          words 0-1 = contributors bitmap (high, low),
-                                          word 2 = their count; not a result */
+                                          words 61-62 = contributors bitmap (high, low),
+                                          word 63 = their count; not a result */
 
 /* Words per packet (K). 64 x 32 bit = 256 B of payload, 310 B frames: SwitchML's choice, and
  * on bmv2 the per-packet cost (parse, queue, thread hand-offs) dominates the per-word cost, so

@@ -65,7 +65,7 @@ header udp_h {
  *  op:     OP_ADD (int32 add) or OP_OR (bitwise OR)
  *  flags:  R result (switch -> host only), O overflow, P phase (which copy of the slot),
  *          T retransmitted result (unicast reply to a duplicate), S status: the round is not
- *          finished yet (reply to a duplicate; words 0-1 contributors bitmap, word 2 count)
+ *          finished yet (reply to a duplicate; words 61-62 contributors bitmap, word 63 count, all others 0)
  *  slot:   index within the job's slot region
  *  seq:    the round tag: every worker sends the same seq into the same slot round, and a
  *          worker's successive rounds on one slot have increasing seq (serial arithmetic)
@@ -82,13 +82,11 @@ header homagg_h {
     bit<32> seq;
 }
 
-#define W8(p) bit<32> w##p##0; bit<32> w##p##1; bit<32> w##p##2; bit<32> w##p##3; \
-              bit<32> w##p##4; bit<32> w##p##5; bit<32> w##p##6; bit<32> w##p##7;
-/* WORDS_PER_PACKET words, named w00 .. w77 (two octal digits: lane = 8 * tens + units). */
+/* WORDS_PER_PACKET words as one field (lanes.p4 says why): word 0, first on the wire, is
+ * bits [2047:2016]. */
 header words_h {
-    W8(0) W8(1) W8(2) W8(3) W8(4) W8(5) W8(6) W8(7)
+    bit<2048> w;
 }
-#undef W8
 
 struct headers_t {
     ethernet_h ethernet;
@@ -112,7 +110,7 @@ struct metadata_t {
     bit<9>  sender_port;    /* the switch port the sender is cabled to */
     bit<32> idx;            /* slot state index: 2 * (region_base + slot) + phase */
     bit<1>  first;          /* this packet starts a new round of its slot copy */
-    bit<32> overflow;       /* OR of per-lane overflow bits (bit 31 matters) */
+    bit<1>  overflow;       /* some lane of this packet's add overflowed */
 }
 
 #endif
