@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from host_agent import wire
+from host_agent.faults import FaultSpec, ImpairedSocket
 
 log = logging.getLogger("homagg.softswitch")
 
@@ -250,35 +251,11 @@ class SoftSwitch:
 # --------------------------------------------------------------------------------------------
 
 
-class Faults:
-    """Deterministic packet faults for tests: loss, duplication and reordering (both ways)."""
-
-    def __init__(self, loss=0.0, dup=0.0, reorder=0.0, seed=0):
-        self.loss, self.dup, self.reorder = loss, dup, reorder
-        self.rng = np.random.default_rng(seed)
-        self.held: list = []
-
-    def apply(self, datagrams: list) -> list:
-        out = []
-        for d in datagrams:
-            if self.rng.random() < self.loss:
-                continue
-            out.append(d)
-            if self.rng.random() < self.dup:
-                out.append(d)
-        if self.reorder and out and self.rng.random() < self.reorder:
-            self.held.append(out.pop(0))  # delivered after some later packet
-        elif self.held:
-            out.extend(self.held)
-            self.held = []
-        return out
-
-
 class SoftSwitchServer:
     """A SoftSwitch on a UDP socket, in a thread (tests) or in the foreground (CLI)."""
 
     def __init__(self, switch: SoftSwitch | None = None, bind: tuple[str, int] = ("0.0.0.0",
-                 wire.HOMAGG_UDP_PORT_MIN), faults: Faults | None = None):
+                 wire.HOMAGG_UDP_PORT_MIN), faults: FaultSpec | None = None):
         self.switch = switch or SoftSwitch()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
@@ -286,29 +263,22 @@ class SoftSwitchServer:
         self.sock.bind(bind)
         self.sock.settimeout(0.2)
         self.address = self.sock.getsockname()
-        self.faults = faults
+        if faults is not None and faults.active:  # tests: loss, dup, reorder at this socket
+            self.sock = ImpairedSocket(self.sock, faults)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def serve(self) -> None:
         sock, sw = self.sock, self.switch
+        buf = bytearray(4096)
         while not self._stop.is_set():
             try:
-                data, src = sock.recvfrom(4096)
-            except socket.timeout:
-                if self.faults and self.faults.held:
-                    for d, a in self.faults.apply([]):
-                        sock.sendto(d, a)
+                nb, src = sock.recvfrom_into(buf)
+            except (socket.timeout, BlockingIOError):
                 continue
             except OSError:
                 break
-            if self.faults:
-                if self.faults.rng.random() < self.faults.loss:
-                    continue  # lost on the way in
-            out = sw.handle(data, src)
-            if self.faults:
-                out = self.faults.apply(out)
-            for d, a in out:
+            for d, a in sw.handle(bytes(buf[:nb]), src):
                 try:
                     sock.sendto(d, a)
                 except OSError as e:  # a worker gone: the others still get theirs

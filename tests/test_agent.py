@@ -11,8 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from controller.softswitch import Faults, SoftSwitch, SoftSwitchServer
+from controller.softswitch import SoftSwitch, SoftSwitchServer
 from host_agent import codec, wire
+from host_agent.faults import FaultSpec
 from host_agent.agent import Agent, AgentConfig, AgentError, AggregationTimeout
 
 _switch_ips = itertools.count(2)
@@ -119,7 +120,7 @@ def test_allreduce_int_is_the_integer_sum(make_job):
 
 
 def test_lossy_duplicating_reordering_network_stays_exact(make_job):
-    job = make_job(4, faults=Faults(loss=0.05, dup=0.05, reorder=0.1, seed=3))
+    job = make_job(4, faults=FaultSpec(loss=0.05, dup=0.05, reorder=0.1, seed=3))
     rng = np.random.default_rng(3)
     for it in range(3):
         xs = sparse_tensors(rng, 4, 50_000, 0.01)
@@ -230,8 +231,6 @@ def test_bad_config_is_refused():
 
 
 def test_faults_injected_at_every_agent_socket_stay_exact(make_job):
-    from host_agent.faults import FaultSpec
-
     job = make_job(4, deadline=10,
                    per_worker=lambda w: {"faults": FaultSpec(0.10, 0.05, 0.10, seed=w)})
     rng = np.random.default_rng(11)
@@ -245,8 +244,6 @@ def test_faults_injected_at_every_agent_socket_stay_exact(make_job):
 
 
 def test_fault_spec_refuses_impossible_probabilities():
-    from host_agent.faults import FaultSpec
-
     with pytest.raises(ValueError, match="loss"):
         FaultSpec(loss=1.0)
 
