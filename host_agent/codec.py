@@ -885,18 +885,33 @@ if _numba is not None:
                 words[i] = 0
                 i += 1
                 continue
-            t = np.int64(0)
-            for j in range(32):
-                t |= np.int64(x[base + j] != 0) << j
-            words[i] = _k_brev8(t)
-            while t:
-                p = base + _ctz(t)
-                idx[k] = p
-                raw[k] = x[p]
-                k += 1
-                t &= t - 1
+            k = _k_scan_word(x, base, 32, words, i, idx, raw, k)
             i += 1
         return i, k
+
+    @_jit
+    def _k_scan_word(x, base, count, words, wi, idx, raw, k):
+        """Bitmap word ``wi`` from x[base:base + count]; append its non-zeros at k."""
+        t = np.int64(0)
+        for j in range(count):
+            t |= np.int64(x[base + j] != 0) << j
+        words[wi] = _k_brev8(t)
+        while t:
+            p = base + _ctz(t)
+            idx[k] = p
+            raw[k] = x[p]
+            k += 1
+            t &= t - 1
+        return k
+
+    @_jit
+    def _k_grow(idx, raw, k, cap):
+        """Copies of idx and raw with room for ``cap`` entries, the first k kept."""
+        idx2 = np.empty(cap, idx.dtype)
+        idx2[:k] = idx[:k]
+        raw2 = np.empty(cap, raw.dtype)
+        raw2[:k] = raw[:k]
+        return idx2, raw2
 
     @_jit
     def _k_scan(x, xi, mag):
@@ -910,32 +925,13 @@ if _numba is not None:
         i, k = _k_scan_into(x, xi, mag, 0, words, idx, raw, 0)
         while i < nfull:  # more non-zeros than guessed: grow and resume
             cap = min(2 * cap, n + 32)
-            idx2 = np.empty(cap, np.int64)
-            idx2[:k] = idx[:k]
-            idx = idx2
-            raw2 = np.empty(cap, x.dtype)
-            raw2[:k] = raw[:k]
-            raw = raw2
+            idx, raw = _k_grow(idx, raw, k, cap)
             i, k = _k_scan_into(x, xi, mag, i, words, idx, raw, k)
         if nfull < words.size:  # the partial last word
             if k + 32 > idx.size:
-                idx2 = np.empty(k + 32, np.int64)
-                idx2[:k] = idx[:k]
-                idx = idx2
-                raw2 = np.empty(k + 32, x.dtype)
-                raw2[:k] = raw[:k]
-                raw = raw2
+                idx, raw = _k_grow(idx, raw, k, k + 32)
             base = nfull * 32
-            t = np.int64(0)
-            for j in range(n - base):
-                t |= np.int64(x[base + j] != 0) << j
-            words[nfull] = _k_brev8(t)
-            while t:
-                p = base + _ctz(t)
-                idx[k] = p
-                raw[k] = x[p]
-                k += 1
-                t &= t - 1
+            k = _k_scan_word(x, base, n - base, words, nfull, idx, raw, k)
         return words, idx[:k].copy(), raw[:k].copy()
 
     @_jit
