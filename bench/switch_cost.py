@@ -290,7 +290,7 @@ def plot(rows, path: Path) -> None:
     ax.set_xticks(x, [f"{m} (homagg/l2 {np.median([r['homagg'][m]['pps'] / r['l2fwd'][m]['pps'] for r in rows]):.0%})"
                       for m in modes])
     ax.set_ylabel("kpackets/s out of bmv2")
-    ax.set_title("bmv2: homagg.p4 (4-worker job) vs minimal L2 forwarding")
+    ax.set_title("bmv2: homagg.p4 (1-worker job) vs minimal L2 forwarding")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -132,8 +132,7 @@ def pack(op: int, job: int, worker: int, slot: int, seq: int, words, flags: int 
     if w.size > WORDS_PER_PACKET:
         raise WireError(f"{w.size} words do not fit in one packet ({WORDS_PER_PACKET})")
     body = np.zeros(WORDS_PER_PACKET, ">i4")
-    body[: w.size] = w.astype(np.int64).astype(np.uint32).view(np.int32) if w.dtype.kind == "u" \
-        else w
+    body[: w.size] = w.astype(np.uint32).view(np.int32) if w.dtype.kind == "u" else w
     return HEADER.pack((version << 4) | op, flags, job, worker, 0, slot, seq & 0xFFFFFFFF) \
         + body.tobytes()
 
@@ -154,5 +153,4 @@ def unpack(buf: bytes) -> Packet:
 
 def packets(n: int) -> np.ndarray:
     """A zeroed batch of n packet records (fill fields, then ``batch[i].tobytes()``)."""
-    batch = np.zeros(n, PACKET_DTYPE)
-    return batch
+    return np.zeros(n, PACKET_DTYPE)

@@ -117,10 +117,14 @@ def demo(a) -> int:
     return 0
 
 
+def _interrupted(*_):
+    raise KeyboardInterrupt  # SIGTERM tears the topology down like Ctrl-C does
+
+
 def main(argv=None) -> int:
     a = parser().parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         if a.cmd == "demo":
             return demo(a)
