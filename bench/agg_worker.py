@@ -2,7 +2,7 @@
 tensors through homagg and time each all-reduce (tensor generation is done beforehand, so
 only the all-reduce is timed: encode, rounds through the switch, decode).
 
-    python bench/agg_worker.py --job 1 --worker 0 --workers 4 --bind 10.0.0.1:50000 \\
+    python -m bench.agg_worker --job 1 --worker 0 --workers 4 --bind 10.0.0.1:50000 \\
         --slots 16 --mode auto --size 1000000 --density 0.01 --iterations 5 --out w0.json
 
 Same tensors as ``homagg-agent bench`` (seeded per iteration and worker). The first all-reduce
@@ -14,17 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import numpy as np  # noqa: E402
-
-from host_agent import wire  # noqa: E402
-from host_agent.agent import Agent, AgentConfig  # noqa: E402
-from host_agent.cli import bench_tensor as _tensor  # noqa: E402
+from homagg import wire
+from homagg.host_agent.agent import Agent, AgentConfig
+from homagg.host_agent.cli import bench_tensor as _tensor
 
 
 def main(argv=None) -> int:

@@ -2,8 +2,8 @@
 in-network aggregation (agent mode ``dense``, SwitchML-style: every element on the wire)
 against compressed (mode ``auto``: bitmap OR round, then union or sketch values), under Mininet.
 
-    sudo python bench/aggregation.py            # both targets, 4 and 8 workers, ~4-5 min
-    sudo python bench/aggregation.py --quick    # 4 workers, smaller tensors, ~2 min
+    sudo python -m bench.aggregation            # both targets, 4 and 8 workers, ~4-5 min
+    sudo python -m bench.aggregation --quick    # 4 workers, smaller tensors, ~2 min
 
 How: launcher.net.HomaggNet starts the star topology once per (target, workers): the software
 aggregator (host ``agg``) or bmv2 running p4/homagg.p4 with the job installed by the controller
@@ -33,25 +33,24 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "out"
 LOG_DIR = ROOT / "build" / "logs" / "bench"
 
 
 def run_config(net, W: int, n: int, density: float, mode: str, iterations: int) -> dict:
-    from launcher.net import AGENT_PORT, host_ip
+    from homagg.launcher.net import AGENT_PORT, host_ip
 
     log_dir = net.opts.log_dir
     net.reset_jobs()  # new epoch: fresh agents start their round tags at 1 again
     procs = []
     for w, h in enumerate(net.worker_hosts()):
         (log_dir / f"agg{w}.json").unlink(missing_ok=True)
-        cmd = [sys.executable, str(ROOT / "bench" / "agg_worker.py"), "--job", "1",
+        cmd = [sys.executable, "-m", "bench.agg_worker", "--job", "1",
                "--worker", str(w), "--workers", str(W), "--bind", f"{host_ip(w)}:{AGENT_PORT}",
                "--slots", str(net.opts.slots), "--mode", mode, "--size", str(n),
                "--density", str(density), "--iterations", str(iterations),
                "--out", str(log_dir / f"agg{w}.json")]
-        procs.append(net.popen(h, cmd, log_dir / f"agg{w}.out"))
+        procs.append(net.popen(h, cmd, log_dir / f"agg{w}.out", cwd=str(ROOT)))
     failed = [w for w, p in enumerate(procs) if p.wait() != 0]
     if failed:
         tail = (log_dir / f"agg{failed[0]}.out").read_text().strip().splitlines()[-1:]
@@ -104,8 +103,8 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("aggregation: skipped, needs root (Mininet)")
         return 0
-    from controller.toolchain import missing
-    from launcher.net import HomaggNet, NetError, NetOptions
+    from homagg.launcher.net import HomaggNet, NetError, NetOptions
+    from homagg.targets.toolchain import missing
 
     rows, skipped = [], []
     t_start = time.monotonic()

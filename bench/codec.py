@@ -1,8 +1,8 @@
 """Codec benchmark: wire bytes against dense fp32, and one worker's encode + decode time against a
 numpy copy of the same fp32 tensor, measured in the same run (ratios travel; seconds do not).
 
-    python bench/codec.py                 # N = 1M and 10M, densities 0.1%, 1%, 10%, 8 workers
-    python bench/codec.py --sizes 1000000 --densities 0.01 --workers 4
+    python -m bench.codec                 # N = 1M and 10M, densities 0.1%, 1%, 10%, 8 workers
+    python -m bench.codec --sizes 1000000 --densities 0.01 --workers 4
 
 Every row is also checked: the simulated job's sum must equal the integer sum bit for bit.
 Each worker has an independent random support of the given density, so the union is larger than
@@ -14,12 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from host_agent import codec  # noqa: E402
+from homagg.host_agent import codec
 
 
 def interleaved(fns, repeat: int) -> list[np.ndarray]:

@@ -1,8 +1,8 @@
 """Switch cost: packets per second the homagg program sustains on bmv2, against bmv2 forwarding
 with a minimal L2 program (bench/p4/l2fwd.p4), same bmv2 build, same machine, same run.
 
-    sudo python bench/switch_cost.py            # 3 alternating rounds, ~1.5 min
-    sudo python bench/switch_cost.py --quick    # 1 round, ~30 s
+    sudo python -m bench.switch_cost            # 3 alternating rounds, ~1.5 min
+    sudo python -m bench.switch_cost --quick    # 1 round, ~30 s
 
 How: one simple_switch_grpc on two veth pairs (bmv2_tests/harness.py), whose pipeline is swapped
 over P4Runtime between the two programs, alternately (l2fwd, homagg, l2fwd, homagg, ...) so both
@@ -46,7 +46,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "out"
 LOG_DIR = ROOT / "build" / "logs" / "bench"
 L2_SRC = ROOT / "bench" / "p4" / "l2fwd.p4"
@@ -57,14 +56,14 @@ STALL = 0.05
 
 
 def skip_reason() -> str | None:
-    from controller.toolchain import bmv2_unavailable
+    from homagg.targets.toolchain import bmv2_unavailable
 
     return bmv2_unavailable()
 
 
 def build_l2fwd():
-    from controller.p4build import Pipeline
-    from controller.toolchain import require
+    from homagg.controller.build import Pipeline
+    from homagg.targets.toolchain import require
 
     OUT.mkdir(parents=True, exist_ok=True)
     p = Pipeline(OUT / "l2fwd.json", OUT / "l2fwd.p4info.txtpb")
@@ -89,8 +88,8 @@ class Frames:
         from scapy.layers.l2 import Ether
         from scapy.packet import Raw
 
-        from bmv2_tests.harness import SWITCH_IP, SWITCH_MAC, host_ip, host_mac
-        from host_agent import wire
+        from homagg import wire
+        from homagg.targets.testbed import SWITCH_IP, SWITCH_MAC, host_ip, host_mac
 
         self.words = np.arange(1, wire.WORDS_PER_PACKET + 1, dtype=np.int32)
         payload = wire.pack(wire.OP_ADD, 1, 0, 0, 1, self.words)
@@ -230,11 +229,10 @@ def run_blast(tx, rx, make, seconds, warmup, check=None, start_k=0) -> dict:
 
 def measure(bed, program: str, pipelines, frames: Frames, a, window: int | None = None,
             blast: bool = True) -> dict:
-    from controller import jobs
-    from controller.config import JobSpec, Worker
-    from controller.switch import SwitchConnection
-
-    from bmv2_tests.harness import host_ip, host_mac
+    from homagg.controller import jobs
+    from homagg.controller.p4client import SwitchConnection
+    from homagg.netconfig import JobSpec, Worker
+    from homagg.targets.testbed import host_ip, host_mac
 
     # A blast leaves bmv2 a backlog of queued frames; let it drain first, or those frames (same
     # addresses, old round tags) land in the next run's slots.
@@ -318,8 +316,8 @@ def main(argv=None) -> int:
         print(f"switch_cost: skipped, {reason}")
         return 0
 
-    from bmv2_tests.harness import start_testbed, stop_testbed
-    from controller.p4build import build
+    from homagg.controller.build import build
+    from homagg.targets.testbed import start_testbed, stop_testbed
 
     pipelines = {"homagg": build(), "l2fwd": build_l2fwd()}
     frames = Frames(a.slots, 1)

@@ -2,9 +2,9 @@
 GMF, same data, seeds and update as ``homagg-agent train``) and times every iteration, with the
 gradients summed either through homagg or with torch.distributed's gloo all_reduce.
 
-    python bench/train_worker.py --backend homagg --mode auto --worker 0 --workers 4 \\
+    python -m bench.train_worker --backend homagg --mode auto --worker 0 --workers 4 \\
         --bind 10.0.0.1:50000 --slots 64 --iterations 20 --out w0.json
-    python bench/train_worker.py --backend gloo --worker 0 --workers 4 \\
+    python -m bench.train_worker --backend gloo --worker 0 --workers 4 \\
         --master 10.0.0.1:29500 --iterations 20 --out w0.json
 
 homagg: one all-reduce per tensor (U, V, b, w), keyed as in ``homagg-agent train``. gloo: the four
@@ -18,20 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from host_agent.ncf import GMF, NCFConfig, SyntheticData  # noqa: E402
+from homagg.host_agent.workloads import GMF, NCFConfig, SyntheticData
 
 
 def homagg_sum(a):
-    from host_agent import wire
-    from host_agent.agent import Agent, AgentConfig
+    from homagg import wire
+    from homagg.host_agent.agent import Agent, AgentConfig
 
     ip, _, port = a.bind.partition(":")
     agent = Agent(AgentConfig(1, a.worker, a.workers, (a.switch, wire.HOMAGG_UDP_PORT_MIN),

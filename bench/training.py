@@ -4,8 +4,8 @@ with every worker link shaped to 100 Mbit/s (HTB, both ends): homagg compressed 
 ``auto``), homagg dense in-network (mode ``dense``), and the baseline users run today,
 torch.distributed's gloo all_reduce of the same gradients over the same links.
 
-    sudo python bench/training.py            # 4 workers, 20 timed iterations, soft + bmv2, ~3 min
-    sudo python bench/training.py --quick    # 10 iterations, soft target only
+    sudo python -m bench.training            # 4 workers, 20 timed iterations, soft + bmv2, ~3 min
+    sudo python -m bench.training --quick    # 10 iterations, soft target only
 
 How: one topology per target (launcher.net.HomaggNet, --bw 100). On each worker host
 bench/train_worker.py trains the same model on the same per-(step, worker) batches as
@@ -32,13 +32,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "out"
 LOG_DIR = ROOT / "build" / "logs" / "bench"
 
 
 def run_variant(net, backend: str, mode: str, iterations: int) -> dict:
-    from launcher.net import AGENT_PORT, host_ip
+    from homagg.launcher.net import AGENT_PORT, host_ip
 
     log_dir = net.opts.log_dir
     W = net.opts.workers
@@ -48,13 +47,13 @@ def run_variant(net, backend: str, mode: str, iterations: int) -> dict:
     for w, h in enumerate(net.worker_hosts()):
         out = log_dir / f"train{w}.json"
         out.unlink(missing_ok=True)
-        cmd = [sys.executable, str(ROOT / "bench" / "train_worker.py"), "--backend", backend,
+        cmd = [sys.executable, "-m", "bench.train_worker", "--backend", backend,
                "--mode", mode, "--worker", str(w), "--workers", str(W),
                "--bind", f"{host_ip(w)}:{AGENT_PORT}", "--slots", str(net.opts.slots),
                "--master", f"{host_ip(0)}:29500", "--iterations", str(iterations),
                "--out", str(out)]
         env = dict(os.environ, GLOO_SOCKET_IFNAME=h.defaultIntf().name, OMP_NUM_THREADS="1")
-        procs.append(net.popen(h, cmd, log_dir / f"train{w}.out", env=env))
+        procs.append(net.popen(h, cmd, log_dir / f"train{w}.out", env=env, cwd=str(ROOT)))
     failed = [w for w, p in enumerate(procs) if p.wait(timeout=300) != 0]
     if failed:
         tail = (log_dir / f"train{failed[0]}.out").read_text().strip().splitlines()[-1:]
@@ -120,8 +119,8 @@ def main(argv=None) -> int:
     except ImportError:
         print("training: gloo baseline needs torch; skipped")
         return 0
-    from controller.toolchain import missing
-    from launcher.net import HomaggNet, NetOptions
+    from homagg.launcher.net import HomaggNet, NetOptions
+    from homagg.targets.toolchain import missing
 
     variants = {"soft": [("gloo", "dense"), ("homagg", "auto"), ("homagg", "dense")],
                 "bmv2": [("homagg", "auto"), ("homagg", "dense")]}

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from controller.toolchain import bmv2_unavailable
+from homagg import paths
+from homagg.targets.toolchain import bmv2_unavailable
 
-ROOT = Path(__file__).resolve().parents[1]
-LOG_DIR = ROOT / "build" / "logs" / "bmv2_tests"
+LOG_DIR = paths.log_dir("bmv2_tests")
 
 
 bmv2_skip_reason = bmv2_unavailable  # the tests' name for it
@@ -21,7 +20,7 @@ def pipeline():
     reason = bmv2_skip_reason()
     if reason:
         pytest.skip(reason)
-    from controller.p4build import build
+    from homagg.controller.build import build
 
     return build()
 
@@ -29,9 +28,9 @@ def pipeline():
 @pytest.fixture(scope="module")
 def testbed(pipeline):
     """A 5-port bmv2 switch with the homagg pipeline and base forwarding installed."""
-    from bmv2_tests.harness import start_testbed, stop_testbed
-    from controller import jobs
-    from controller.switch import SwitchConnection
+    from homagg.controller import jobs
+    from homagg.controller.p4client import SwitchConnection
+    from homagg.targets.testbed import start_testbed, stop_testbed
 
     bed = start_testbed(5, LOG_DIR)
     try:

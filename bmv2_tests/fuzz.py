@@ -20,7 +20,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from host_agent import wire
+from homagg import wire
 
 SWITCH_IP = "10.0.0.254"
 SWITCH_MAC = "00:00:0a:00:00:fe"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import collections
 
-from bmv2_tests.harness import homagg_frame, host_ip, is_homagg, result_of
-from controller import jobs
-from controller.softswitch import SoftSwitch
-from host_agent import wire
+from homagg import wire
+from homagg.controller import jobs
+from homagg.targets.soft import SoftSwitch
+from homagg.targets.testbed import homagg_frame, host_ip, is_homagg, result_of
 
 
 class SoftTarget:

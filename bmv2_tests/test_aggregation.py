@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from bmv2_tests.conftest import bmv2_skip_reason
-from bmv2_tests.harness import host_ip
 from bmv2_tests.targets import Bmv2Target, SoftTarget
-from host_agent import wire
+from homagg import wire
+from homagg.targets.testbed import host_ip
 
 _job_ids = itertools.count(1)
 

@@ -9,10 +9,17 @@ import numpy as np
 import pytest
 
 from bmv2_tests.conftest import LOG_DIR, bmv2_skip_reason
-from bmv2_tests.harness import (homagg_frame, host_ip, host_mac, is_homagg, result_of,
-                                start_testbed, stop_testbed)
-from controller.cli import main as ctl
-from host_agent import wire
+from homagg import wire
+from homagg.controller.cli import main as ctl
+from homagg.targets.testbed import (
+    homagg_frame,
+    host_ip,
+    host_mac,
+    is_homagg,
+    result_of,
+    start_testbed,
+    stop_testbed,
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,9 @@ from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from bmv2_tests.harness import SWITCH_IP, SWITCH_MAC, host_ip, host_mac, is_homagg
-from controller import jobs
-from host_agent import wire
-
+from homagg import wire
+from homagg.controller import jobs
+from homagg.targets.testbed import SWITCH_IP, SWITCH_MAC, host_ip, host_mac, is_homagg
 
 # --- plain forwarding ----------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ def target(net_target):
 
 
 def _run(argv):
-    from launcher.cli import main
+    from homagg.launcher.cli import main
 
     return main(argv)
 

@@ -17,7 +17,7 @@ import pytest
 
 from bmv2_tests.conftest import LOG_DIR
 from bmv2_tests.fuzz import EXPECT
-from launcher.net import HomaggNet, NetOptions, host_ip, host_mac
+from homagg.launcher.net import HomaggNet, NetOptions, host_ip, host_mac
 
 
 @pytest.fixture

@@ -1,3 +1,3 @@
-from controller.cli import main
+from homagg.controller.cli import main
 
 raise SystemExit(main())

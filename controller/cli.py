@@ -21,13 +21,12 @@ import logging
 import sys
 from pathlib import Path
 
-from controller import jobs as J
-from controller.config import Config, ConfigError, SwitchSpec, Worker, load, validate_job
-from controller.p4build import DEFAULT_OUT, BuildError, Pipeline, build
-from controller.switch import SwitchConnection, SwitchError
-from controller.toolchain import ToolMissing
-
-ROOT = Path(__file__).resolve().parents[1]
+from homagg import paths
+from homagg.controller import jobs as J
+from homagg.controller.build import DEFAULT_OUT, BuildError, Pipeline, build
+from homagg.controller.p4client import SwitchConnection, SwitchError
+from homagg.netconfig import Config, ConfigError, SwitchSpec, Worker, load, validate_job
+from homagg.targets.toolchain import ToolMissing
 
 
 def parser() -> argparse.ArgumentParser:
@@ -84,7 +83,7 @@ def _connect(a, cfg: Config | None, pipeline: Pipeline | None = None) -> SwitchC
         high, low = (int(x) for x in a.election_id.split(","))
     except ValueError:
         raise ConfigError(f"--election-id {a.election_id!r}: expected HIGH,LOW") from None
-    logf = a.request_log or ROOT / "build" / "logs" / f"{spec.name}-p4runtime.log"
+    logf = a.request_log or paths.log_dir(f"{spec.name}-p4runtime.log")
     logf.parent.mkdir(parents=True, exist_ok=True)
     return SwitchConnection(spec.grpc, spec.device_id, (high, low), logf, spec.name).open(pipeline)
 

@@ -7,13 +7,14 @@ installed; a job that does not fit is refused with the free space named.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from controller.config import Config, ConfigError, JobSpec, SwitchSpec
-from controller.switch import SwitchConnection, SwitchError
-from host_agent import wire
+from homagg import wire
+from homagg.controller.p4client import SwitchConnection, SwitchError
+from homagg.errors import JobError
+from homagg.netconfig import Config, JobSpec, SwitchSpec
+from homagg.regions import allocate_region, mcast_group
 
 # P4Info names (p4/homagg.p4 instance names)
 AGG = "HomaggIngress.aggregation"
@@ -26,10 +27,6 @@ T_RESULT = "HomaggEgress.result_addressing.result_dst"
 C_STATS = f"{AGG}.stats"
 C_JOB_STATS = f"{AGG}.job_stats"
 C_FWD_STATS = f"{FWD}.fwd_stats"
-
-
-class JobError(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -56,36 +53,13 @@ def int_ip(v: int) -> str:
     return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
 
 
-def mcast_group(job_id: int) -> int:
-    return job_id + 1  # group 0 means "no multicast" in v1model
-
-
-# -- allocation (pure) ---------------------------------------------------------------------
-
-
-def allocate_region(size: int, taken: list[range], slots: int = wire.SLOTS) -> int:
-    """First base b with [b, b + size) inside [0, slots) and disjoint from every taken range."""
-    if size < 1 or size > slots:
-        raise JobError(f"a region of {size} slots cannot exist (1 to {slots})")
-    base = 0
-    for r in sorted(taken, key=lambda r: r.start):
-        if r.start - base >= size:
-            return base
-        base = max(base, r.stop)
-    if slots - base >= size:
-        return base
-    free = slots - sum(len(r) for r in taken)
-    raise JobError(f"no free region of {size} slots ({free} of {slots} free, "
-                   "fragmented or in use); remove a job or ask for fewer slots")
-
-
 # -- base forwarding -----------------------------------------------------------------------
 
 
 def install_base(sw: SwitchConnection, cfg: Config) -> None:
     """The switch's own address, proxy ARP for it and every host, and /32 routes to hosts."""
     s: SwitchSpec = cfg.switch
-    sw.insert(T_LOCAL_IP, {"hdr.ipv4.dst_addr": s.ip}, f"HomaggIngress.to_switch", replace=True)
+    sw.insert(T_LOCAL_IP, {"hdr.ipv4.dst_addr": s.ip}, "HomaggIngress.to_switch", replace=True)
     for ip in [s.ip] + [h.ip for h in cfg.hosts]:
         sw.insert(T_ARP, {"hdr.arp.tpa": ip}, f"{FWD}.arp_reply", {"mac": s.mac}, replace=True)
     for h in cfg.hosts:
@@ -203,7 +177,7 @@ def reset_job(sw: SwitchConnection, job_id: int, thrift_port: int | None = None)
 
 
 def clear_region_registers(job: InstalledJob, thrift_port: int) -> str:
-    from controller.toolchain import find
+    from homagg.targets.toolchain import find
 
     cli = find("simple_switch_CLI")
     if not cli.found:

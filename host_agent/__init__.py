@@ -1,5 +1,5 @@
 """homagg host agent: the codec, the wire protocol, and the reliable all-reduce."""
 
-from host_agent.agent import AggregationTimeout, Agent, AgentConfig, AgentError
+from homagg.host_agent.agent import Agent, AgentConfig, AgentError, AggregationTimeout
 
 __all__ = ["Agent", "AgentConfig", "AgentError", "AggregationTimeout"]

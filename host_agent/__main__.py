@@ -1,3 +1,3 @@
-from host_agent.cli import main
+from homagg.host_agent.cli import main
 
 raise SystemExit(main())

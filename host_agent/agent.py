@@ -19,7 +19,6 @@ redo the value rounds with a smaller scale: never a wrapped sum.
 from __future__ import annotations
 
 import logging
-import math
 import select
 import socket
 import struct
@@ -28,8 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from host_agent import codec, wire
-from host_agent.faults import FaultSpec, ImpairedSocket
+from homagg import wire
+from homagg.errors import HomaggError
+from homagg.faults import FaultSpec, ImpairedSocket
+from homagg.host_agent import codec
 
 log = logging.getLogger("homagg.agent")
 
@@ -40,7 +41,7 @@ EXP_WORDS = 10  # 320 bits: fp32 exponents run from -148 to 128
 _HDR = struct.Struct("!BBHBBHI")
 
 
-class AgentError(RuntimeError):
+class AgentError(HomaggError):
     """The all-reduce cannot complete; the message says who and what."""
 
 

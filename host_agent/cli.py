@@ -20,9 +20,10 @@ import time
 
 import numpy as np
 
-from host_agent import codec, wire
-from host_agent.agent import Agent, AgentConfig, AgentError
-from host_agent.faults import FaultSpec
+from homagg import wire
+from homagg.faults import FaultSpec
+from homagg.host_agent import codec
+from homagg.host_agent.agent import Agent, AgentConfig, AgentError
 
 
 def _addr(text: str, default_port: int) -> tuple[str, int]:
@@ -124,7 +125,7 @@ def run_bench(agent: Agent, a) -> dict:
 
 
 def run_train(agent: Agent, a) -> dict:
-    from host_agent.ncf import GMF, NCFConfig, SyntheticData
+    from homagg.host_agent.workloads import GMF, NCFConfig, SyntheticData
 
     cfg = NCFConfig(users=a.users, items=a.items, batch=a.batch, seed=a.seed)
     model, data = GMF(cfg), SyntheticData(cfg)

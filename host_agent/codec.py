@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from homagg.errors import HomaggError
+
 try:  # compiled kernels for the O(n) and O(u) loops; the numpy code below stays the reference
     import numba as _numba
 except ImportError:  # pragma: no cover - numba is a declared dependency
@@ -64,11 +66,11 @@ MODES = ("dense", "union", "sketch")
 _PEEL_INT32_STATE_BELOW = 2**23
 
 
-class CodecError(ValueError):
+class CodecError(HomaggError, ValueError):
     """Input the codec refuses (NaN/Inf, wrong shape or dtype, inconsistent workers)."""
 
 
-class AggregationOverflow(ArithmeticError):
+class AggregationOverflow(HomaggError, ArithmeticError):
     """An int32 add overflowed in the (simulated) switch: the sum would be wrong, so we stop."""
 
     def __init__(self, round_name: str, words: np.ndarray):

@@ -1,7 +1,7 @@
 """PyTorch DDP communication hook: gradient buckets all-reduced through homagg.
 
-    from host_agent import Agent, AgentConfig
-    from host_agent.torch_hook import homagg_hook
+    from homagg.host_agent import Agent, AgentConfig
+    from homagg.host_agent.torch_hook import homagg_hook
     agent = Agent(AgentConfig(job=1, worker=rank, workers=world, ...))
     ddp_model.register_comm_hook(state=agent, hook=homagg_hook)
 
@@ -13,7 +13,7 @@ optional dependency (the CPU build is enough); only this module imports it.
 import numpy as np
 import torch
 
-from host_agent.agent import Agent
+from homagg.host_agent.agent import Agent
 
 
 def homagg_hook(agent: Agent, bucket: torch.distributed.GradBucket

@@ -1,3 +1,3 @@
-from launcher.cli import main
+from homagg.launcher.cli import main
 
 raise SystemExit(main())

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.net import HomaggNet, NetError, NetOptions
+from homagg.launcher.net import HomaggNet, NetError, NetOptions
 
 
 def parser() -> argparse.ArgumentParser:

@@ -20,18 +20,19 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller.config import Config, Host, JobSpec, SwitchSpec, Worker
-from controller.toolchain import missing
+from homagg import paths
+from homagg.errors import HomaggError
+from homagg.netconfig import Config, Host, JobSpec, SwitchSpec, Worker
+from homagg.targets.toolchain import missing
 
 log = logging.getLogger("homagg.net")
 
-ROOT = Path(__file__).resolve().parents[1]
 SWITCH_IP = "10.0.0.254"
 SWITCH_MAC = "00:00:0a:00:00:fe"
 AGENT_PORT = 50000
 
 
-class NetError(RuntimeError):
+class NetError(HomaggError):
     pass
 
 
@@ -84,13 +85,13 @@ class NetOptions:
     agent_args: tuple = ()        # extra homagg-agent options for every worker (fault injection)
     slots: int | None = None     # None: 16 on bmv2, 64 on the soft target
     job: int = 1
-    log_dir: Path = field(default_factory=lambda: ROOT / "build" / "logs" / "net")
+    log_dir: Path = field(default_factory=lambda: paths.log_dir("net"))
 
 
 def _bmv2_switch_class():
     from mininet.node import Switch
 
-    from controller.bmv2 import Bmv2Switch
+    from homagg.targets.bmv2 import Bmv2Switch
 
     class Bmv2Node(Switch):
         """A Mininet switch that is one simple_switch_grpc (root namespace)."""
@@ -234,9 +235,9 @@ class HomaggNet:
         return self.opts.job + worker // per, worker % per, per
 
     def _install_bmv2(self, s1) -> None:
-        from controller import jobs
-        from controller.p4build import build
-        from controller.switch import SwitchConnection
+        from homagg.controller import jobs
+        from homagg.controller.build import build
+        from homagg.controller.p4client import SwitchConnection
 
         pipeline = build()
         b = s1.bmv2
@@ -253,10 +254,9 @@ class HomaggNet:
         cfg_path.write_text(render_toml(self.config))
         agg = self.net.get("agg")
         out = open(self.opts.log_dir / "soft-aggregator.out", "w")
-        p = agg.popen([sys.executable, "-m", "controller.softswitch", "-c", str(cfg_path),
+        p = agg.popen([sys.executable, "-m", "homagg.targets.soft", "-c", str(cfg_path),
                        "--stats-file", str(self.opts.log_dir / "soft-stats.json"),
-                       "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT,
-                      cwd=str(ROOT))
+                       "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT)
         self.procs.append(p)
         self.aggregator = p
         # ready once the UDP port is bound
@@ -273,7 +273,7 @@ class HomaggNet:
 
     # -- operating the running network --------------------------------------------------------
     def _connection(self):
-        from controller.switch import SwitchConnection
+        from homagg.controller.p4client import SwitchConnection
 
         return SwitchConnection(self.config.switch.grpc,
                                 request_log=self.opts.log_dir / "s1-p4runtime.log", name="s1")
@@ -284,7 +284,7 @@ class HomaggNet:
         import time
 
         if self.target == "bmv2":
-            from controller import jobs
+            from homagg.controller import jobs
 
             with self._connection().open() as sw:
                 return jobs.read_stats(sw)
@@ -304,7 +304,7 @@ class HomaggNet:
         import time
 
         if self.target == "bmv2":
-            from controller import jobs
+            from homagg.controller import jobs
 
             with self._connection().open() as sw:
                 for j in self.config.jobs:
@@ -353,14 +353,14 @@ class HomaggNet:
 
     def agent_command(self, worker: int, *args: str) -> list[str]:
         job, index, workers = self.job_of(worker)
-        return [sys.executable, "-m", "host_agent", "--job", str(job), "--worker", str(index),
+        return [sys.executable, "-m", "homagg.host_agent", "--job", str(job), "--worker", str(index),
                 "--workers", str(workers), "--switch", SWITCH_IP,
                 "--bind", f"{host_ip(worker)}:{AGENT_PORT}", "--slots", str(self.opts.slots),
                 *self.opts.agent_args, *args]
 
     def popen(self, host, cmd: list[str], out_path: Path | None = None, **kw):
         out = open(out_path, "w") if out_path else subprocess.PIPE
-        p = host.popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), text=True, **kw)
+        p = host.popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, **kw)
         self.procs.append(p)
         return p
 

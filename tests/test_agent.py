@@ -11,10 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from controller.softswitch import SoftSwitch, SoftSwitchServer
-from host_agent import codec, wire
-from host_agent.faults import FaultSpec
-from host_agent.agent import Agent, AgentConfig, AgentError, AggregationTimeout
+from homagg import wire
+from homagg.faults import FaultSpec
+from homagg.host_agent import codec
+from homagg.host_agent.agent import Agent, AgentConfig, AgentError, AggregationTimeout
+from homagg.targets.soft import SoftSwitch, SoftSwitchServer
 
 _switch_ips = itertools.count(2)
 
@@ -166,7 +167,7 @@ def test_overflow_is_rescaled_never_wrapped(make_job, monkeypatch, mode):
     # A scale 7 bits too fine (headroom 16 and 4 workers leave 6): 1.5 * 2**30 overflows once
     # two workers are added, the switch flags it, and every worker rescales the same way.
     real = codec.shift_for
-    monkeypatch.setattr("host_agent.agent.codec.shift_for", lambda *a: real(*a) + 7)
+    monkeypatch.setattr("homagg.host_agent.agent.codec.shift_for", lambda *a: real(*a) + 7)
     job = make_job(4, mode=mode)
     x = np.zeros(1000, np.float32)
     x[::10] = 1.5

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from host_agent import codec
-from host_agent.codec import AggregationOverflow, CodecError, simulate
+from homagg.host_agent import codec
+from homagg.host_agent.codec import AggregationOverflow, CodecError, simulate
 
 ALL_MODES = ["auto", "dense", "union", "sketch"]
 

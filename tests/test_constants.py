@@ -1,14 +1,13 @@
 """The P4 source and the Python side share every wire constant: this fails if they drift."""
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from host_agent import wire
+from homagg import paths, wire
 
-P4 = Path(__file__).resolve().parents[1] / "p4"
+P4 = paths.p4_dir()
 
 
 def _eval(expr: str, env: dict) -> int:

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from controller import jobs
-from controller.cli import main as ctl
-from controller.config import ConfigError, load, parse
-from host_agent import wire
-
-ROOT = Path(__file__).resolve().parents[1]
+from homagg import paths, wire
+from homagg.controller import jobs
+from homagg.controller.cli import main as ctl
+from homagg.netconfig import ConfigError, load, parse
 
 GOOD = """
 [switch]
@@ -141,7 +138,7 @@ class FakeSwitch:
 
 def p4_names() -> set[str]:
     """Every table, action and counter instance named in the P4 source."""
-    text = "".join(p.read_text() for p in (ROOT / "p4").rglob("*.p4"))
+    text = "".join(p.read_text() for p in paths.p4_dir().rglob("*.p4"))
     return set(re.findall(r"\b(?:table|action)\s+(\w+)", text)) | \
         set(re.findall(r"counter\([^)]*\)\s+(\w+);", text))
 
@@ -180,7 +177,7 @@ def test_second_job_gets_a_disjoint_region_and_cannot_steal_senders():
     jobs.add_job(sw, cfg.job(3))
     with pytest.raises(jobs.JobError, match="already installed"):
         jobs.add_job(sw, cfg.job(3))
-    from controller.config import validate_job
+    from homagg.netconfig import validate_job
 
     thief = validate_job(4, [cfg.job(3).workers[0]], 8)
     with pytest.raises(jobs.JobError, match="already sends for job 3"):
@@ -220,6 +217,6 @@ def test_cli_job_add_needs_a_config(capsys, monkeypatch):
         def __exit__(self, *a):
             pass
 
-    monkeypatch.setattr("controller.cli._connect", lambda *a, **k: Dummy())
+    monkeypatch.setattr("homagg.controller.cli._connect", lambda *a, **k: Dummy())
     assert ctl(["job", "add", "1"]) == 1
     assert "needs --config" in capsys.readouterr().err

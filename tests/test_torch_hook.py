@@ -12,8 +12,9 @@ torch = pytest.importorskip("torch", reason="torch not installed (optional extra
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from controller.softswitch import SoftSwitch, SoftSwitchServer  # noqa: E402
-from host_agent import codec, wire  # noqa: E402
+from homagg import wire
+from homagg.host_agent import codec  # noqa: E402
+from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 
 SWITCH = ("127.0.1.240", wire.HOMAGG_UDP_PORT_MIN)
 
@@ -43,8 +44,8 @@ def local_grads(model, rank, step):
 
 
 def worker(rank, world, ports, tcp_port, out_dir):
-    from host_agent import Agent, AgentConfig
-    from host_agent.torch_hook import homagg_hook
+    from homagg.host_agent import Agent, AgentConfig
+    from homagg.host_agent.torch_hook import homagg_hook
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{tcp_port}", rank=rank,
                             world_size=world)

@@ -1,6 +1,6 @@
 """Compile p4/homagg.p4 with p4c-bm2-ss into bmv2 JSON and P4Info (text format).
 
-    python -m controller.p4build [--out build/p4]      (also: homagg-ctl build)
+    python -m homagg.controller.build [--out build/p4]      (also: homagg-ctl build)
 
 Rebuilds only when a source under p4/ is newer than the outputs.
 """
@@ -13,15 +13,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.toolchain import ToolMissing, require
+from homagg import paths
+from homagg.errors import HomaggError
+from homagg.targets.toolchain import ToolMissing, require
 
-ROOT = Path(__file__).resolve().parents[1]
-P4_DIR = ROOT / "p4"
-MAIN = P4_DIR / "homagg.p4"
-DEFAULT_OUT = ROOT / "build" / "p4"
+DEFAULT_OUT = paths.build_dir()
 
 
-class BuildError(RuntimeError):
+class BuildError(HomaggError):
     pass
 
 
@@ -41,7 +40,7 @@ class Pipeline:
 
 
 def sources() -> list[Path]:
-    return sorted(P4_DIR.rglob("*.p4"))
+    return sorted(paths.p4_dir().rglob("*.p4"))
 
 
 def up_to_date(p: Pipeline) -> bool:
@@ -60,7 +59,8 @@ def build(out: Path = DEFAULT_OUT, force: bool = False) -> Pipeline:
     p4c = require("p4c-bm2-ss")
     out.mkdir(parents=True, exist_ok=True)
     cmd = [str(p4c), "--std", "p4-16", "--arch", "v1model",
-           "--p4runtime-files", str(p.p4info), "-o", str(p.bmv2_json), str(MAIN)]
+           "--p4runtime-files", str(p.p4info), "-o", str(p.bmv2_json),
+           str(paths.p4_dir() / "homagg.p4")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log = out / "p4c.log"
     log.write_text(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")

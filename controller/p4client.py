@@ -15,20 +15,21 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from controller.p4build import Pipeline
+from homagg.controller.build import Pipeline
+from homagg.errors import HomaggError
 
 log = logging.getLogger("homagg.switch")
 
 
-class SwitchError(RuntimeError):
+class SwitchError(HomaggError):
     """The switch is unreachable, refused a request, or has no pipeline."""
 
 
 def _shell():
     try:
+        from p4.v1 import p4runtime_pb2
         from p4runtime_sh import context as _context  # noqa: F401
         from p4runtime_sh import p4runtime, shell
-        from p4.v1 import p4runtime_pb2
     except ImportError as e:  # pragma: no cover - the controller extra is missing
         raise SwitchError(f"p4runtime-shell is not installed ({e}); "
                           "pip install 'homagg[controller]'") from e

@@ -18,9 +18,9 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from controller.bmv2 import Bmv2Switch
-from controller.config import Config, Host, JobSpec, SwitchSpec, Worker
-from host_agent import wire
+from homagg import wire
+from homagg.netconfig import Config, Host, JobSpec, SwitchSpec, Worker
+from homagg.targets.bmv2 import Bmv2Switch
 
 SWITCH_IP = "10.0.0.254"
 SWITCH_MAC = "00:00:0a:00:00:fe"

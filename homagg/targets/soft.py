@@ -26,8 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from host_agent import wire
-from host_agent.faults import FaultSpec, ImpairedSocket
+from homagg import wire
+from homagg.errors import JobError
+from homagg.faults import FaultSpec, ImpairedSocket
+from homagg.regions import allocate_region
 
 log = logging.getLogger("homagg.softswitch")
 
@@ -71,8 +73,6 @@ class SoftSwitch:
     # -- control ---------------------------------------------------------------------------
     def add_job(self, job_id: int, workers: list[tuple[str, int]], slots: int) -> SoftJob:
         """Install a job; its region is allocated first-fit as the controller does."""
-        from controller.jobs import JobError, allocate_region
-
         with self.lock:
             if job_id in self.jobs:
                 raise JobError(f"job {job_id} is already installed")
@@ -303,7 +303,7 @@ class SoftSwitchServer:
 
 
 def main(argv=None) -> int:
-    from controller.config import ConfigError, load
+    from homagg.netconfig import ConfigError, load
 
     ap = argparse.ArgumentParser(prog="homagg-softswitch", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

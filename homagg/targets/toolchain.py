@@ -11,6 +11,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from homagg.errors import ToolMissing
+
 #: tool name -> environment variable that may point at it
 TOOLS = {
     "p4c-bm2-ss": "HOMAGG_P4C",
@@ -19,8 +21,6 @@ TOOLS = {
 }
 
 
-class ToolMissing(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,12 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from host_agent import wire
+from homagg import wire
+from homagg.errors import ConfigError
 
 _MAC = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 
 
-class ConfigError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)

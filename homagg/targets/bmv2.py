@@ -13,10 +13,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller.toolchain import require
+from homagg.errors import HomaggError
+from homagg.targets.toolchain import require
 
 
-class Bmv2Error(RuntimeError):
+class Bmv2Error(HomaggError):
     pass
 
 

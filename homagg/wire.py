@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from homagg.errors import HomaggError
+
 # --- protocol (constants.p4) ---------------------------------------------------------------
 HOMAGG_UDP_PORT_MIN = 48864
 HOMAGG_UDP_PORT_MAX = 48879
@@ -96,7 +98,7 @@ PACKET_DTYPE = np.dtype(
 assert PACKET_DTYPE.itemsize == PACKET_BYTES
 
 
-class WireError(ValueError):
+class WireError(HomaggError, ValueError):
     """A datagram that is not a well-formed homagg packet (the reason is the message)."""
 
 

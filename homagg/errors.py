@@ -1,0 +1,23 @@
+"""One base class for every error homagg raises on purpose, so a caller can catch them all.
+
+Each part keeps its own subclasses next to the code that raises them (``SwitchError`` in the
+controller, ``AgentError`` in the host agent, ...); the ones the core shares live here.
+"""
+
+from __future__ import annotations
+
+
+class HomaggError(Exception):
+    """Anything homagg refuses or cannot do; the message says what and why, in one line."""
+
+
+class ConfigError(HomaggError, ValueError):
+    """A config file, option or environment variable that does not make sense."""
+
+
+class ToolMissing(HomaggError):
+    """An external tool (p4c, bmv2) is not installed or not where a variable points."""
+
+
+class JobError(HomaggError):
+    """A job that cannot be installed, found or removed (either target)."""
