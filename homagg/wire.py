@@ -1,8 +1,13 @@
-"""The homagg wire protocol as Python sees it: constants, and packets built straight from numpy.
+"""The homagg wire protocol as Python sees it: every module imports its constants from here.
 
-The authoritative definitions are in p4/include/constants.p4 and p4/include/headers.p4 (the wire
-diagram); tests/test_constants.py parses those files and fails if anything here drifts.
-Packets are UDP payloads (homagg header + WORDS_PER_PACKET words); the kernel adds IPv4/UDP.
+The constants and the header's field list come from the P4 program, through the generated
+``homagg._p4consts`` (``homagg.controller.genconsts``): nothing here is typed twice. The
+header is declared once, as the P4 field list; the struct, the numpy dtype, the byte offsets,
+pack/unpack and the status reply all derive from it. Packets are UDP payloads (homagg header
++ WORDS_PER_PACKET words); the kernel adds IPv4/UDP.
+
+Also here, because agents and tests share them: the host-to-host conventions that ride inside
+the words (the scale negotiation's exponent words) and the default addresses.
 """
 
 from __future__ import annotations
@@ -12,89 +17,73 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from homagg._p4consts import *  # noqa: F403 - the protocol's constants, generated from P4
+from homagg._p4consts import (
+    ENUMS,
+    FLAG_OVERFLOW,
+    FLAG_PHASE,
+    FLAG_RESULT,
+    FLAG_STATUS,
+    HEADER_FIELDS,
+    HOMAGG_HDR_BYTES,
+    HOMAGG_VERSION,
+    OP_ADD,
+    OP_OR,
+    STATS,
+    STATUS_WORD,
+    WORDS_PER_PACKET,
+)
 from homagg.errors import HomaggError
 
-# --- protocol (constants.p4) ---------------------------------------------------------------
-HOMAGG_UDP_PORT_MIN = 48864
-HOMAGG_UDP_PORT_MAX = 48879
-HOMAGG_VERSION = 1
-
-OP_ADD = 1
-OP_OR = 2
 OPS = {OP_ADD: "add", OP_OR: "or"}
-
-FLAG_RESULT = 0x80
-FLAG_OVERFLOW = 0x40
-FLAG_PHASE = 0x20
-FLAG_RETRANS = 0x10
-FLAG_STATUS = 0x08  # reply to a duplicate of an unfinished round: words 61-62 bitmap, 63 count
-STATUS_WORD = 61    # first word of a status reply's (bitmap high, bitmap low, count)
-
-WORDS_PER_PACKET = 64
-HOMAGG_HDR_BYTES = 12
-HOMAGG_PAYLOAD_BYTES = 4 * WORDS_PER_PACKET
-HOMAGG_UDP_LEN = 8 + HOMAGG_HDR_BYTES + HOMAGG_PAYLOAD_BYTES
-HOMAGG_IPV4_LEN = 20 + HOMAGG_UDP_LEN
-PACKET_BYTES = HOMAGG_HDR_BYTES + HOMAGG_PAYLOAD_BYTES  # the UDP payload
-
-# --- switch memory ---------------------------------------------------------------------------
-SLOT_INDEX_WIDTH = 10
-SLOTS = 1 << SLOT_INDEX_WIDTH
-SLOT_STATE_SIZE = 2 << SLOT_INDEX_WIDTH
-MAX_WORKERS = 64
-JOB_ID_WIDTH = 6
-MAX_JOBS = 1 << JOB_ID_WIDTH
-RID_WORKER_OFFSET = 1
-
-# --- counters: index -> name, in P4 order ----------------------------------------------------
-STATS = {
-    0: "STAT_RX",
-    1: "STAT_ACCEPTED",
-    2: "STAT_COMPLETED",
-    3: "STAT_RETRANS_REPLY",
-    4: "STAT_DUP_PENDING",
-    5: "STAT_OVERFLOW",
-    6: "DROP_MALFORMED",
-    7: "DROP_BAD_LENGTH",
-    8: "DROP_BAD_VERSION",
-    9: "DROP_BAD_OP",
-    10: "DROP_FORGED_RESULT",
-    11: "DROP_UNKNOWN_SENDER",
-    12: "DROP_WRONG_IDENTITY",
-    13: "DROP_BAD_SLOT",
-    14: "DROP_SEQ_MISMATCH",
-    15: "DROP_STALE",
-    16: "DROP_SPOOFED",
-}
-STATS_SIZE = 32
-EPOCH_STORE = 31  # stats index the controller uses as storage (constants.p4)
+PACKET_BYTES = HOMAGG_HDR_BYTES + 4 * WORDS_PER_PACKET  # the UDP payload
 STAT_INDEX = {v: k for k, v in STATS.items()}
+VERDICTS: dict[str, int] = ENUMS["Verdict"]
 
-FWD_STATS = {0: "FWD_ROUTED", 1: "FWD_ARP_REPLIES", 2: "FWD_NO_ROUTE", 3: "FWD_SPOOFED"}
-FWD_STATS_SIZE = 4
+# --- host conventions (not the switch's business) ---------------------------------------------
+#: Scale negotiation inside the first OR round: a worker's max exponent e (frexp) is bit
+#: e + EXP_BIAS of EXP_WORDS words; the OR gives every worker the job's max.
+EXP_BIAS = 160
+EXP_WORDS = 10  # 320 bits: fp32 exponents run from -148 to 128
+DEFAULT_SWITCH_IP = "10.0.0.254"
+DEFAULT_SWITCH_MAC = "00:00:0a:00:00:fe"
+DEFAULT_AGENT_PORT = 50000
 
-JOB_STATS = {0: "JOB_STAT_ACCEPTED", 1: "JOB_STAT_COMPLETED", 2: "JOB_STAT_RETRANS",
-             3: "JOB_STAT_DROPPED"}
-JOB_STATS_PER_JOB = 4
-JOB_STATS_SIZE = MAX_JOBS * JOB_STATS_PER_JOB
 
-# --- the header: version/op, flags, job, worker, reserved, slot, seq (big-endian) ------------
-HEADER = struct.Struct("!BBHBBHI")
-assert HEADER.size == HOMAGG_HDR_BYTES
+# --- the header, derived from its P4 field list -----------------------------------------------
+def _byte_fields(bits: tuple[tuple[str, int], ...]) -> list[tuple[str, int, list[tuple[str, int]]]]:
+    """Group P4 bit fields into whole-byte fields: (name, bytes, [(sub-field, bits), ...]).
+    Sub-byte fields that share a byte are joined by '_' (version + op -> version_op)."""
+    out: list[tuple[str, int, list[tuple[str, int]]]] = []
+    group: list[tuple[str, int]] = []
+    for name, w in bits:
+        if w % 8 == 0 and not group:
+            out.append((name, w // 8, [(name, w)]))
+            continue
+        group.append((name, w))
+        if sum(g[1] for g in group) % 8 == 0:
+            out.append(("_".join(g[0] for g in group), sum(g[1] for g in group) // 8, group))
+            group = []
+    if group:
+        raise HomaggError(f"header fields {group} do not end on a byte boundary")
+    return out
+
+
+BYTE_FIELDS = _byte_fields(HEADER_FIELDS)
+_CODES = {1: "B", 2: "H", 4: "I"}
+HEADER = struct.Struct("!" + "".join(_CODES[n] for _, n, _ in BYTE_FIELDS))
+#: byte offset of every header field within the UDP payload
+OFFSETS = {}
+_off = 0
+for _name, _n, _ in BYTE_FIELDS:
+    OFFSETS[_name] = _off
+    _off += _n
+OFFSETS["words"] = _off
+assert HEADER.size == HOMAGG_HDR_BYTES, "constants.p4 HOMAGG_HDR_BYTES vs header homagg_h"
 
 #: One packet as a numpy record: build many at once, then send each row's bytes.
-PACKET_DTYPE = np.dtype(
-    [
-        ("version_op", "u1"),
-        ("flags", "u1"),
-        ("job", ">u2"),
-        ("worker", "u1"),
-        ("reserved", "u1"),
-        ("slot", ">u2"),
-        ("seq", ">u4"),
-        ("words", ">i4", (WORDS_PER_PACKET,)),
-    ]
-)
+PACKET_DTYPE = np.dtype([(name, "u1" if n == 1 else f">u{n}") for name, n, _ in BYTE_FIELDS]
+                        + [("words", ">i4", (WORDS_PER_PACKET,))])
 assert PACKET_DTYPE.itemsize == PACKET_BYTES
 
 
@@ -125,6 +114,27 @@ class Packet:
     def overflow(self) -> bool:
         return bool(self.flags & FLAG_OVERFLOW)
 
+    @property
+    def status(self) -> tuple[int, int]:
+        """(contributors bitmap, count) of a status reply (FLAG_STATUS)."""
+        if not self.flags & FLAG_STATUS:
+            raise WireError("not a status reply")
+        return parse_status(self.words)
+
+
+def header(*, version: int = HOMAGG_VERSION, op: int, flags: int = 0, job: int, worker: int,
+           slot: int, seq: int, reserved: int = 0) -> bytes:
+    """The header's bytes from its P4 fields (sub-byte fields packed as the P4 header does)."""
+    given = {"version": version, "op": op, "flags": flags, "job": job, "worker": worker,
+             "slot": slot, "seq": seq & 0xFFFFFFFF, "reserved": reserved}
+    values = []
+    for _, _, subs in BYTE_FIELDS:
+        v = 0
+        for name, w in subs:
+            v = (v << w) | (given[name] & ((1 << w) - 1))
+        values.append(v)
+    return HEADER.pack(*values)
+
 
 def pack(op: int, job: int, worker: int, slot: int, seq: int, words, flags: int = 0,
          version: int = HOMAGG_VERSION) -> bytes:
@@ -135,22 +145,45 @@ def pack(op: int, job: int, worker: int, slot: int, seq: int, words, flags: int 
         raise WireError(f"{w.size} words do not fit in one packet ({WORDS_PER_PACKET})")
     body = np.zeros(WORDS_PER_PACKET, ">i4")
     body[: w.size] = w.astype(np.uint32).view(np.int32) if w.dtype.kind == "u" else w
-    return HEADER.pack((version << 4) | op, flags, job, worker, 0, slot, seq & 0xFFFFFFFF) \
-        + body.tobytes()
+    return header(version=version, op=op, flags=flags, job=job, worker=worker, slot=slot,
+                  seq=seq) + body.tobytes()
+
+
+def fields(buf: bytes) -> dict[str, int]:
+    """The header's P4 fields of a datagram (at least HOMAGG_HDR_BYTES long)."""
+    out = {}
+    for (_, _, subs), v in zip(BYTE_FIELDS, HEADER.unpack_from(buf)):
+        for name, w in reversed(subs):
+            out[name] = v & ((1 << w) - 1)
+            v >>= w
+    return out
 
 
 def unpack(buf: bytes) -> Packet:
     """Parse one homagg UDP payload; WireError says what is wrong with a bad one."""
     if len(buf) != PACKET_BYTES:
         raise WireError(f"homagg packet of {len(buf)} bytes, expected {PACKET_BYTES}")
-    vo, flags, job, worker, _res, slot, seq = HEADER.unpack_from(buf)
-    version, op = vo >> 4, vo & 0xF
-    if version != HOMAGG_VERSION:
-        raise WireError(f"homagg version {version}, expected {HOMAGG_VERSION}")
-    if op not in OPS:
-        raise WireError(f"unknown homagg op {op}")
+    f = fields(buf)
+    if f["version"] != HOMAGG_VERSION:
+        raise WireError(f"homagg version {f['version']}, expected {HOMAGG_VERSION}")
+    if f["op"] not in OPS:
+        raise WireError(f"unknown homagg op {f['op']}")
     words = np.frombuffer(buf, ">i4", WORDS_PER_PACKET, HOMAGG_HDR_BYTES).astype(np.int32)
-    return Packet(op, flags, job, worker, slot, seq, words, version)
+    return Packet(f["op"], f["flags"], f["job"], f["worker"], f["slot"], f["seq"], words,
+                  f["version"])
+
+
+def status_words(seen: int, count: int) -> np.ndarray:
+    """A status reply's words: 0 but for (bitmap high, bitmap low, count) from STATUS_WORD."""
+    w = np.zeros(WORDS_PER_PACKET, np.uint32)
+    w[STATUS_WORD:STATUS_WORD + 3] = (seen >> 32, seen & 0xFFFFFFFF, count)
+    return w.view(np.int32)
+
+
+def parse_status(words) -> tuple[int, int]:
+    """(contributors bitmap, count) from a status reply's words (int32 or big-endian)."""
+    w = np.asarray(words)[STATUS_WORD:STATUS_WORD + 3].astype(np.int64) & 0xFFFFFFFF
+    return (int(w[0]) << 32) | int(w[1]), int(w[2])
 
 
 def packets(n: int) -> np.ndarray:

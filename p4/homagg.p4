@@ -4,16 +4,24 @@
  * The switch adds int32 words (sketches, dense and residual values) or ORs them (bitmaps) in a
  * pool of slots per job, and multicasts each finished slot to the job's workers. Everything
  * else is routed as plain IPv4 (with proxy ARP), so hosts can still talk.
- * Layout: include/constants.p4 (every size), headers.p4 (the wire diagram), parser.p4,
- * forwarding.p4, lanes.p4, aggregation.p4. */
+ *
+ * This file only wires the pipeline together. include/: size.p4 (every size), constants.p4
+ * (the protocol), types.p4, headers.p4 (the wire diagram), parser.p4, lanes.p4; one control per
+ * file under include/control/: forwarding, aggregation (admission, slot_state, words, reply),
+ * result_addressing.
+ */
 #include <core.p4>
 #include <v1model.p4>
 
+#include "include/size.p4"
 #include "include/constants.p4"
+#include "include/types.p4"
 #include "include/headers.p4"
+#include "include/lanes.p4"
 #include "include/parser.p4"
-#include "include/forwarding.p4"
-#include "include/aggregation.p4"
+#include "include/control/forwarding.p4"
+#include "include/control/aggregation.p4"
+#include "include/control/result_addressing.p4"
 
 control HomaggIngress(inout headers_t hdr, inout metadata_t meta,
                       inout standard_metadata_t standard_metadata) {
@@ -26,10 +34,10 @@ control HomaggIngress(inout headers_t hdr, inout metadata_t meta,
 
     /* The switch's own IPv4 addresses: homagg packets to these are aggregated. */
     table local_ip {
-        key = { hdr.ipv4.dst_addr: exact; }
+        key = { hdr.ipv4.dst_addr: exact @name("dst_addr"); }
         actions = { to_switch; NoAction; }
         default_action = NoAction();
-        size = 16;
+        size = LOCAL_IP_TABLE_SIZE;
     }
 
     apply {

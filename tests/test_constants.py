@@ -1,70 +1,41 @@
-"""The P4 source and the Python side share every wire constant: this fails if they drift."""
+"""One source of truth for the protocol: the committed homagg/_p4consts.py is what the generator
+makes from the P4 program now, and everything wire derives from it is consistent."""
 
-import re
+from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from homagg import paths, wire
+from homagg import _p4consts, paths, wire
+from homagg.controller import genconsts
+from homagg.targets.toolchain import missing
 
-P4 = paths.p4_dir()
-
-
-def _eval(expr: str, env: dict) -> int:
-    expr = re.sub(r"/\*.*?\*/", "", expr).strip()
-    expr = re.sub(r"\b\d+w(\d+)\b", r"\1", expr)  # P4 width-prefixed literals
-    names = {k: v for k, v in env.items()}
-    return int(eval(expr, {"__builtins__": {}}, names))  # noqa: S307 - our own source file
+COMMITTED = genconsts.OUT.read_text()
 
 
-def p4_constants() -> dict:
-    text = (P4 / "include" / "constants.p4").read_text()
-    env: dict = {}
-    for line in text.splitlines():
-        m = re.match(r"\s*const\s+bit<\d+>\s+(\w+)\s*=\s*([^;]+);", line)
-        if m:
-            env[m.group(1)] = _eval(m.group(2), env)
-            continue
-        m = re.match(r"\s*#define\s+([A-Z_][A-Z0-9_]*)\s+(.+?)\s*(/\*.*)?$", line)
-        if m and not m.group(1).startswith("HOMAGG_CONSTANTS"):
-            try:
-                env[m.group(1)] = _eval(m.group(2), env)
-            except Exception:
-                pass  # not a number (typedef helpers etc.)
-    return env
+def test_generated_constants_match_the_p4_source():
+    fresh, _ = genconsts.split_halves(genconsts.render(paths.p4_dir(), None))
+    committed, _ = genconsts.split_halves(COMMITTED)
+    assert committed == fresh, ("homagg/_p4consts.py is out of date with p4/include: run "
+                                "`homagg-ctl build` (or python -m homagg.controller.genconsts)")
 
 
-def p4_header_fields(name: str) -> list[tuple[str, int]]:
-    text = (P4 / "include" / "headers.p4").read_text()
-    body = re.search(rf"header\s+{name}\s*{{(.*?)}}", text, re.S).group(1)
-    return [(f, int(w)) for w, f in re.findall(r"bit<(\d+)>\s+(\w+);", body)]
+@pytest.mark.skipif(bool(missing("p4c-bm2-ss")), reason=f"P4Info half: {missing('p4c-bm2-ss')}")
+def test_generated_names_match_the_compiled_p4info(tmp_path):
+    from homagg.controller.build import build
+
+    p = build(tmp_path, force=True, regenerate=False)
+    fresh = genconsts.render(paths.p4_dir(), genconsts.parse_p4info(p.p4info))
+    assert COMMITTED == fresh, "homagg/_p4consts.py is out of date: run `homagg-ctl build`"
 
 
-C = p4_constants()
-
-SCALARS = [
-    "HOMAGG_UDP_PORT_MIN", "HOMAGG_UDP_PORT_MAX", "HOMAGG_VERSION", "OP_ADD", "OP_OR",
-    "FLAG_RESULT", "FLAG_OVERFLOW", "FLAG_PHASE", "FLAG_RETRANS", "FLAG_STATUS", "WORDS_PER_PACKET",
-    "HOMAGG_HDR_BYTES", "HOMAGG_PAYLOAD_BYTES", "HOMAGG_UDP_LEN", "HOMAGG_IPV4_LEN",
-    "SLOT_INDEX_WIDTH", "SLOTS", "SLOT_STATE_SIZE", "MAX_WORKERS", "JOB_ID_WIDTH", "MAX_JOBS",
-    "STATS_SIZE", "EPOCH_STORE", "FWD_STATS_SIZE", "JOB_STATS_PER_JOB", "JOB_STATS_SIZE", "RID_WORKER_OFFSET",
-]
-
-
-@pytest.mark.parametrize("name", SCALARS)
-def test_scalar_constant_matches_p4(name):
-    assert name in C, f"{name} missing from constants.p4"
-    assert getattr(wire, name) == C[name]
-
-
-def test_counter_indices_match_p4():
-    for table in (wire.STATS, wire.FWD_STATS, wire.JOB_STATS):
-        for index, name in table.items():
-            assert C.get(name) == index, name
-    p4_stats = {k for k in C if k.startswith(("STAT_", "DROP_"))}
-    assert p4_stats == set(wire.STATS.values())
+def test_counter_groups_are_complete_and_fit():
+    drops = {k for k in vars(_p4consts) if k.startswith(("STAT_", "DROP_"))}
+    assert drops == set(wire.STATS.values())
     assert max(wire.STATS) < wire.EPOCH_STORE < wire.STATS_SIZE
     assert max(wire.FWD_STATS) < wire.FWD_STATS_SIZE
+    assert max(wire.JOB_STATS) < wire.JOB_STATS_PER_JOB
+    assert wire.NO_DROP not in wire.STATS and wire.NO_DROP >= wire.STATS_SIZE
 
 
 def test_port_range_is_one_ternary_block():
@@ -73,32 +44,36 @@ def test_port_range_is_one_ternary_block():
     assert wire.HOMAGG_UDP_PORT_MAX == wire.HOMAGG_UDP_PORT_MIN | 0xF
 
 
-def test_header_layout_matches_p4():
-    fields = p4_header_fields("homagg_h")
-    assert [f for f, _ in fields] == ["version", "op", "flags", "job", "worker", "reserved",
-                                      "slot", "seq"]
-    assert sum(w for _, w in fields) == 8 * wire.HOMAGG_HDR_BYTES == 8 * wire.HEADER.size
-    # struct layout: each struct field carries the P4 fields of the same bytes
+def test_header_derives_from_the_p4_field_list():
+    assert [f for f, _ in wire.HEADER_FIELDS] == ["version", "op", "flags", "job", "worker",
+                                                  "reserved", "slot", "seq"]
+    assert sum(w for _, w in wire.HEADER_FIELDS) == 8 * wire.HOMAGG_HDR_BYTES == 8 * wire.HEADER.size
     assert wire.HEADER.format == "!BBHBBHI"
+    assert wire.OFFSETS == {"version_op": 0, "flags": 1, "job": 2, "worker": 4, "reserved": 5,
+                            "slot": 6, "seq": 8, "words": 12}
+    assert wire.PACKET_DTYPE.names[:-1] == tuple(wire.OFFSETS)[:-1]
 
 
 def test_words_field_holds_exactly_the_packet_words():
-    fields = p4_header_fields("words_h")
-    assert fields == [("w", 32 * wire.WORDS_PER_PACKET)]
-    lanes = (P4 / "include" / "lanes.p4").read_text()
-    assert f"#define WORDS_BITS {32 * wire.WORDS_PER_PACKET}" in lanes
+    assert wire.WORDS_BITS == 32 * wire.WORDS_PER_PACKET
+    lanes = (paths.p4_dir() / "include" / "lanes.p4").read_text()
+    import re
+
     sign = re.search(r"const words_t LANE_SIGN = 0x([0-9a-fA-F]+);", lanes).group(1)
     assert sign.lower() == "80000000" * wire.WORDS_PER_PACKET
 
 
-def test_status_words_fit_in_the_packet():
-    assert wire.STATUS_WORD + 3 == wire.WORDS_PER_PACKET
-
-
 def test_lengths_are_consistent():
+    assert wire.STATUS_WORD + 3 == wire.WORDS_PER_PACKET
     assert wire.HOMAGG_PAYLOAD_BYTES == 4 * wire.WORDS_PER_PACKET
     assert wire.HOMAGG_UDP_LEN == 8 + wire.HOMAGG_HDR_BYTES + wire.HOMAGG_PAYLOAD_BYTES
     assert wire.HOMAGG_IPV4_LEN == 20 + wire.HOMAGG_UDP_LEN
+    assert wire.SLOTS == 1 << wire.SLOT_INDEX_WIDTH and wire.MAX_JOBS == 1 << wire.JOB_ID_WIDTH
+
+
+def test_verdict_enum_comes_from_p4():
+    assert wire.VERDICTS == {"ACCEPT": 0, "RETRANS_REPLY": 1, "DUP_PENDING": 2,
+                             "SEQ_MISMATCH": 3, "STALE": 4}
 
 
 def test_pack_unpack_round_trip():
@@ -113,6 +88,15 @@ def test_pack_unpack_round_trip():
 def test_pack_pads_and_accepts_bitsets():
     p = wire.unpack(wire.pack(wire.OP_OR, 0, 0, 0, 1, np.array([0xFFFFFFFF, 1], np.uint32)))
     assert p.words[0] == -1 and p.words[1] == 1 and not p.words[2:].any()
+
+
+def test_status_reply_round_trip():
+    seen, count = (1 << 63) | (1 << 33) | 5, 4
+    words = wire.status_words(seen, count)
+    assert not words[:wire.STATUS_WORD].any()
+    p = wire.unpack(wire.pack(wire.OP_ADD, 1, 0, 0, 1, words,
+                              flags=wire.FLAG_RESULT | wire.FLAG_STATUS))
+    assert p.status == (seen, count)
 
 
 @pytest.mark.parametrize("buf,reason", [

@@ -1,10 +1,13 @@
-/* homagg: every constant and size, in one place.
+/* homagg: every protocol constant, in one place (sizes are in size.p4).
  *
- * Python reads the same values from host_agent/wire.py; bmv2_tests/test_constants.py (runs
- * everywhere) parses this file and fails if the two ever drift.
+ * Python never retypes these: homagg/_p4consts.py is generated from this directory
+ * (homagg.controller.genconsts, run by `homagg-ctl build`), and tests/test_constants.py fails
+ * if the committed file differs from what the generator makes now.
  */
 #ifndef HOMAGG_CONSTANTS_P4
 #define HOMAGG_CONSTANTS_P4
+
+#include "size.p4"
 
 /* ---- wire protocol ---------------------------------------------------------------------- */
 /* Workers send to the switch's address on a UDP port in [MIN, MAX]: several agents may share a
@@ -30,31 +33,18 @@ const bit<8>  FLAG_STATUS    = 0x08;   /* reply to a retransmission of an unfini
  * fewer, larger packets aggregate more elements per second. The header below has exactly this
  * many word fields and ingress exactly this many register lanes. */
 #define WORDS_PER_PACKET 64
+/* A status reply (FLAG_STATUS) carries the contributors bitmap (high, low) and their count in
+ * its last three words, from STATUS_WORD on: the low end of the words field, because bmv2
+ * limits wide shifts (reply.p4). */
+const bit<32> STATUS_WORD = WORDS_PER_PACKET - 3;
 const bit<16> HOMAGG_HDR_BYTES     = 12;
 const bit<16> HOMAGG_PAYLOAD_BYTES = 256;   /* 4 * WORDS_PER_PACKET */
 const bit<16> HOMAGG_UDP_LEN       = 276;   /* 8 (UDP) + 12 (homagg) + 256 (words) */
 const bit<16> HOMAGG_IPV4_LEN      = 296;   /* 20 (IPv4, no options) + HOMAGG_UDP_LEN */
 
-/* ---- switch memory ---------------------------------------------------------------------- */
-/* Slots: the streaming pool shared by all jobs. A job owns a region [base, base + size). Each
- * slot has two copies (phase 0/1, the shadow copy), so registers have 2 * SLOTS entries.
- * 1024 slots x 2 x 64 lanes x 4 B = 512 KiB of register state: trivial for bmv2, and enough for
- * 8 jobs with a window of 128 packets each. */
-#define SLOT_INDEX_WIDTH 10
-#define SLOTS (1 << SLOT_INDEX_WIDTH)
-#define SLOT_STATE_SIZE (2 << SLOT_INDEX_WIDTH)                /* two copies per slot */
-
-/* Workers per job: one bit each in the slot's worker bitmap. */
-#define MAX_WORKERS 64
-typedef bit<64> worker_bitmap_t;
-
-/* Jobs: ids index the per-job counters. */
-#define JOB_ID_WIDTH 6
-#define MAX_JOBS (1 << JOB_ID_WIDTH)
-
 /* ---- counters ---------------------------------------------------------------------------- */
-/* Switch-wide: index = reason. */
-#define STATS_SIZE 32
+/* Switch-wide (STATS_SIZE cells): index = reason. A new drop reason is one line here, and
+ * one use where the packet is dropped; Python learns it from the generated constants. */
 const bit<32> STAT_RX              = 0;   /* homagg packets addressed to the switch */
 const bit<32> STAT_ACCEPTED        = 1;   /* contributions added into a slot */
 const bit<32> STAT_COMPLETED       = 2;   /* slot rounds completed (results multicast) */
@@ -78,20 +68,20 @@ const bit<32> DROP_SPOOFED         = 16;  /* a registered sender's address from 
  * lifetime, across controller restarts, and restart with the registers when the switch does. */
 const bit<32> EPOCH_STORE          = 31;
 
-/* Plain traffic (forwarding control): index = outcome. */
-#define FWD_STATS_SIZE 4
+/* Plain traffic (forwarding control, FWD_STATS_SIZE cells): index = outcome. */
 const bit<32> FWD_ROUTED           = 0;   /* IPv4 packets routed */
 const bit<32> FWD_ARP_REPLIES      = 1;   /* ARP requests answered (proxy ARP) */
 const bit<32> FWD_NO_ROUTE         = 2;   /* no route, TTL expired, or neither IPv4 nor ARP */
 const bit<32> FWD_SPOOFED          = 3;   /* UDP from a homagg port: only the switch sends those */
 
-/* Per job: index = job * JOB_STATS_PER_JOB + kind. */
-#define JOB_STATS_PER_JOB 4
-#define JOB_STATS_SIZE (MAX_JOBS * JOB_STATS_PER_JOB)
+/* Per job (JOB_STATS_SIZE cells): index = job * JOB_STATS_PER_JOB + kind. */
 const bit<32> JOB_STAT_ACCEPTED    = 0;
 const bit<32> JOB_STAT_COMPLETED   = 1;
 const bit<32> JOB_STAT_RETRANS     = 2;   /* retransmissions seen (replied or dropped) */
 const bit<32> JOB_STAT_DROPPED     = 3;   /* dropped after the job was identified */
+
+/* Not a counter: what admission leaves in meta.drop_reason when a packet passes. */
+const bit<32> NO_DROP = 0xFF;
 
 /* Replication ids: worker w of a job is rid w + 1 in the job's multicast group. */
 const bit<16> RID_WORKER_OFFSET = 1;

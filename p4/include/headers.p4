@@ -3,6 +3,7 @@
 #define HOMAGG_HEADERS_P4
 
 #include "constants.p4"
+#include "types.p4"
 
 header ethernet_h {
     bit<48> dst_addr;
@@ -75,11 +76,11 @@ header homagg_h {
     bit<4>  version;
     bit<4>  op;
     bit<8>  flags;
-    bit<16> job;
-    bit<8>  worker;
+    bit<16> job;        /* job_id_t */
+    bit<8>  worker;     /* worker_id_t */
     bit<8>  reserved;
-    bit<16> slot;
-    bit<32> seq;
+    bit<16> slot;       /* slot_t */
+    bit<32> seq;        /* seq_t */
 }
 
 /* WORDS_PER_PACKET words as one field (lanes.p4 says why): word 0, first on the wire, is
@@ -98,19 +99,28 @@ struct headers_t {
 }
 
 struct metadata_t {
-    bit<1>  to_switch;      /* homagg packet addressed to the switch itself */
-    bit<1>  mcast_result;   /* egress rewrites the destination per replica */
-    bit<16> job;
-    bit<8>  worker;
-    bit<8>  workers;
-    bit<16> epoch;
-    bit<16> region_base;
-    bit<16> region_size;
-    bit<16> mcast_group;
-    bit<9>  sender_port;    /* the switch port the sender is cabled to */
-    bit<32> idx;            /* slot state index: 2 * (region_base + slot) + phase */
-    bit<1>  first;          /* this packet starts a new round of its slot copy */
-    bit<1>  overflow;       /* some lane of this packet's add overflowed */
+    bit<1>          to_switch;      /* homagg packet addressed to the switch itself */
+    bit<1>          mcast_result;   /* egress rewrites the destination per replica */
+    /* admission: the job table's entry for the sender */
+    bit<32>         drop_reason;    /* a DROP_* counter index, or NO_DROP */
+    bit<1>          job_known;      /* the sender matched the job table (per-job counters) */
+    job_id_t        job;
+    worker_id_t     worker;
+    bit<8>          workers;
+    epoch_t         epoch;
+    bit<16>         region_base;
+    bit<16>         region_size;
+    bit<16>         mcast_group;
+    bit<9>          sender_port;    /* the switch port the sender is cabled to */
+    /* slot state */
+    slot_index_t    idx;            /* 2 * (region_base + slot) + phase */
+    Verdict         verdict;
+    bit<1>          first;          /* this packet starts a new round of its slot copy */
+    bit<1>          complete;       /* this packet completes its round */
+    bit<8>          count;          /* contributions so far, this one included */
+    worker_bitmap_t seen;           /* contributors so far (status replies) */
+    bit<1>          overflowed;     /* some add of this round overflowed (this one included) */
+    bit<1>          overflow;       /* some lane of this packet's add overflowed */
 }
 
 #endif

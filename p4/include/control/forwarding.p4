@@ -5,8 +5,6 @@
 #ifndef HOMAGG_FORWARDING_P4
 #define HOMAGG_FORWARDING_P4
 
-#include "headers.p4"
-
 const bit<16> ARP_OPER_REQUEST = 1;
 const bit<16> ARP_OPER_REPLY   = 2;
 
@@ -27,10 +25,10 @@ control Forwarding(inout headers_t hdr, inout standard_metadata_t standard_metad
     }
 
     table arp_proxy {
-        key = { hdr.arp.tpa: exact; }
+        key = { hdr.arp.tpa: exact @name("tpa"); }
         actions = { arp_reply; NoAction; }
         default_action = NoAction();
-        size = 1024;
+        size = ARP_TABLE_SIZE;
     }
 
     action route(bit<9> port, bit<48> src_mac, bit<48> dst_mac) {
@@ -42,10 +40,10 @@ control Forwarding(inout headers_t hdr, inout standard_metadata_t standard_metad
     }
 
     table ipv4_route {
-        key = { hdr.ipv4.dst_addr: lpm; }
+        key = { hdr.ipv4.dst_addr: lpm @name("dst_addr"); }
         actions = { route; NoAction; }
         default_action = NoAction();
-        size = 1024;
+        size = ROUTE_TABLE_SIZE;
     }
 
     apply {

@@ -1,0 +1,65 @@
+/* homagg: admission. Who may send, and is the packet well formed?
+ *
+ * The job table maps (source address, source port) to the sender's job, worker id, the job's
+ * size, epoch, slot region, multicast group and the switch port the worker is cabled to. Every
+ * check leaves its DROP_* reason in meta.drop_reason (NO_DROP when the packet passes), and
+ * meta.job_known says whether the per-job counters apply; Aggregation counts.
+ */
+#ifndef HOMAGG_ADMISSION_P4
+#define HOMAGG_ADMISSION_P4
+
+control Admission(inout headers_t hdr, inout metadata_t meta,
+                  in standard_metadata_t standard_metadata) {
+    action set_worker(job_id_t job, worker_id_t worker, bit<8> workers, epoch_t epoch,
+                      bit<16> region_base, bit<16> region_size, bit<16> mcast_group,
+                      bit<9> port) {
+        meta.sender_port = port;
+        meta.job = job;
+        meta.worker = worker;
+        meta.workers = workers;
+        meta.epoch = epoch;
+        meta.region_base = region_base;
+        meta.region_size = region_size;
+        meta.mcast_group = mcast_group;
+    }
+
+    table job_workers {
+        key = {
+            hdr.ipv4.src_addr: exact @name("src_addr");
+            hdr.udp.src_port: exact @name("src_port");
+        }
+        actions = { set_worker; NoAction; }
+        default_action = NoAction();
+        size = JOB_TABLE_SIZE;
+    }
+
+    apply {
+        meta.drop_reason = NO_DROP;
+        meta.job_known = 0;
+        if (standard_metadata.parser_error != error.NoError || !hdr.words.isValid()) {
+            meta.drop_reason = DROP_MALFORMED;
+        } else if (hdr.ipv4.total_len != HOMAGG_IPV4_LEN || hdr.udp.length != HOMAGG_UDP_LEN) {
+            meta.drop_reason = DROP_BAD_LENGTH;
+        } else if (hdr.homagg.version != HOMAGG_VERSION) {
+            meta.drop_reason = DROP_BAD_VERSION;
+        } else if (hdr.homagg.op != OP_ADD && hdr.homagg.op != OP_OR) {
+            meta.drop_reason = DROP_BAD_OP;
+        } else if ((hdr.homagg.flags & FLAG_RESULT) != 0) {
+            meta.drop_reason = DROP_FORGED_RESULT;
+        } else if (!job_workers.apply().hit) {
+            meta.drop_reason = DROP_UNKNOWN_SENDER;
+        } else {
+            meta.job_known = 1;
+            if (standard_metadata.ingress_port != meta.sender_port) {
+                /* Source addresses are easy to forge; the port a worker is cabled to is not. */
+                meta.drop_reason = DROP_SPOOFED;
+            } else if (hdr.homagg.job != meta.job || hdr.homagg.worker != meta.worker) {
+                meta.drop_reason = DROP_WRONG_IDENTITY;
+            } else if (hdr.homagg.slot >= meta.region_size) {
+                meta.drop_reason = DROP_BAD_SLOT;
+            }
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,58 @@
+/* homagg: what goes back, by verdict. A completed round is multicast to the job's workers
+ * (ResultAddressing addresses each replica in egress); a retransmission of a finished round
+ * gets the result by unicast (FLAG_RETRANS); one of an unfinished round gets a status reply
+ * naming the contributors so far (FLAG_STATUS), which is how an agent names a dead peer. */
+#ifndef HOMAGG_REPLY_P4
+#define HOMAGG_REPLY_P4
+
+control Reply(inout headers_t hdr, inout metadata_t meta,
+              inout standard_metadata_t standard_metadata) {
+    /* Results come from the switch's address and homagg port. */
+    action from_switch() {
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.udp.src_port = hdr.udp.dst_port;
+        hdr.udp.checksum = 0;
+        hdr.ipv4.ttl = 64;
+    }
+
+    /* Send this packet back where it came from, from the switch's address. */
+    action to_sender() {
+        bit<48> mac = hdr.ethernet.dst_addr;
+        hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
+        hdr.ethernet.src_addr = mac;
+        bit<32> ip = hdr.ipv4.dst_addr;
+        hdr.ipv4.dst_addr = hdr.ipv4.src_addr;
+        hdr.ipv4.src_addr = ip;
+        bit<16> port = hdr.udp.dst_port;
+        hdr.udp.dst_port = hdr.udp.src_port;
+        hdr.udp.src_port = port;
+        hdr.udp.checksum = 0;
+        hdr.ipv4.ttl = 64;
+        standard_metadata.egress_spec = standard_metadata.ingress_port;
+    }
+
+    apply {
+        bit<8> phase = hdr.homagg.flags & FLAG_PHASE;
+        bit<8> overflow = (meta.overflowed == 1) ? FLAG_OVERFLOW : 8w0;
+        if (meta.verdict == Verdict.ACCEPT && meta.complete == 1) {
+            hdr.homagg.flags = FLAG_RESULT | phase | overflow;
+            from_switch();
+            standard_metadata.mcast_grp = meta.mcast_group;
+            meta.mcast_result = 1;
+        } else if (meta.verdict == Verdict.RETRANS_REPLY) {
+            hdr.homagg.flags = FLAG_RESULT | FLAG_RETRANS | phase | overflow;
+            to_sender();
+        } else if (meta.verdict == Verdict.DUP_PENDING) {
+            hdr.homagg.flags = FLAG_RESULT | FLAG_STATUS | phase;
+            /* words STATUS_WORD..: contributors bitmap (high, low), then their count (the low
+             * end of the field: a wide shift up to word 0 is beyond bmv2's limit) */
+            hdr.words.w = (words_t)(meta.seen ++ (bit<32>)meta.count);
+            to_sender();
+        }
+        /* else: absorbed (an accepted, unfinished contribution) or dropped; the packet stays
+         * marked to drop */
+    }
+}
+
+#endif

@@ -1,0 +1,24 @@
+/* homagg: the types every control shares (P4_16 spec naming: _t for types). */
+#ifndef HOMAGG_TYPES_P4
+#define HOMAGG_TYPES_P4
+
+#include "size.p4"
+
+typedef bit<16> job_id_t;        /* header job field; < MAX_JOBS for the per-job counters */
+typedef bit<8>  worker_id_t;     /* < MAX_WORKERS */
+typedef bit<16> slot_t;          /* a slot within the job's region */
+typedef bit<32> seq_t;           /* round tag, compared with serial arithmetic */
+typedef bit<16> epoch_t;         /* job incarnation, handed out by the controller */
+typedef bit<32> slot_index_t;    /* 2 * (region_base + slot) + phase, < SLOT_STATE_SIZE */
+typedef bit<MAX_WORKERS> worker_bitmap_t;
+
+/* What the slot state machine decides for a contribution that passed admission. */
+enum bit<8> Verdict {
+    ACCEPT        = 0,   /* added (or overwrote, first of a round) */
+    RETRANS_REPLY = 1,   /* a duplicate of a finished round: its result goes back by unicast */
+    DUP_PENDING   = 2,   /* a duplicate of an unfinished round: a status reply goes back */
+    SEQ_MISMATCH  = 3,   /* a contribution for another round than the slot's */
+    STALE         = 4    /* a round that already finished, or an older one */
+}
+
+#endif
