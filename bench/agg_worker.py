@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from homagg import wire
-from homagg.host_agent.agent import Agent, AgentConfig
+from homagg.host_agent import Agent, AgentConfig, codec
 from homagg.host_agent.cli import bench_tensor as _tensor
 
 
@@ -28,10 +28,10 @@ def main(argv=None) -> int:
     p.add_argument("--job", type=int, required=True)
     p.add_argument("--worker", type=int, required=True)
     p.add_argument("--workers", type=int, required=True)
-    p.add_argument("--switch", default="10.0.0.254")
+    p.add_argument("--switch", default=wire.DEFAULT_SWITCH_IP)
     p.add_argument("--bind", required=True, help="IP:PORT")
     p.add_argument("--slots", type=int, default=64)
-    p.add_argument("--mode", default="auto", choices=["auto", "dense", "union", "sketch"])
+    p.add_argument("--mode", default=codec.AUTO, choices=[codec.AUTO, *codec.MODES])
     p.add_argument("--size", type=int, default=1_000_000)
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--iterations", type=int, default=5)

@@ -12,6 +12,7 @@ any worker's support (about 1 - (1 - d)**W of the tensor).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 
@@ -88,7 +89,7 @@ def run(sizes, densities, workers, repeat, seed=11):
             exact = np.sum(np.stack(ints).astype(np.int64), axis=0)
             union_words = codec.switch_or([s.words for s in sparse])
             union = codec.union_indices(union_words, n)
-            copy = lambda: xs[0].copy()  # noqa: E731 - the issue's baseline
+            copy = xs[0].copy  # the baseline
             for mode in ("auto", "union", "sketch"):
                 res = codec.simulate(ints, seed, mode=mode)
                 ok = np.array_equal(res.total.astype(np.int64), exact)
@@ -107,12 +108,13 @@ def run(sizes, densities, workers, repeat, seed=11):
                     out = one_worker(xs[0], shift, union_words, agg, real, seed, resid)
                     want = np.ldexp(exact.astype(np.float64), -shift).astype(np.float32)
                     ok = ok and np.array_equal(out.view(np.uint32), want.view(np.uint32))
-                    fn = lambda: one_worker(xs[0], shift, union_words, agg, real, seed,  # noqa
-                                            resid)
+                    fn = functools.partial(one_worker, xs[0], shift, union_words, agg, real,
+                                           seed, resid)
                 copy_ts, ts = interleaved([copy, fn], repeat)
                 copy_t, t = np.median(copy_ts), np.median(ts)
                 label = f"{mode}>{real}" if mode == "auto" else real
-                print(f"{n:>10} {d:>8.3%} {res.u / n:>7.2%} {label:>7} {('yes' if ok else 'NO'):>5} "
+                print(f"{n:>10} {d:>8.3%} {res.u / n:>7.2%} {label:>7} "
+                      f"{('yes' if ok else 'NO'):>5} "
                       f"{res.ratio:>10.2%} {res.peel_rounds:>8} {res.unresolved:>6} "
                       f"{copy_t * 1e3:>8.2f} {t * 1e3:>10.2f} {t / copy_t:>7.2f} "
                       f"{ts.min() / copy_ts.min():>7.2f}", flush=True)

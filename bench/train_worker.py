@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from homagg import wire
 from homagg.host_agent.workloads import GMF, NCFConfig, SyntheticData
 
 
 def homagg_sum(a):
-    from homagg import wire
-    from homagg.host_agent.agent import Agent, AgentConfig
+    from homagg.host_agent import Agent, AgentConfig
 
     ip, _, port = a.bind.partition(":")
     agent = Agent(AgentConfig(1, a.worker, a.workers, (a.switch, wire.HOMAGG_UDP_PORT_MIN),
@@ -79,8 +79,8 @@ def main(argv=None) -> int:
     p.add_argument("--mode", default="auto", choices=["auto", "dense"])
     p.add_argument("--worker", type=int, required=True)
     p.add_argument("--workers", type=int, required=True)
-    p.add_argument("--switch", default="10.0.0.254")
-    p.add_argument("--bind", default="0.0.0.0:50000")
+    p.add_argument("--switch", default=wire.DEFAULT_SWITCH_IP)
+    p.add_argument("--bind", default=f"0.0.0.0:{wire.DEFAULT_AGENT_PORT}")
     p.add_argument("--slots", type=int, default=64)
     p.add_argument("--master", default="10.0.0.1:29500")
     p.add_argument("--iterations", type=int, default=20)

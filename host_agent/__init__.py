@@ -1,5 +1,11 @@
-"""homagg host agent: the codec, the wire protocol, and the reliable all-reduce."""
+"""homagg host agent: the codec, the wire protocol, and the reliable all-reduce.
 
-from homagg.host_agent.agent import Agent, AgentConfig, AgentError, AggregationTimeout
+``allreduce`` (the Agent: negotiation, modes, rescaling) over ``transport`` (the slot pool,
+retransmission, deadline, with ``rto``'s timeout), configured by ``config``; ``codec`` holds
+the encodings; ``torch_hook`` plugs the agent into DDP.
+"""
+
+from homagg.host_agent.allreduce import Agent
+from homagg.host_agent.config import AgentConfig, AgentError, AggregationTimeout
 
 __all__ = ["Agent", "AgentConfig", "AgentError", "AggregationTimeout"]

@@ -22,8 +22,7 @@ import numpy as np
 
 from homagg import wire
 from homagg.faults import FaultSpec
-from homagg.host_agent import codec
-from homagg.host_agent.agent import Agent, AgentConfig, AgentError
+from homagg.host_agent import Agent, AgentConfig, AgentError, codec
 
 
 def _addr(text: str, default_port: int) -> tuple[str, int]:
@@ -37,8 +36,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--job", type=int, required=True)
     p.add_argument("--worker", type=int, required=True)
     p.add_argument("--workers", type=int, required=True)
-    p.add_argument("--switch", default="10.0.0.254", help="IP[:PORT] of the switch/aggregator")
-    p.add_argument("--bind", default="0.0.0.0:50000", help="IP[:PORT] this agent sends from")
+    p.add_argument("--switch", default=wire.DEFAULT_SWITCH_IP,
+                   help="IP[:PORT] of the switch/aggregator")
+    p.add_argument("--bind", default=f"0.0.0.0:{wire.DEFAULT_AGENT_PORT}",
+                   help="IP[:PORT] this agent sends from")
     p.add_argument("--slots", type=int, default=64, help="the job's slot region size")
     p.add_argument("--timeout", type=float, default=0.05,
                    help="initial retransmission timeout (s); measured round trips take over")
@@ -46,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
                    help="cap of the retransmission timeout's backoff (s)")
     p.add_argument("--deadline", type=float, default=10.0, help="error after this long stuck")
     p.add_argument("--rate", type=float, help="pace sends to this many packets/s")
-    p.add_argument("--mode", default="auto", choices=["auto", "dense", "union", "sketch"])
+    p.add_argument("--mode", default=codec.AUTO, choices=[codec.AUTO, *codec.MODES])
     p.add_argument("--seed", type=int, default=0, help="data seed (same on every worker)")
     f = p.add_argument_group("fault injection (tests, demos; at this agent's socket)")
     f.add_argument("--inject-loss", type=float, default=0.0, metavar="PCT",
@@ -139,7 +140,7 @@ def run_train(agent: Agent, a) -> dict:
         u, i, y = data.batch(it, a.worker)
         loss, grads = model.loss_and_grads(u, i, y)
         losses = None
-        others = None
+        others: list = []
         if a.check:
             others = [model.loss_and_grads(*data.batch(it, w)) for w in range(a.workers)]
             losses = [o[0] for o in others]
@@ -167,8 +168,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = AgentConfig(a.job, a.worker, a.workers, _addr(a.switch, wire.HOMAGG_UDP_PORT_MIN),
-                          _addr(a.bind, 50000), a.slots, timeout=a.timeout, deadline=a.deadline,
-                          max_timeout=a.max_timeout,
+                          _addr(a.bind, wire.DEFAULT_AGENT_PORT), a.slots, timeout=a.timeout,
+                          deadline=a.deadline, max_timeout=a.max_timeout,
                           rate_pps=a.rate, mode=a.mode, shift_bias=a.shift_bias,
                           faults=FaultSpec(a.inject_loss / 100, a.inject_dup / 100,
                                            a.inject_reorder / 100, seed=1000 * a.job + a.worker))

@@ -13,7 +13,7 @@ optional dependency (the CPU build is enough); only this module imports it.
 import numpy as np
 import torch
 
-from homagg.host_agent.agent import Agent
+from homagg.host_agent.allreduce import Agent
 
 
 def homagg_hook(agent: Agent, bucket: torch.distributed.GradBucket

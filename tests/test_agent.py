@@ -13,8 +13,7 @@ import pytest
 
 from homagg import wire
 from homagg.faults import FaultSpec
-from homagg.host_agent import codec
-from homagg.host_agent.agent import Agent, AgentConfig, AgentError, AggregationTimeout
+from homagg.host_agent import Agent, AgentConfig, AgentError, AggregationTimeout, codec
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
 
 _switch_ips = itertools.count(2)
@@ -123,9 +122,9 @@ def test_allreduce_int_is_the_integer_sum(make_job):
 def test_lossy_duplicating_reordering_network_stays_exact(make_job):
     job = make_job(4, faults=FaultSpec(loss=0.05, dup=0.05, reorder=0.1, seed=3))
     rng = np.random.default_rng(3)
-    for it in range(3):
+    for _ in range(3):
         xs = sparse_tensors(rng, 4, 50_000, 0.01)
-        res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+        res, err = job.run(lambda a, w, xs=xs: a.allreduce_detailed(xs[w]))
         assert not any(err), err
         assert_exact(res, xs)
     assert sum(a.counters.retransmissions for a in job.agents) > 0
@@ -136,7 +135,7 @@ def test_many_tensors_of_odd_sizes_in_sequence(make_job):
     rng = np.random.default_rng(4)
     for n in (1, 63, 64, 65, 1000, 4097):
         xs = [rng.standard_normal(n).astype(np.float32) for _ in range(2)]
-        res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+        res, err = job.run(lambda a, w, xs=xs: a.allreduce_detailed(xs[w]))
         assert not any(err), err
         assert_exact(res, xs)
 
@@ -167,7 +166,7 @@ def test_overflow_is_rescaled_never_wrapped(make_job, monkeypatch, mode):
     # A scale 7 bits too fine (headroom 16 and 4 workers leave 6): 1.5 * 2**30 overflows once
     # two workers are added, the switch flags it, and every worker rescales the same way.
     real = codec.shift_for
-    monkeypatch.setattr("homagg.host_agent.agent.codec.shift_for", lambda *a: real(*a) + 7)
+    monkeypatch.setattr("homagg.host_agent.allreduce.codec.shift_for", lambda *a: real(*a) + 7)
     job = make_job(4, mode=mode)
     x = np.zeros(1000, np.float32)
     x[::10] = 1.5
@@ -235,9 +234,9 @@ def test_faults_injected_at_every_agent_socket_stay_exact(make_job):
     job = make_job(4, deadline=10,
                    per_worker=lambda w: {"faults": FaultSpec(0.10, 0.05, 0.10, seed=w)})
     rng = np.random.default_rng(11)
-    for it in range(3):
+    for _ in range(3):
         xs = sparse_tensors(rng, 4, 30_000, 0.01)
-        res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+        res, err = job.run(lambda a, w, xs=xs: a.allreduce_detailed(xs[w]))
         assert not any(err), err
         assert_exact(res, xs)
     socks = [a.sock for a in job.agents]

@@ -1,10 +1,12 @@
 """The codec is exact: every mode returns, bit for bit, the integer sum of the workers' arrays."""
 
+import inspect
+
 import numpy as np
 import pytest
 
 from homagg.host_agent import codec
-from homagg.host_agent.codec import AggregationOverflow, CodecError, simulate
+from homagg.host_agent.codec import AggregationOverflow, CodecError, kernels, simulate
 
 ALL_MODES = ["auto", "dense", "union", "sketch"]
 
@@ -189,7 +191,8 @@ def test_quantized_job_sums_fit_with_headroom():
     res = assert_exact(qs, "dense")
     # Dequantized sum is within rounding of the float sum; the int sum itself is exact.
     ref = np.sum(np.stack(xs).astype(np.float64), axis=0)
-    assert np.max(np.abs(codec.dequantize(res.total, shift, np.float64) - ref)) <= workers * 2.0**-shift
+    err = np.abs(codec.dequantize(res.total, shift, np.float64) - ref)
+    assert np.max(err) <= workers * 2.0**-shift
 
 
 def test_sparse_from_float_quantizes_only_nonzeros():
@@ -249,19 +252,39 @@ def test_choose_mode_follows_the_byte_count():
 
 # --- compiled kernels against the numpy reference ---------------------------------------------
 
-needs_jit = pytest.mark.skipif(not codec.USE_JIT, reason="numba not installed")
+needs_jit = pytest.mark.skipif(kernels.JIT is None, reason="numba not installed")
 
 
 @pytest.fixture
-def reference(monkeypatch):
-    """Run a callable with the numpy reference path (compiled kernels off)."""
+def reference():
+    """Run a callable with the numpy reference kernels (compiled kernels off)."""
 
     def run(fn, *args, **kw):
-        with monkeypatch.context() as m:
-            m.setattr(codec, "USE_JIT", False)
+        with kernels.using("ref"):
             return fn(*args, **kw)
 
     return run
+
+
+def select_kernels(monkeypatch, jit: bool) -> None:
+    """Run the rest of the test on the compiled kernels (jit) or on the numpy reference."""
+    if jit and kernels.JIT is None:
+        pytest.skip("numba not installed")
+    monkeypatch.setattr(kernels, "active", kernels.JIT if jit else kernels.REF)
+
+
+@needs_jit
+def test_both_kernel_sets_have_one_interface():
+    ref = {name: fn for name, fn in vars(kernels.REF).items()
+           if inspect.isfunction(fn) and not name.startswith("_")}
+    assert set(ref) >= {"scan", "set_bits", "ranks", "union_size", "encode_union",
+                        "decode_union", "hashes", "sketch_encode", "peel", "assemble", "pack"}
+    for name, fn in ref.items():
+        assert inspect.signature(getattr(kernels.JIT, name)) == inspect.signature(fn), name
+    assert kernels.active is kernels.JIT
+    with kernels.using("ref") as k:
+        assert k is kernels.active is kernels.REF
+    assert kernels.active is kernels.JIT
 
 
 def _bitmaps():
@@ -269,7 +292,7 @@ def _bitmaps():
     for n in (0, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 1000, 4097, 100_003):
         for density in (0.0, 0.01, 0.3, 0.9, 1.0):
             mask = rng.random(n) < density
-            yield n, codec._pack(mask), mask
+            yield n, kernels.REF.pack(mask), mask
 
 
 @needs_jit
@@ -283,9 +306,7 @@ def test_set_bits_matches_reference(reference):
 
 @pytest.mark.parametrize("jit", [True, False])
 def test_set_bits_ignores_bits_past_n(jit, monkeypatch):
-    if jit and not codec.USE_JIT:
-        pytest.skip("numba not installed")
-    monkeypatch.setattr(codec, "USE_JIT", jit)
+    select_kernels(monkeypatch, jit)
     full = np.full(3, 0xFFFFFFFF, np.uint32)  # a foreign bitmap with its padding bits set
     for n in (0, 1, 40, 95, 96):
         np.testing.assert_array_equal(codec.set_bits(full, n), np.arange(n))
@@ -340,7 +361,7 @@ def _peel_case(rng, u, ratio, seed):
 def test_peel_matches_reference(reference, monkeypatch, u, ratio, int32_state):
     # ratio 0.001 puts ~600 elements in a counter: past the int32 state, which hands over to numpy.
     if not int32_state:
-        monkeypatch.setattr(codec, "_PEEL_INT32_STATE_BELOW", 0)
+        monkeypatch.setattr(kernels.JIT, "_PEEL_INT32_STATE_BELOW", 0)
     rng = np.random.default_rng(u)
     union, vals, counters = _peel_case(rng, u, ratio, 3)
     got = codec.peel(counters, union, 3)
@@ -370,7 +391,7 @@ def test_assemble_matches_reference(reference, dtype, shift):
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_reference_path_is_exact(mode, monkeypatch):
-    monkeypatch.setattr(codec, "USE_JIT", False)
+    select_kernels(monkeypatch, False)
     rng = np.random.default_rng(25)
     for n, workers, density in ((33, 3, 0.1), (4099, 8, 0.05), (100_003, 8, 0.01)):
         assert_exact(sparse_workers(rng, n, workers, density), mode)
@@ -394,9 +415,7 @@ def _union_cases():
 
 @pytest.mark.parametrize("jit", [True, False])
 def test_encode_union_and_union_size_match_the_listed_union(jit, monkeypatch, reference):
-    if jit and not codec.USE_JIT:
-        pytest.skip("numba not installed")
-    monkeypatch.setattr(codec, "USE_JIT", jit)
+    select_kernels(monkeypatch, jit)
     for n, arrays in _union_cases():
         sparse = [codec.Sparse.from_dense(a) for a in arrays]
         words = codec.switch_or([s.words for s in sparse])
@@ -411,9 +430,7 @@ def test_encode_union_and_union_size_match_the_listed_union(jit, monkeypatch, re
 
 @pytest.mark.parametrize("jit", [True, False])
 def test_union_helpers_ignore_bits_past_n_and_refuse_foreign_supports(jit, monkeypatch):
-    if jit and not codec.USE_JIT:
-        pytest.skip("numba not installed")
-    monkeypatch.setattr(codec, "USE_JIT", jit)
+    select_kernels(monkeypatch, jit)
     full = np.full(3, 0xFFFFFFFF, np.uint32)  # padding bits set past n
     for n in (0, 1, 40, 95, 96):
         assert codec.union_size(full, n) == n
@@ -425,7 +442,7 @@ def test_union_helpers_ignore_bits_past_n_and_refuse_foreign_supports(jit, monke
                                       q)
     with pytest.raises(CodecError):
         codec.union_size(full, 97)
-    words = codec._pack(np.isin(np.arange(70), [2, 5, 69]))
+    words = kernels.REF.pack(np.isin(np.arange(70), [2, 5, 69]))
     q = np.zeros(70, np.int32)
     for bad in (3, 68):
         q[:] = 0
@@ -475,9 +492,7 @@ def test_scan_matches_reference(reference, dtype):
 
 @pytest.mark.parametrize("jit", [True, False])
 def test_union_mode_from_the_bitmap_is_the_exact_sum(jit, monkeypatch):
-    if jit and not codec.USE_JIT:
-        pytest.skip("numba not installed")
-    monkeypatch.setattr(codec, "USE_JIT", jit)
+    select_kernels(monkeypatch, jit)
     rng = np.random.default_rng(29)
     for n, workers, density in ((33, 3, 0.1), (4099, 8, 0.05), (100_003, 8, 0.01)):
         xs = [np.where(rng.random(n) < density, rng.standard_normal(n), 0).astype(np.float32)

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch", reason="torch not installed (optional extra
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from homagg import wire
+from homagg import wire  # noqa: E402
 from homagg.host_agent import codec  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 

@@ -1,0 +1,162 @@
+"""The codec's kernels in plain numpy: the reference the compiled ones (``_jit``) must match.
+
+These are the definitions: the tests compare every numba kernel with its twin here, bit for bit,
+and the codec runs these when numba is missing (``kernels``). Both modules have the same
+functions with the same signatures; the codec checks the arguments (sizes, ranges) before it
+calls either, and turns a ``None`` ("does not fit the union") into its CodecError.
+
+Layouts shared by both: a packed bitmap has tensor bit i at bit 7-(i%8) of byte i//8, as uint32
+words (``pack``); the sketch hash is two splitmix64 mixes per element (``M1``..``M3``), three
+counter positions, one per partition of ``part`` counters, and three signs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Counter positions per element: the hash below yields three (``sketch.K_HASHES``).
+K = 3
+
+M1 = np.uint64(0x9E3779B97F4A7C15)
+M2 = np.uint64(0xBF58476D1CE4E5B9)
+M3 = np.uint64(0x94D049BB133111EB)
+
+
+def pack(mask: np.ndarray) -> np.ndarray:
+    """Packed bitmap of a bool mask as uint32 words (no compiled twin: one numpy pass)."""
+    b = np.packbits(mask)  # zero-pads the last byte
+    pad = (-b.size) % 4
+    if pad:
+        b = np.concatenate([b, np.zeros(pad, np.uint8)])
+    return b.view(np.uint32)
+
+
+def scan(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bitmap words, sorted int64 non-zero positions, their values) of a 1-D float tensor."""
+    words = pack(x != 0)
+    idx = set_bits(words, x.size)
+    return words, idx, x[idx]
+
+
+def set_bits(words: np.ndarray, n: int) -> np.ndarray:
+    """Sorted int64 positions < n set in contiguous uint32 ``words`` (n <= 32 * words.size)."""
+    bits = np.unpackbits(words.view(np.uint8), count=n)
+    return np.flatnonzero(bits.view(bool))
+
+
+def ranks(union: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
+    """Rank of each sorted position of idx within the sorted union; None if one is not in it."""
+    r = np.searchsorted(union, idx)
+    if idx.size and (r[-1] >= union.size or not np.array_equal(union[r], idx)):
+        return None
+    return r
+
+
+def union_size(words: np.ndarray, n: int) -> int:
+    """Number of positions < n set in contiguous uint32 ``words``."""
+    return int(np.count_nonzero(np.unpackbits(words.view(np.uint8), count=n)))
+
+
+def encode_union(words: np.ndarray, n: int, idx: np.ndarray, val: np.ndarray
+                 ) -> np.ndarray | None:
+    """int32[u]: val at the union rank of each idx (0 elsewhere); None if idx leaves the union."""
+    union = set_bits(words, n)
+    r = ranks(union, idx)
+    if r is None:
+        return None
+    v = np.zeros(union.size, np.int32)
+    v[r] = val
+    return v
+
+
+def decode_union(words: np.ndarray, n: int, values: np.ndarray, shift: int, dtype
+                 ) -> np.ndarray | None:
+    """Dense float tensor: values (per union rank) / 2**shift on the union, 0 off it; None if
+    the bitmap's union size is not values.size."""
+    union = set_bits(words, n)
+    if union.size != values.size:
+        return None
+    return assemble(n, union, values, shift, dtype)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser, in place on a fresh uint64 array."""
+    x ^= x >> np.uint64(30)
+    x *= M2
+    x ^= x >> np.uint64(27)
+    x *= M3
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def hashes(idx: np.ndarray, part: int, s1: np.uint64, s2: np.uint64
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Counter positions (K, len) int64 and signs (K, len) int8 of tensor positions idx."""
+    base = idx.astype(np.uint64) * M1
+    lo32 = np.uint64(0xFFFFFFFF)
+    u32, p = np.uint64(32), np.uint64(part)
+    pos = np.empty((K, idx.size), np.int64)
+    sgn = np.empty((K, idx.size), np.int8)
+    with np.errstate(over="ignore"):
+        a = _mix(base + s1)
+        b = _mix(base + s2)
+        words = (a >> u32, a & lo32, b >> u32)
+        for j in range(K):
+            pos[j] = (words[j] * p) >> u32
+            pos[j] += j * part
+            sgn[j] = (((b >> np.uint64(j)) & np.uint64(1)).astype(np.int8) << 1) - 1
+    return pos, sgn
+
+
+def sketch_encode(idx: np.ndarray, val: np.ndarray, m: int, s1: np.uint64, s2: np.uint64
+                  ) -> np.ndarray:
+    """One worker's m count-sketch counters, unbounded (the codec range-checks them)."""
+    pos, sgn = hashes(idx, m // K, s1, s2)
+    contrib = (sgn * val.astype(np.float64)).ravel()
+    # float64 bincount is exact here: at most a few hundred terms of |v| < 2**31 per counter.
+    return np.bincount(pos.ravel(), weights=contrib, minlength=m)
+
+
+def peel(counters: np.ndarray, union: np.ndarray, s1: np.uint64, s2: np.uint64
+         ) -> tuple[np.ndarray, np.ndarray, int]:
+    """(int64 values per union rank, resolved per rank, rounds): peeling, vectorised by frontier.
+
+    A counter with one member yields it; only counters touched in the previous round are
+    re-examined.
+    """
+    u, m = union.size, counters.size
+    pos, sgn = hashes(union, m // K, s1, s2)
+    flat = pos.ravel()
+    cnt = np.bincount(flat, minlength=m)
+    # Sum of member ranks per counter: for a counter with one member it *is* that member's rank.
+    rank_list = np.tile(np.arange(u, dtype=np.float64), K)
+    ridsum = np.bincount(flat, weights=rank_list, minlength=m).astype(np.int64)
+    res = counters.astype(np.int64)
+    values = np.zeros(u, np.int64)
+    resolved = np.zeros(u, bool)
+    part = m // K
+
+    frontier = np.flatnonzero(cnt == 1)
+    rounds = 0
+    while frontier.size:
+        rounds += 1
+        r, first = np.unique(ridsum[frontier], return_index=True)
+        c = frontier[first]
+        j = c // part
+        v = sgn[j, r].astype(np.int64) * res[c]
+        values[r] = v
+        resolved[r] = True
+        touched = pos[:, r]  # (k, len)
+        np.subtract.at(res, touched.ravel(), (sgn[:, r] * v).ravel())
+        np.subtract.at(cnt, touched.ravel(), 1)
+        np.subtract.at(ridsum, touched.ravel(), np.tile(r, K))
+        t = touched.ravel()
+        frontier = np.unique(t[cnt[t] == 1])
+    return values, resolved, rounds
+
+
+def assemble(n: int, union: np.ndarray, values: np.ndarray, shift: int, dtype) -> np.ndarray:
+    """Dense float tensor: each value rounded once, from the exact values * 2**-shift."""
+    out = np.zeros(n, dtype)
+    out[union] = np.ldexp(values.astype(np.float64), -shift)
+    return out

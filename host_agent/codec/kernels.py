@@ -1,0 +1,71 @@
+"""Which kernels the codec runs: the compiled ones (``_jit``) when numba imports, else numpy's.
+
+``_ref`` (numpy) and ``_jit`` (numba) define the same functions with the same signatures; the
+codec calls ``kernels.active.<function>``, so it has no branch on numba. ``_ref`` is the
+reference: the tests run both and compare them bit for bit, selecting one with ``use`` /
+``using`` (or by setting ``active``).
+
+    pack(mask)                                -> uint32 bitmap words
+    scan(x)                                   -> (words, int64 positions, values) of non-zeros
+    set_bits(words, n)                        -> int64 positions < n set in words
+    ranks(union, idx)                         -> int64 ranks of idx in union, None if not in it
+    union_size(words, n)                      -> int
+    encode_union(words, n, idx, val)          -> int32 values by union rank, None if not in it
+    decode_union(words, n, values, shift, dt) -> dense float tensor, None on a size mismatch
+    hashes(idx, part, s1, s2)                 -> (positions, signs), each (3, len)
+    sketch_encode(idx, val, m, s1, s2)        -> m counters (unbounded)
+    peel(counters, union, s1, s2)             -> (values, resolved, rounds)
+    assemble(n, union, values, shift, dt)     -> dense float tensor
+
+``words`` are contiguous uint32 and long enough for n (the codec checks both first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+
+from homagg.host_agent.codec import _ref
+
+try:  # compiled kernels for the O(n) and O(u) loops; _ref stays the reference
+    import numba  # noqa: F401 - only to learn whether _jit can load
+except ImportError:  # pragma: no cover - numba is a declared dependency
+    _jit: ModuleType | None = None
+else:
+    from homagg.host_agent.codec import _jit
+
+#: The numpy reference kernels.
+REF: ModuleType = _ref
+#: The numba kernels, None when numba is not installed.
+JIT: ModuleType | None = _jit
+#: The kernels the codec calls now.
+active: ModuleType = JIT if JIT is not None else REF
+
+
+def _named(which: str) -> ModuleType:
+    if which == "ref":
+        return REF
+    if which == "jit":
+        if JIT is None:
+            raise RuntimeError("the compiled kernels need numba, which is not installed")
+        return JIT
+    raise ValueError(f"kernels {which!r}: 'jit' or 'ref'")
+
+
+def use(which: str) -> ModuleType:
+    """Run the codec on ``'jit'`` or ``'ref'`` from now on; returns the set used before."""
+    global active
+    before, active = active, _named(which)
+    return before
+
+
+@contextmanager
+def using(which: str) -> Iterator[ModuleType]:
+    """``with kernels.using("ref"): ...``: the codec runs on that set inside the block."""
+    global active
+    before = use(which)
+    try:
+        yield active
+    finally:
+        active = before

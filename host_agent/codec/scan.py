@@ -1,0 +1,133 @@
+"""One worker's tensor as the codec sees it, and round 1's bitmaps.
+
+``Scan.of`` reads a float tensor once for its non-zero bitmap, positions and values; ``Sparse``
+is the quantized result. The bitmap helpers read the ORed bitmap the switch returns: the union
+support U (``union_indices``), its size (``union_size``) and a worker's ranks in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from homagg.host_agent.codec import kernels
+from homagg.host_agent.codec.errors import CodecError
+from homagg.host_agent.codec.quantization import max_exponent, quantize
+
+# --------------------------------------------------------------------------------------------
+# Sparse view of one worker's tensor
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sparse:
+    """A worker's int32 tensor as sorted non-zero positions and values.
+
+    ``words``, when set, is the packed round-1 bitmap, already computed from the same scan.
+    """
+
+    n: int
+    idx: np.ndarray  # int64, sorted, unique
+    val: np.ndarray  # int32 (a tiny float may round to 0: it stays, harmlessly)
+    words: np.ndarray | None = None
+
+    @classmethod
+    def from_dense(cls, q: np.ndarray) -> Sparse:
+        q = np.asarray(q).reshape(-1)
+        if q.dtype != np.int32:
+            raise CodecError(f"expected int32 values, got {q.dtype}")
+        words = kernels.active.pack(q != 0)
+        idx = set_bits(words, q.size)
+        return cls(q.size, idx, q[idx], words)
+
+    @classmethod
+    def from_float(cls, x: np.ndarray, shift: int) -> Sparse:
+        return Scan.of(x).quantize(shift)
+
+    def to_dense(self) -> np.ndarray:
+        out = np.zeros(self.n, np.int32)
+        out[self.idx] = self.val
+        return out
+
+
+@dataclass(frozen=True)
+class Scan:
+    """One pass over a float tensor: its non-zero positions, their values and the bitmap.
+
+    Everything after the scan is O(nnz): the max exponent for the job's scale, quantization.
+    """
+
+    n: int
+    idx: np.ndarray
+    raw: np.ndarray
+    words: np.ndarray
+
+    @classmethod
+    def of(cls, x: np.ndarray) -> Scan:
+        x = np.asarray(x).reshape(-1)
+        if not np.issubdtype(x.dtype, np.floating):
+            raise CodecError(f"expected a floating-point tensor, got {x.dtype}")
+        # NaN != 0, so NaNs land in raw and max_exponent() names them
+        words, idx, raw = kernels.active.scan(x)
+        return cls(x.size, idx, raw, words)
+
+    def max_exponent(self) -> int | None:
+        try:
+            return max_exponent(self.raw)
+        except CodecError:
+            bad = int(self.idx[np.flatnonzero(~np.isfinite(self.raw))[0]])
+            raise CodecError(f"tensor has a non-finite value at index {bad}") from None
+
+    def quantize(self, shift: int) -> Sparse:
+        return Sparse(self.n, self.idx, quantize(self.raw, shift), self.words)
+
+
+# --------------------------------------------------------------------------------------------
+# Round 1: bitmaps
+# --------------------------------------------------------------------------------------------
+
+
+def bitmap_words(n: int) -> int:
+    """Number of 32-bit words in the bitmap of an n-element tensor."""
+    return (n + 31) // 32
+
+
+def bitmap(s: Sparse) -> np.ndarray:
+    """Packed non-zero bitmap as uint32 words (bit i of the tensor is bit 7-(i%8) of byte i//8)."""
+    if s.words is not None:
+        return s.words
+    mask = np.zeros(s.n, dtype=bool)
+    mask[s.idx] = True
+    return kernels.active.pack(mask)
+
+
+def checked_words(words: np.ndarray, n: int) -> np.ndarray:
+    """``words`` as contiguous uint32, long enough for n elements (else CodecError)."""
+    words = np.ascontiguousarray(words, dtype=np.uint32)
+    if n > 32 * words.size:
+        raise CodecError(f"bitmap of {words.size} words is too short for {n} elements")
+    return words
+
+
+def set_bits(words: np.ndarray, n: int) -> np.ndarray:
+    """Sorted int64 positions < n whose bit is set in a packed bitmap (``bitmap``'s layout)."""
+    return kernels.active.set_bits(checked_words(words, n), n)
+
+
+def union_indices(words: np.ndarray, n: int) -> np.ndarray:
+    """Positions set in an ORed bitmap (sorted), i.e. the union support U."""
+    return set_bits(words, n)
+
+
+def ranks_in(union: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Rank of each of a worker's positions within U (they are a subset of U)."""
+    r = kernels.active.ranks(union, idx)
+    if r is None:
+        raise CodecError("worker's support is not contained in the union bitmap")
+    return r
+
+
+def union_size(words: np.ndarray, n: int) -> int:
+    """u: the number of positions < n set in an ORed bitmap (without listing them)."""
+    return int(kernels.active.union_size(checked_words(words, n), n))

@@ -1,0 +1,95 @@
+"""One worker's side of rounds 2 and 3 on the union support U (the agent and ``simulate`` both
+use these): its words in each mode, the decode of what the switch returns, and the float sum.
+
+Mode ``union`` never lists U on the worker: ``encode_union`` ranks a worker's non-zeros by
+popcounts of the ORed bitmap, and ``decode_union`` writes the dense sum in one pass over that
+bitmap (``union_indices`` + ``assemble`` remain, for the sketch and as the reference).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from homagg.host_agent.codec import kernels
+from homagg.host_agent.codec.errors import AggregationOverflow, CodecError
+from homagg.host_agent.codec.modes import Mode, as_mode
+from homagg.host_agent.codec.quantization import INT32_MAX, INT32_MIN
+from homagg.host_agent.codec.scan import Sparse, checked_words, ranks_in
+from homagg.host_agent.codec.sketch import (
+    DEFAULT_RATIO,
+    PeelResult,
+    peel,
+    sketch_encode,
+    sketch_size,
+)
+
+
+def encode_union(s: Sparse, union_words: np.ndarray) -> np.ndarray:
+    """Round-2 words in mode ``union`` straight from the ORed bitmap: int32[u], this worker's
+    value at each union rank (0 elsewhere). Same words as ``encode_values(s, union, 'union', .)``
+    without listing U: a position's rank is the popcount of the union bitmap before it."""
+    words = checked_words(union_words, s.n)
+    v = kernels.active.encode_union(words, s.n, s.idx, s.val)
+    if v is None:
+        raise CodecError("worker's support is not contained in the union bitmap")
+    return v
+
+
+def decode_union(union_words: np.ndarray, n: int, values: np.ndarray, shift: int,
+                 dtype=np.float32) -> np.ndarray:
+    """Mode ``union``'s decoded sum as a dense float tensor, straight from the ORed bitmap:
+    ``assemble(n, union_indices(union_words, n), values, shift, dtype)`` in one sequential pass
+    over the bitmap that writes every output element once (0 off the union)."""
+    words = checked_words(union_words, n)
+    out = kernels.active.decode_union(words, n, np.asarray(values), shift, dtype)
+    if out is None:
+        raise CodecError("union bitmap and values disagree on the union size")
+    return out
+
+
+def encode_values(s: Sparse, union: np.ndarray, mode: str, seed: int,
+                  ratio: float = DEFAULT_RATIO) -> np.ndarray:
+    """Round-2 int32 words of one worker, for a union support every worker shares."""
+    mode = as_mode(mode)
+    if mode == Mode.DENSE:
+        return s.to_dense()
+    if mode == Mode.UNION:
+        v = np.zeros(union.size, np.int32)
+        v[ranks_in(union, s.idx)] = s.val
+        return v
+    return sketch_encode(s, sketch_size(union.size, ratio), seed)
+
+
+def decode_values(agg: np.ndarray, union: np.ndarray, mode: str, seed: int) -> PeelResult:
+    """Round-2 aggregate -> int values per union rank (per element for dense), and which are
+    still unknown (sketch only: those go to the residual round)."""
+    mode = as_mode(mode)
+    if mode == Mode.SKETCH:
+        return peel(agg, union, seed)
+    return PeelResult(agg.astype(np.int64), np.ones(agg.size, bool), 0)
+
+
+def residual_values(s: Sparse, positions: np.ndarray) -> np.ndarray:
+    """Round-3 int32 words: this worker's values at the (shared) unresolved positions."""
+    out = np.zeros(positions.size, np.int32)
+    if s.idx.size:
+        hit = np.minimum(np.searchsorted(s.idx, positions), s.idx.size - 1)
+        ok = s.idx[hit] == positions
+        out[ok] = s.val[hit[ok]]
+    return out
+
+
+def assemble(n: int, union: np.ndarray, values: np.ndarray, shift: int,
+             dtype=np.float32) -> np.ndarray:
+    """The decoded sum as a dense float tensor: values (per union rank) / 2**shift.
+
+    Each value is rounded once, from the exact ``values * 2**-shift``, to ``dtype``.
+    """
+    return kernels.active.assemble(n, union, values, shift, dtype)
+
+
+def check_int32(values: np.ndarray, round_name: str) -> None:
+    """Decoded sums must fit the switch's int32 words: AggregationOverflow otherwise."""
+    if values.size and (values.max() > INT32_MAX or values.min() < INT32_MIN):
+        raise AggregationOverflow(round_name,
+                                  np.flatnonzero((values > INT32_MAX) | (values < INT32_MIN)))

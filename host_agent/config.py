@@ -1,0 +1,65 @@
+"""What a host agent is told (``AgentConfig``), and what it raises when it cannot do it.
+
+Defaults for the addresses come from ``homagg.wire`` (the switch's address and UDP port, the
+agent's port); ``mode`` is a ``codec.Mode`` name or "auto".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from homagg import wire
+from homagg.errors import HomaggError
+from homagg.faults import FaultSpec
+from homagg.host_agent.codec import AUTO, DEFAULT_HEADROOM, CodecError, as_mode
+
+
+class AgentError(HomaggError):
+    """The all-reduce cannot complete; the message says who and what."""
+
+
+class AggregationTimeout(AgentError):
+    pass
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    job: int
+    worker: int
+    workers: int
+    switch: tuple[str, int] = (wire.DEFAULT_SWITCH_IP, wire.HOMAGG_UDP_PORT_MIN)
+    bind: tuple[str, int] = ("0.0.0.0", wire.DEFAULT_AGENT_PORT)
+    slots: int = 64              # the job's slot region (controller: job 'slots')
+    seed: int | None = None      # sketch hash seed; default: the job id
+    timeout: float = 0.05        # initial retransmission timeout (s); then measured RTTs
+    min_timeout: float = 0.02    # floor of the measured timeout: a window's last chunks queue
+                                 # behind its first, so one RTT sample understates the rest
+    max_timeout: float = 0.1     # backoff cap: losses here are random, not congestion, and a
+                                 # round waits for its slowest chunk (10% loss: 37 s -> 9 s)
+    backoff: float = 2.0
+    deadline: float = 10.0       # no progress for this long: AggregationTimeout
+    rate_pps: float | None = None  # pacing (bmv2 drops bursts); None: window-limited only
+    mode: str = AUTO             # auto | dense | union | sketch (a codec.Mode or its name)
+    headroom: int = DEFAULT_HEADROOM
+    max_rescales: int = 6
+    # Fault injection, for tests and demos: loss/duplication/reordering at this agent's socket
+    # (where the kernel has no netem), and a scale finer than negotiated by this many bits
+    # (forces the switch's overflow flag; every worker of the job must use the same value).
+    faults: FaultSpec | None = None
+    shift_bias: int = 0
+
+    def __post_init__(self):
+        if not 0 <= self.worker < self.workers <= wire.MAX_WORKERS:
+            raise AgentError(f"worker {self.worker} of {self.workers}: need 0 <= worker < "
+                             f"workers <= {wire.MAX_WORKERS}")
+        if not 1 <= self.slots <= wire.SLOTS:
+            raise AgentError(f"slots {self.slots}: 1 to {wire.SLOTS}")
+        try:
+            as_mode(self.mode, auto=True)
+        except CodecError:
+            raise AgentError(f"mode {self.mode!r}: auto, dense, union or sketch") from None
+
+    @property
+    def who(self) -> str:
+        """This agent in messages: "job J worker W"."""
+        return f"job {self.job} worker {self.worker}"

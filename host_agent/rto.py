@@ -1,0 +1,30 @@
+"""The retransmission timeout, estimated from measured round trips (RFC 6298).
+
+A fixed timeout resends half of everything on a queueing bmv2, so the agent measures: the
+smoothed round trip ``srtt``, its variation ``rttvar``, and ``rto = srtt + 4 rttvar`` held
+between a floor and a cap. Which round trips count is the caller's business (Karn: only those of
+chunks sent once, see ``transport``).
+"""
+
+from __future__ import annotations
+
+
+class RtoEstimator:
+    """RFC 6298's estimator: ``sample`` each round trip, read ``rto``."""
+
+    def __init__(self, initial: float, min_rto: float, max_rto: float):
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.rto = initial  # until the first sample
+        self.min_rto = min_rto
+        self.max_rto = max_rto
+
+    def sample(self, rtt: float) -> float:
+        """Take one measured round trip (s); returns the new timeout."""
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.rto = min(max(self.srtt + 4 * self.rttvar, self.min_rto), self.max_rto)
+        return self.rto

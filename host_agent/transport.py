@@ -1,0 +1,266 @@
+"""The streaming engine: word arrays aggregated through the job's slot pool, reliably.
+
+Every round streams K-word chunks through the job's S slots: chunk g (numbered across the
+agent's life, identically on every worker) goes to slot g % S, copy (g // S) % 2, with round tag
+g + 1; chunk g is sent once chunk g - S (same slot) has come back, and at most ``rate_pps``
+packets a second if set. Lost packets are resent after a timeout (measured, ``rto``) with
+backoff; the switch answers a duplicate with the finished result or a status that names the
+contributors, so a dead peer is named in the error, after ``deadline`` seconds of no progress.
+An overflow flagged by the switch is reported once the round is complete (``SwitchOverflow``):
+every worker sees the same flag, so all of them can redo the round at a smaller scale.
+
+The header is ``homagg.wire``'s (its struct, field list and status words): nothing of the
+protocol is spelt out here.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from homagg import wire
+from homagg.faults import ImpairedSocket
+from homagg.host_agent.config import AgentConfig, AgentError, AggregationTimeout
+from homagg.host_agent.rto import RtoEstimator
+
+if TYPE_CHECKING:
+    from homagg.host_agent.allreduce import Counters
+
+K = wire.WORDS_PER_PACKET
+P = wire.PACKET_BYTES
+_WORDS_AT = wire.OFFSETS["words"]
+#: Positions of the header fields a result is matched by, in ``wire.HEADER``'s tuple.
+_FIELD_NAMES = [name for name, _, _ in wire.BYTE_FIELDS]
+_FLAGS, _JOB, _SEQ = (_FIELD_NAMES.index(f) for f in ("flags", "job", "seq"))
+
+
+class SwitchOverflow(Exception):
+    """The switch flagged an int32 overflow in a round (raised after the round completed)."""
+
+
+class Transport:
+    """The agent's socket to the switch and its place in the job's chunk sequence."""
+
+    def __init__(self, cfg: AgentConfig, counters: Counters):
+        self.cfg = cfg
+        self.counters = counters
+        self.who = cfg.who
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        try:
+            sock.bind(cfg.bind)
+        except OSError as e:
+            sock.close()
+            raise AgentError(f"{self.who}: cannot bind {cfg.bind[0]}:{cfg.bind[1]}: {e}"
+                             ) from None
+        sock.setblocking(False)
+        self.sock: socket.socket | ImpairedSocket = sock
+        if cfg.faults is not None and cfg.faults.active:
+            self.sock = ImpairedSocket(sock, cfg.faults)
+        self.switch = (socket.gethostbyname(cfg.switch[0]), cfg.switch[1])
+        self.chunk = 0        # next global chunk number (identical on every worker)
+        self.broken: str | None = None
+        self.rbuf = bytearray(2048)
+        # Retransmission timeout from measured round trips (RFC 6298, Karn: samples only from
+        # chunks sent once). A fixed timeout resends half of everything on a queueing bmv2.
+        self.rtt = RtoEstimator(cfg.timeout, cfg.min_timeout, cfg.max_timeout)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def stream(self, op: int, words: np.ndarray) -> np.ndarray:
+        """Aggregate ``words`` (int32, or uint32 bit sets for OR) with every worker's; returns
+        int32. Raises SwitchOverflow if the switch flagged an int32 overflow (after completing)."""
+        if self.broken:
+            raise AgentError(f"{self.who}: agent unusable after an earlier failure "
+                             f"({self.broken}); reset the job and start a new agent")
+        return _Round(self, op, words).run()
+
+
+class _Round:
+    """One ``Transport.stream`` call: its chunks in flight, and the loop that completes them.
+
+    Chunk c of the call is global chunk g0 + c. Per chunk: its result (``out``), whether it is
+    ``done``, when it was last sent, its timeout, and whether it was ever ``resent`` (then its
+    round trip is no RTT sample).
+    """
+
+    def __init__(self, t: Transport, op: int, words: np.ndarray):
+        cfg = t.cfg
+        self.t, self.cfg, self.counters = t, cfg, t.counters
+        self.n = n = words.size
+        self.nchunks = nchunks = max(1, -(-n // K))
+        self.g0 = g0 = t.chunk
+        S = cfg.slots
+        g = g0 + np.arange(nchunks, dtype=np.int64)
+        batch = np.zeros(nchunks, wire.PACKET_DTYPE)
+        fixed = wire.HEADER.unpack(wire.header(op=op, job=cfg.job, worker=cfg.worker, slot=0,
+                                               seq=0))
+        for name, value in zip(_FIELD_NAMES, fixed):
+            batch[name] = value
+        batch["flags"] = np.where((g // S) % 2 == 1, wire.FLAG_PHASE, 0)
+        batch["slot"] = g % S
+        batch["seq"] = (g + 1) & 0xFFFFFFFF
+        padded = np.zeros(nchunks * K, np.int32)  # zero is neutral for ADD and OR
+        padded[:n] = words.view(np.int32) if words.dtype == np.uint32 else words
+        batch["words"] = padded.reshape(nchunks, K)  # (a reshape of the field would copy)
+        self.buf = memoryview(batch.tobytes())
+
+        self.out = np.zeros(nchunks * K, np.int32)
+        self.done = np.zeros(nchunks, bool)
+        self.sent_at = np.full(nchunks, np.inf)
+        self.rto = np.full(nchunks, t.rtt.rto)
+        self.resent = np.zeros(nchunks, bool)
+        self.overflow = False
+        self.ndone = 0
+        self.next_c = 0
+        self.interval = 1.0 / cfg.rate_pps if cfg.rate_pps else 0.0
+        self.next_send = time.monotonic()
+        self.last_progress = time.monotonic()
+        self.status: dict[int, tuple[int, int]] = {}
+        self.t_start = time.monotonic()
+        self.seq0 = (g0 + 1) & 0xFFFFFFFF
+
+    def run(self) -> np.ndarray:
+        t, end = self.t, self.g0 + self.nchunks
+        while self.ndone < self.nchunks:
+            now = time.monotonic()
+            self.send_new(now)
+            pending = self.in_flight()
+            self.receive(self.wake_at(pending, now))
+            now = time.monotonic()
+            pending = self.retransmit(pending, now)
+            if now - self.last_progress > self.cfg.deadline:
+                t.chunk = end
+                t.broken = "timeout"
+                raise self.timeout(pending)
+        t.chunk = end
+        self.counters.rounds += 1
+        self.counters.seconds += time.monotonic() - self.t_start
+        if self.overflow:
+            raise SwitchOverflow()
+        return self.out[:self.n]
+
+    # -- sending -------------------------------------------------------------------------------
+    def send(self, c: int) -> None:
+        t = self.t
+        try:
+            t.sock.sendto(self.buf[c * P:(c + 1) * P], t.switch)
+        except BlockingIOError:
+            return  # socket buffer full: the timeout resends it
+        except OSError as e:
+            t.broken = str(e)
+            raise AgentError(f"{t.who}: cannot send to the switch {t.switch[0]}:{t.switch[1]}: "
+                             f"{e}") from None
+        self.counters.packets_sent += 1
+        self.counters.bytes_sent += P
+        if self.interval:
+            self.next_send = max(self.next_send + self.interval,
+                                 time.monotonic() - 4 * self.interval)
+
+    def send_new(self, now: float) -> None:
+        """New chunks, as the window (slot reuse) and pacing allow."""
+        S = self.cfg.slots
+        while (self.next_c < self.nchunks and (self.next_c < S or self.done[self.next_c - S])
+               and now >= self.next_send):
+            self.send(self.next_c)
+            self.sent_at[self.next_c] = now
+            self.next_c += 1
+            if self.interval:
+                break
+
+    def retransmit(self, pending: np.ndarray, now: float) -> np.ndarray:
+        """Resend overdue chunks, with backoff; returns the chunks still pending."""
+        if pending.size:
+            pending = pending[~self.done[pending]]
+            due = pending[self.sent_at[pending] + self.rto[pending] <= now]
+            for c in due:
+                self.send(int(c))
+                self.sent_at[c] = now
+                self.rto[c] = min(self.rto[c] * self.cfg.backoff, self.cfg.max_timeout)
+                self.resent[c] = True
+                self.counters.retransmissions += 1
+        return pending
+
+    def in_flight(self) -> np.ndarray:
+        """Chunks sent (within the window) and not done."""
+        lo = max(0, self.next_c - self.cfg.slots) if self.next_c else 0
+        return np.flatnonzero(~self.done[lo:self.next_c]) + lo
+
+    def wake_at(self, pending: np.ndarray, now: float) -> float:
+        """When to stop waiting for results: the first timeout, or the next paced send."""
+        first_due = (float((self.sent_at[pending] + self.rto[pending]).min()) if pending.size
+                     else now + 0.05)
+        paced = self.next_send if (self.interval and self.next_c < self.nchunks) else now + 0.05
+        return min(first_due, paced)
+
+    # -- receiving -----------------------------------------------------------------------------
+    def receive(self, wake: float) -> None:
+        """Wait until ``wake`` for datagrams, then take every one queued."""
+        sock, rbuf = self.t.sock, self.t.rbuf
+        r, _, _ = select.select([sock], [], [], max(0.0, wake - time.monotonic()))
+        while r:
+            try:
+                nb, src = sock.recvfrom_into(rbuf)
+            except BlockingIOError:
+                break
+            self.take(nb, src)
+
+    def take(self, nb: int, src: tuple[str, int]) -> None:
+        """One datagram in ``rbuf``: a result, a status reply, or something to ignore."""
+        t, cfg, rbuf = self.t, self.cfg, self.t.rbuf
+        if (nb != P or src[0] != t.switch[0]
+                or not wire.HOMAGG_UDP_PORT_MIN <= src[1] <= wire.HOMAGG_UDP_PORT_MAX):
+            self.counters.ignored += 1
+            return
+        head = wire.HEADER.unpack_from(rbuf)
+        flags, job, seq = head[_FLAGS], head[_JOB], head[_SEQ]
+        c = (seq - self.seq0) & 0xFFFFFFFF
+        if job != cfg.job or not flags & wire.FLAG_RESULT or c >= self.nchunks:
+            self.counters.ignored += 1
+            return
+        if flags & wire.FLAG_STATUS:
+            # The switch holds our contribution; the round waits for peers, so only
+            # a lost result could need us again: resend after the longest timeout.
+            # Not progress: the deadline still runs.
+            self.status[c] = wire.parse_status(np.frombuffer(rbuf, ">i4", K, _WORDS_AT))
+            self.sent_at[c] = time.monotonic()
+            self.rto[c] = cfg.max_timeout
+            return
+        if self.done[c]:
+            self.counters.ignored += 1
+            return
+        self.out[c * K:(c + 1) * K] = np.frombuffer(rbuf, ">i4", K, _WORDS_AT)
+        self.done[c] = True
+        self.ndone += 1
+        if not self.resent[c]:
+            t.rtt.sample(time.monotonic() - self.sent_at[c])
+            self.rto[self.next_c:] = t.rtt.rto
+        self.counters.results += 1
+        self.overflow |= bool(flags & wire.FLAG_OVERFLOW)
+        self.last_progress = time.monotonic()
+        self.status.pop(c, None)
+
+    # -- giving up -----------------------------------------------------------------------------
+    def timeout(self, pending: np.ndarray) -> AggregationTimeout:
+        t, cfg, g0 = self.t, self.cfg, self.g0
+        S, W = cfg.slots, cfg.workers
+        c = int(pending[0]) if len(pending) else 0
+        slot = (g0 + c) % S
+        msg = (f"{t.who}: no result for slot {slot} (round tag {(g0 + c + 1) & 0xFFFFFFFF}"
+               f", {len(pending)} chunk(s) outstanding) in {cfg.deadline:.1f} s; ")
+        st = self.status.get(c) or (next(iter(self.status.values())) if self.status else None)
+        if st is None:
+            msg += (f"the switch {t.switch[0]}:{t.switch[1]} did not answer at all: is it "
+                    f"up, and is this worker's address installed in job {cfg.job}?")
+        else:
+            seen, count = st
+            missing = [w for w in range(W) if not seen >> w & 1]
+            msg += (f"the switch holds {count} of {W} contributions; waiting for worker(s) "
+                    f"{', '.join(map(str, missing))} (dead, or stuck in another round)")
+        return AggregationTimeout(msg)
