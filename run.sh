@@ -2,7 +2,7 @@
 # homagg's one entry point: installs what the project needs, then runs the main job or the tests.
 #
 #   ./run.sh demo [args]   the main job (see README)
-#   ./run.sh test [args]   the test suite (what CI runs); extra args go to pytest
+#   ./run.sh test [args]   ruff, mypy and the test suite (what CI runs); extra args go to pytest
 #   ./run.sh setup         only the installation steps
 #
 # Installs: Debian packages (Mininet and friends; only as root, only when missing) and a venv in
@@ -67,6 +67,11 @@ case "$cmd" in
     setup) setup ;;
     test)
         setup
+        # Lint and types first (seconds), then the suite; any failure fails the command.
+        log "ruff check"
+        "$VENV/bin/python" -m ruff check .
+        log "mypy (config in pyproject.toml)"
+        "$VENV/bin/python" -m mypy
         set +e
         "$VENV/bin/python" -m pytest "$@"
         rc=$?
@@ -79,7 +84,7 @@ case "$cmd" in
         setup
         # Mininet demo: 4 workers train through bmv2 where installed, else the software
         # aggregator (it says which); every aggregate is checked bit for bit.
-        exec "$VENV/bin/python" -m launcher demo "$@"
+        exec "$VENV/bin/python" -m homagg.launcher demo "$@"
         ;;
     *)
         echo "usage: ./run.sh {demo|test|setup} [args]" >&2

@@ -4,12 +4,12 @@ with a minimal L2 program (bench/p4/l2fwd.p4), same bmv2 build, same machine, sa
     sudo python -m bench.switch_cost            # 3 alternating rounds, ~1.5 min
     sudo python -m bench.switch_cost --quick    # 1 round, ~30 s
 
-How: one simple_switch_grpc on two veth pairs (bmv2_tests/harness.py), whose pipeline is swapped
+How: one simple_switch_grpc on two veth pairs (homagg/targets/testbed.py), whose pipeline is swapped
 over P4Runtime between the two programs, alternately (l2fwd, homagg, l2fwd, homagg, ...) so both
 see the same machine state. The frames are identical 310-byte homagg ADD packets (Ethernet /
 IPv4 / UDP / 12-byte header / 64 int32 words), written from Python to an AF_PACKET socket.
 
-- homagg: a W-worker job (default 4; controller.jobs.add_job, as bmv2_tests/conftest.py does)
+- homagg: a W-worker job (default 4; installed with homagg.controller.jobs.add_job)
   whose workers all sit on port 1 (UDP ports 50000 + w). Packets cycle through the workers, so
   a slot round gets its first contribution (overwrite), W-2 middle ones (read-add-write) and
   the completing one (add + result), which is multicast to the W workers: W packets in, W out.
@@ -44,6 +44,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from homagg import wire
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
@@ -94,11 +96,14 @@ class Frames:
         self.words = np.arange(1, wire.WORDS_PER_PACKET + 1, dtype=np.int32)
         payload = wire.pack(wire.OP_ADD, 1, 0, 0, 1, self.words)
         frame = (Ether(src=host_mac(0), dst=SWITCH_MAC) / IP(src=host_ip(0), dst=SWITCH_IP, id=1)
-                 / UDP(sport=50000, dport=wire.HOMAGG_UDP_PORT_MIN, chksum=0) / Raw(payload))
+                 / UDP(sport=wire.DEFAULT_AGENT_PORT, dport=wire.HOMAGG_UDP_PORT_MIN, chksum=0)
+                 / Raw(payload))
         self.buf = bytearray(bytes(frame))
         self.slots = slots
         self.workers = workers
-        self.off = 14 + 20 + 8  # homagg header
+        self.sport = len(frame) - len(payload) - 8   # UDP source port
+        self.off = len(frame) - len(payload)         # homagg header
+        self.o = {k: self.off + v for k, v in wire.OFFSETS.items()}
         self.phase_flag = wire.FLAG_PHASE
         self.result_flag = wire.FLAG_RESULT
 
@@ -110,10 +115,12 @@ class Frames:
         alternating per use, seq r + 1 (as agents number their chunks)."""
         w, r = k % self.workers, k // self.workers
         slot, use = r % self.slots, r // self.slots
-        struct.pack_into("!H", self.buf, 14 + 20, 50000 + w)   # UDP source port
-        self.buf[self.off + 1] = self.phase_flag if use & 1 else 0
-        self.buf[self.off + 4] = w
-        struct.pack_into("!HI", self.buf, self.off + 6, slot, (r + 1) & 0xFFFFFFFF)
+        o = self.o
+        struct.pack_into("!H", self.buf, self.sport, wire.DEFAULT_AGENT_PORT + w)
+        self.buf[o["flags"]] = self.phase_flag if use & 1 else 0
+        self.buf[o["worker"]] = w
+        struct.pack_into("!H", self.buf, o["slot"], slot)
+        struct.pack_into("!I", self.buf, o["seq"], (r + 1) & 0xFFFFFFFF)
         return self.buf
 
     def check_result(self, data: bytes) -> str | None:
@@ -121,9 +128,9 @@ class Frames:
 
         if len(data) != len(self.buf):
             return f"result of {len(data)} bytes, expected {len(self.buf)}"
-        if not data[self.off + 1] & self.result_flag:
+        if not data[self.o["flags"]] & self.result_flag:
             return "output without the result flag"
-        words = np.frombuffer(data, ">i4", len(self.words), self.off + 12)
+        words = np.frombuffer(data, ">i4", len(self.words), self.o["words"])
         if not np.array_equal(words, self.workers * self.words):
             return "result words differ from the workers' sum"
         return None
@@ -147,7 +154,7 @@ def drain(rx, check=None, checked=[0]) -> int:  # noqa: B006 - a deliberate call
             data = rx.recv(2048)
         except BlockingIOError:
             return n
-        if len(data) < 300:  # not ours (the frames are 310 bytes)
+        if len(data) < wire.HOMAGG_IPV4_LEN:  # not ours: shorter than any homagg frame
             continue
         if check and checked[0] < 20:
             checked[0] += 1
@@ -229,25 +236,27 @@ def run_blast(tx, rx, make, seconds, warmup, check=None, start_k=0) -> dict:
 
 def measure(bed, program: str, pipelines, frames: Frames, a, window: int | None = None,
             blast: bool = True) -> dict:
+    from homagg import wire
     from homagg.controller import jobs
-    from homagg.controller.p4client import SwitchConnection
+    from homagg.controller.p4client import P4RuntimeSwitch
     from homagg.netconfig import JobSpec, Worker
     from homagg.targets.testbed import host_ip, host_mac
 
     # A blast leaves bmv2 a backlog of queued frames; let it drain first, or those frames (same
     # addresses, old round tags) land in the next run's slots.
     time.sleep(2.0)
-    sw = SwitchConnection(bed.switch.grpc_addr, request_log=LOG_DIR / "switch-cost-p4runtime.log")
-    sw.open(pipelines[program])
+    sw = P4RuntimeSwitch(bed.switch.grpc_addr, request_log=LOG_DIR / "switch-cost-p4runtime.log")
+    sw.open(pipelines[program], homagg=program.startswith("homagg"))
     try:
         if program.startswith("homagg"):
             jobs.install_base(sw, bed.config)
-            jobs.add_job(sw, JobSpec(1, tuple(Worker(host_ip(0), 50000 + w, host_mac(0), 1, "h0")
-                                           for w in range(frames.workers)), a.slots))
-            tx_if = rx_if = bed._pairs[0][1]
+            jobs.add_job(sw, JobSpec(1, tuple(Worker(host_ip(0), wire.DEFAULT_AGENT_PORT + w,
+                                                     host_mac(0), 1, "h0")
+                                              for w in range(frames.workers)), a.slots))
+            tx_if = rx_if = bed.pairs[0][1]
             check = frames.check_result
         else:
-            tx_if, rx_if = bed._pairs[0][1], bed._pairs[1][1]
+            tx_if, rx_if = bed.pairs[0][1], bed.pairs[1][1]
             check = None
         tx, rx = open_sockets(tx_if, rx_if)
         try:
@@ -260,7 +269,7 @@ def measure(bed, program: str, pipelines, frames: Frames, a, window: int | None 
         stats = None
         if program.startswith("homagg"):
             time.sleep(0.5)  # bmv2 updates counters asynchronously
-            s = jobs.read_stats(sw)["switch"]
+            s = jobs.read_stats(sw).switch
             stats = {"sent": win["sent_total"] + (flat["sent"] if flat else 0),
                      "STAT_RX": s["STAT_RX"],
                      "STAT_COMPLETED": s["STAT_COMPLETED"],
@@ -285,8 +294,9 @@ def plot(rows, path: Path) -> None:
         ax.bar(x + (i - 0.5) * 0.38, med, 0.38, label=prog)
         for xi, v in zip(x, med):
             ax.text(xi + (i - 0.5) * 0.38, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(x, [f"{m} (homagg/l2 {np.median([r['homagg'][m]['pps'] / r['l2fwd'][m]['pps'] for r in rows]):.0%})"
-                      for m in modes])
+    ratio = {m: np.median([r["homagg"][m]["pps"] / r["l2fwd"][m]["pps"] for r in rows])
+             for m in modes}
+    ax.set_xticks(x, [f"{m} (homagg/l2 {ratio[m]:.0%})" for m in modes])
     ax.set_ylabel("kpackets/s out of bmv2")
     ax.set_title("bmv2: homagg.p4 (1-worker job) vs minimal L2 forwarding")
     ax.legend()
@@ -357,7 +367,8 @@ def main(argv=None) -> int:
             l2, hg = row["l2fwd"][m], row["homagg"][m]
             print(f"{i + 1:>5} {m:>6} {l2['pps']:>10.0f} {hg['pps']:>11.0f} "
                   f"{hg['pps'] / l2['pps']:>9.1%} "
-                  f"{l2['lost'] / max(1, l2['sent']):>8.1%} {hg['lost'] / max(1, hg['sent']):>11.1%} "
+                  f"{l2['lost'] / max(1, l2['sent']):>8.1%} "
+                  f"{hg['lost'] / max(1, hg['sent']):>11.1%} "
                   f"{hg['offered_pps']:>11.0f}")
     for m in ("window", "blast"):
         ratios = [r["homagg"][m]["pps"] / r["l2fwd"][m]["pps"] for r in rows]
@@ -365,7 +376,7 @@ def main(argv=None) -> int:
               f"{np.median([r['l2fwd'][m]['pps'] for r in rows]):>10.0f} "
               f"{np.median([r['homagg'][m]['pps'] for r in rows]):>11.0f} "
               f"{np.median(ratios):>9.1%}   (median of the rounds' ratios; target >= 80%)")
-    w_pps = [r["homagg_w"]["window"]["pps"] for r in rows]
+    [r["homagg_w"]["window"]["pps"] for r in rows]
     w_ratio = [r["homagg_w"]["window"]["pps"] / r["l2fwd"]["window"]["pps"] for r in rows]
     w_lost = [r["homagg_w"]["window"]["lost"] / max(1, r["homagg_w"]["window"]["sent"])
               for r in rows]
@@ -380,8 +391,8 @@ def main(argv=None) -> int:
     s = rows[-1]["homagg"]["switch"]
     print(f"homagg switch counters (last round): {s['sent']} sent, STAT_RX {s['STAT_RX']}, "
           f"STAT_COMPLETED {s['STAT_COMPLETED']} (sent - STAT_RX = dropped before the pipeline), "
-          f"pipeline drops: {s['drops'] or 'none'} (a frame lost before the pipeline makes the next "
-          f"round of its slot stale: one more drop, as for an agent); results checked: flag "
+          f"pipeline drops: {s['drops'] or 'none'} (a frame lost before the pipeline makes the "
+          f"next round of its slot stale: one more drop, as for an agent); results checked: flag "
           f"and words")
     OUT.mkdir(parents=True, exist_ok=True)
     plot(rows, OUT / "switch_cost.png")

@@ -29,12 +29,12 @@ def pipeline():
 def testbed(pipeline):
     """A 5-port bmv2 switch with the homagg pipeline and base forwarding installed."""
     from homagg.controller import jobs
-    from homagg.controller.p4client import SwitchConnection
+    from homagg.controller.p4client import P4RuntimeSwitch
     from homagg.targets.testbed import start_testbed, stop_testbed
 
     bed = start_testbed(5, LOG_DIR)
     try:
-        conn = SwitchConnection(bed.switch.grpc_addr, request_log=LOG_DIR / "s1-p4runtime.log")
+        conn = P4RuntimeSwitch(bed.switch.grpc_addr, request_log=LOG_DIR / "s1-p4runtime.log")
         conn.open(pipeline)
         jobs.install_base(conn, bed.config)
         bed.conn = conn

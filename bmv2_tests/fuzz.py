@@ -22,8 +22,8 @@ from scapy.packet import Raw
 
 from homagg import wire
 
-SWITCH_IP = "10.0.0.254"
-SWITCH_MAC = "00:00:0a:00:00:fe"
+SWITCH_IP = wire.DEFAULT_SWITCH_IP
+SWITCH_MAC = wire.DEFAULT_SWITCH_MAC
 
 #: category -> the counter it must move
 EXPECT = {
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iface", required=True)
     ap.add_argument("--src", required=True, help="this host's registered address")
-    ap.add_argument("--sport", type=int, default=50000)
+    ap.add_argument("--sport", type=int, default=wire.DEFAULT_AGENT_PORT)
     ap.add_argument("--mac", required=True)
     ap.add_argument("--job", type=int, required=True)
     ap.add_argument("--worker", type=int, required=True)

@@ -21,7 +21,7 @@ class SoftTarget:
         self.sw = SoftSwitch()
         self.inbox = collections.defaultdict(collections.deque)
 
-    def add_job(self, job_id, workers, slots=8, udp_port=50000):
+    def add_job(self, job_id, workers, slots=8, udp_port=wire.DEFAULT_AGENT_PORT):
         return self.sw.add_job(job_id, [(host_ip(i), udp_port) for i in workers], slots)
 
     def remove_job(self, job_id):
@@ -30,11 +30,11 @@ class SoftTarget:
     def reset_job(self, job_id):
         return self.sw.reset_job(job_id)
 
-    def send(self, host, payload, sport=50000, src_ip=None):
+    def send(self, host, payload, sport=wire.DEFAULT_AGENT_PORT, src_ip=None):
         for data, (ip, port) in self.sw.handle(payload, (src_ip or host_ip(host), sport)):
             self.inbox[(ip, port)].append(data)
 
-    def recv(self, host, timeout=1.0, count=None, port=50000):
+    def recv(self, host, timeout=1.0, count=None, port=wire.DEFAULT_AGENT_PORT):
         q = self.inbox[(host_ip(host), port)]
         out = []
         while q and (count is None or len(out) < count):
@@ -54,19 +54,19 @@ class Bmv2Target:
     def __init__(self, testbed):
         self.bed = testbed
 
-    def add_job(self, job_id, workers, slots=8, udp_port=50000):
+    def add_job(self, job_id, workers, slots=8, udp_port=wire.DEFAULT_AGENT_PORT):
         return jobs.add_job(self.bed.conn, self.bed.job(job_id, list(workers), slots, udp_port))
 
     def remove_job(self, job_id):
         jobs.remove_job(self.bed.conn, job_id)
 
     def reset_job(self, job_id):
-        return jobs.reset_job(self.bed.conn, job_id)["epoch"]
+        return jobs.reset_job(self.bed.conn, job_id).epoch
 
-    def send(self, host, payload, sport=50000, src_ip=None):
+    def send(self, host, payload, sport=wire.DEFAULT_AGENT_PORT, src_ip=None):
         self.bed.ports[host].send(homagg_frame(host, payload, sport=sport, src_ip=src_ip))
 
-    def recv(self, host, timeout=1.0, count=None, port=50000):
+    def recv(self, host, timeout=1.0, count=None, port=wire.DEFAULT_AGENT_PORT):
         return [result_of(p) for p in self.bed.ports[host].recv(timeout, is_homagg, count)]
 
     def drain(self):
@@ -74,4 +74,4 @@ class Bmv2Target:
             p.drain()
 
     def stats(self):
-        return jobs.read_stats(self.bed.conn)
+        return jobs.read_stats(self.bed.conn).to_json()

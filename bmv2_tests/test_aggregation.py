@@ -54,7 +54,7 @@ class Job:
 def job(target):
     made = []
 
-    def make(workers=(0, 1, 2, 3), slots=8, udp_port=50000):
+    def make(workers=(0, 1, 2, 3), slots=8, udp_port=wire.DEFAULT_AGENT_PORT):
         installed = target.add_job(next(_job_ids), list(workers), slots, udp_port)
         j = Job(target, installed, workers)
         made.append(j)
@@ -97,7 +97,7 @@ def test_sum_is_multicast_to_every_worker_when_the_last_arrives(target, job):
     assert not any(j.results(timeout=0.3).values()), "result before completion"
     j.send(3, 0, 1, words[3])
     expect = words.astype(np.int64).sum(0)
-    for w, rs in j.results().items():
+    for _w, rs in j.results().items():
         assert len(rs) == 1, f"worker {w} got {len(rs)} results"
         r = rs[0]
         assert r.is_result and not r.overflow and (r.slot, r.seq, r.job) == (0, 1, j.id)
@@ -121,7 +121,7 @@ def test_or_combines_bitmaps(target, job):
         words[w, 10 + w] = 0xFFFFFFFF
         j.send(w, 0, 1, words[w], op=wire.OP_OR)
     expect = np.bitwise_or.reduce(words).view(np.int32)
-    for w, rs in j.results().items():
+    for _w, rs in j.results().items():
         np.testing.assert_array_equal(rs[0].words, expect)
 
 
@@ -129,12 +129,12 @@ def test_overflow_is_flagged_and_the_next_round_starts_clean(target, job):
     j = job(workers=(0, 1))
     j.send(0, 0, 1, full(2**30 + 1))
     j.send(1, 0, 1, full(2**30 + 1))
-    for w, rs in j.results().items():
+    for _w, rs in j.results().items():
         assert rs[0].overflow, "overflowing add not flagged"
     before = counter(target, "STAT_OVERFLOW")
     j.send(0, 0, 2, full(5), phase=1)   # the slot's next round uses its other copy
     j.send(1, 0, 2, full(-7), phase=1)
-    for w, rs in j.results().items():
+    for _w, rs in j.results().items():
         assert not rs[0].overflow and (rs[0].words == -2).all()
     expect_counter(target, "STAT_OVERFLOW", before)
 
@@ -143,7 +143,7 @@ def test_sums_reaching_int32_min_exactly_are_not_flagged(target, job):
     j = job(workers=(0, 1))
     j.send(0, 0, 1, full(-(2**30)))
     j.send(1, 0, 1, full(-(2**30)))
-    for w, rs in j.results().items():
+    for _w, rs in j.results().items():
         assert not rs[0].overflow and (rs[0].words == -(2**31)).all()
 
 
@@ -151,7 +151,7 @@ def test_negative_overflow_is_flagged(target, job):
     j = job(workers=(0, 1))
     j.send(0, 0, 1, full(-(2**31)))
     j.send(1, 0, 1, full(-1))
-    for w, rs in j.results().items():
+    for _w, rs in j.results().items():
         assert rs[0].overflow
 
 
@@ -171,7 +171,7 @@ def test_duplicate_before_completion_is_not_added_twice_and_gets_a_status(target
     assert seen == 0b001 and words[i + 2] == 1 and not words[:i].any()
     j.send(1, 0, 1, full(1))
     j.send(2, 0, 1, full(2))
-    for w, rs in j.results().items():
+    for _w, rs in j.results().items():
         assert len(rs) == 1 and not rs[0].flags & wire.FLAG_STATUS and (rs[0].words == 13).all()
     expect_counter(target, "STAT_DUP_PENDING", before + 1)
 
@@ -199,7 +199,7 @@ def test_shadow_copy_keeps_the_result_while_the_other_copy_is_used(target, job):
     assert not got[0]
     assert len(got[1]) == 1 and (got[1][0].words == 7).all() and got[1][0].seq == 1
     j.send(1, 0, 2, full(1), phase=1)
-    for w, rs in j.results().items():
+    for _w, rs in j.results().items():
         assert (rs[0].words == 101).all() and rs[0].phase == 1
 
 
@@ -212,7 +212,7 @@ def test_four_workers_one_hundred_rounds_on_reused_slots_are_exact(target, job):
         for w in rng.permutation(4):
             j.send(int(w), slot, rnd + 1, words[w], phase=phase)
         expect = words.astype(np.int64).sum(0)
-        for w, rs in j.results().items():
+        for _w, rs in j.results().items():
             assert len(rs) == 1, f"round {rnd}: worker {w} got {len(rs)} results"
             assert rs[0].seq == rnd + 1 and rs[0].slot == slot
             np.testing.assert_array_equal(rs[0].words.astype(np.int64), expect)
@@ -225,7 +225,7 @@ def test_four_workers_one_hundred_rounds_on_reused_slots_are_exact(target, job):
 def _still_exact(j):
     j.send(0, 0, 1, full(2))
     j.send(1, 0, 1, full(3))
-    for w, rs in j.results().items():
+    for _w, rs in j.results().items():
         assert len(rs) == 1 and (rs[0].words == 5).all()
 
 
@@ -276,7 +276,7 @@ def test_round_tag_mismatch_is_dropped(target, job):
     j.send(1, 0, 6, full(1))
     expect_counter(target, "DROP_SEQ_MISMATCH", before + 1)
     j.send(1, 0, 5, full(2))
-    for w, rs in j.results().items():
+    for _w, rs in j.results().items():
         assert (rs[0].words == 3).all()
 
 
@@ -291,7 +291,7 @@ def test_delayed_packet_of_a_finished_round_is_stale(target, job):
     j.send(1, 0, 1, full(50), phase=0)  # round 1, delayed in the network
     expect_counter(target, "DROP_STALE", before + 1)
     j.send(1, 0, 3, full(1), phase=0)
-    for w, rs in j.results().items():
+    for _w, rs in j.results().items():
         assert (rs[0].words == 2).all() and rs[0].seq == 3
 
 
@@ -315,7 +315,7 @@ def test_reset_job_starts_afresh_with_seq_from_one(target, job):
     assert target.stats()["jobs"][j.id]["JOB_STAT_ACCEPTED"]["packets"] == 0
     for w in range(2):
         j.send(w, 0, 1, full(4))
-    for w, rs in j.results().items():
+    for _w, rs in j.results().items():
         assert len(rs) == 1 and (rs[0].words == 8).all()
 
 

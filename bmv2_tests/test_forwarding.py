@@ -45,6 +45,7 @@ def test_forged_result_between_hosts_is_not_forwarded(testbed):
     payload = wire.pack(wire.OP_ADD, 1, 0, 0, 1, np.ones(64), flags=wire.FLAG_RESULT)
     testbed.ports[0].send(Ether(src=host_mac(0), dst=SWITCH_MAC)
                           / IP(src=SWITCH_IP, dst=host_ip(1))
-                          / UDP(sport=wire.HOMAGG_UDP_PORT_MIN, dport=50000) / Raw(payload))
+                          / UDP(sport=wire.HOMAGG_UDP_PORT_MIN, dport=wire.DEFAULT_AGENT_PORT)
+                          / Raw(payload))
     assert not testbed.ports[1].recv(0.3, is_homagg)
-    assert jobs.read_stats(testbed.conn)["forwarding"]["FWD_SPOOFED"] >= 1
+    assert jobs.read_stats(testbed.conn).forwarding["FWD_SPOOFED"] >= 1

@@ -119,7 +119,8 @@ def test_switch_restart_mid_job_recovers_or_fails_clearly(target):
                 assert "every aggregate exact" in out
                 outcomes.append("recovered")
             else:
-                assert rc == 1 and "no result for slot" in out, f"worker {w} rc {rc}:\n{out[-1500:]}"
+                assert rc == 1 and "no result for slot" in out, \
+                    f"worker {w} rc {rc}:\n{out[-1500:]}"
                 outcomes.append("failed clearly")
         print(f"after a {target} restart: {outcomes}")
         # the restarted switch serves a new run exactly (a reset is what an operator does)

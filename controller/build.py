@@ -8,6 +8,8 @@ Rebuilds only when a source under p4/ is newer than the outputs.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -15,9 +17,10 @@ from pathlib import Path
 
 from homagg import paths
 from homagg.errors import HomaggError
-from homagg.targets.toolchain import ToolMissing, require
+from homagg.targets.toolchain import require
 
 DEFAULT_OUT = paths.build_dir()
+log = logging.getLogger("homagg.build")
 
 
 class BuildError(HomaggError):
@@ -32,7 +35,7 @@ class Pipeline:
     p4info: Path
 
     @classmethod
-    def in_dir(cls, out: Path) -> "Pipeline":
+    def in_dir(cls, out: Path) -> Pipeline:
         return cls(out / "homagg.json", out / "homagg.p4info.txtpb")
 
     def exists(self) -> bool:
@@ -50,12 +53,36 @@ def up_to_date(p: Pipeline) -> bool:
     return all(s.stat().st_mtime <= built for s in sources())
 
 
-def build(out: Path = DEFAULT_OUT, force: bool = False) -> Pipeline:
-    """Compile if needed; return the pipeline. Raises ToolMissing or BuildError (with p4c's
-    own messages)."""
+def build(out: Path = DEFAULT_OUT, force: bool = False, regenerate: bool = True) -> Pipeline:
+    """Compile if needed, then bring the generated protocol module up to date; return the
+    pipeline. Raises ToolMissing or BuildError (with p4c's own messages)."""
     p = Pipeline.in_dir(out)
     if not force and up_to_date(p):
         return p
+    _compile(p, out)
+    if regenerate:
+        _regenerate(p)
+    return p
+
+
+def _regenerate(p: Pipeline) -> None:
+    """In a checkout, rewrite homagg/_p4consts.py from this build (commit the change). An
+    installed homagg cannot change itself: a P4 source that no longer matches its constants is
+    an error there."""
+    from homagg.controller import genconsts
+
+    if paths.checkout_root() is not None and os.access(genconsts.OUT, os.W_OK):
+        if genconsts.generate(p.p4info):
+            log.warning("%s regenerated from the P4 program: restart running processes and "
+                        "commit it", genconsts.OUT)
+        return
+    fresh = genconsts.render(paths.p4_dir(), genconsts.parse_p4info(p.p4info))
+    if genconsts.OUT.read_text() != fresh:
+        raise BuildError(f"the P4 program in {paths.p4_dir()} no longer matches this homagg's "
+                         f"generated constants ({genconsts.OUT}); regenerate them in a checkout")
+
+
+def _compile(p: Pipeline, out: Path) -> None:
     p4c = require("p4c-bm2-ss")
     out.mkdir(parents=True, exist_ok=True)
     cmd = [str(p4c), "--std", "p4-16", "--arch", "v1model",
@@ -66,7 +93,6 @@ def build(out: Path = DEFAULT_OUT, force: bool = False) -> Pipeline:
     log.write_text(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
     if proc.returncode != 0:
         raise BuildError(f"p4c-bm2-ss failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
-    return p
 
 
 def main(argv=None) -> int:
@@ -77,7 +103,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         p = build(a.out, a.force)
-    except (ToolMissing, BuildError) as e:
+    except HomaggError as e:
         print(f"homagg build: {e}", file=sys.stderr)
         return 1
     print(f"{p.bmv2_json}\n{p.p4info}")

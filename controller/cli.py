@@ -9,7 +9,8 @@
     homagg-ctl -c net.toml stats [--json]
     homagg-ctl -c net.toml reset 1                new epoch, zeroed counters (and registers)
 
-Every P4Runtime request goes to a log (``--request-log``, default build/logs/<switch>-p4runtime.log).
+Every P4Runtime request goes to a log (``--request-log``, default
+<state dir>/logs/<switch>-p4runtime.log).
 Errors are one line on stderr and exit status 1.
 """
 
@@ -21,12 +22,12 @@ import logging
 import sys
 from pathlib import Path
 
-from homagg import paths
+from homagg import paths, wire
 from homagg.controller import jobs as J
-from homagg.controller.build import DEFAULT_OUT, BuildError, Pipeline, build
-from homagg.controller.p4client import SwitchConnection, SwitchError
+from homagg.controller.build import DEFAULT_OUT, Pipeline, build
+from homagg.controller.p4client import P4RuntimeSwitch
+from homagg.errors import HomaggError
 from homagg.netconfig import Config, ConfigError, SwitchSpec, Worker, load, validate_job
-from homagg.targets.toolchain import ToolMissing
 
 
 def parser() -> argparse.ArgumentParser:
@@ -54,7 +55,8 @@ def parser() -> argparse.ArgumentParser:
     ja.add_argument("id", type=int)
     ja.add_argument("--slots", type=int, help="slot region size")
     ja.add_argument("--worker", action="append", default=[], metavar="HOST[:UDP_PORT]",
-                    help="a worker: a host of the config and its UDP port (default 50000)")
+                    help="a worker: a host of the config and its UDP port (default "
+                         f"{wire.DEFAULT_AGENT_PORT})")
     jl = job.add_parser("list", help="jobs installed on the switch")
     jl.add_argument("--json", action="store_true")
     jr = job.add_parser("remove", help="remove a job")
@@ -77,7 +79,7 @@ def _switch_spec(a, cfg: Config | None) -> SwitchSpec:
     return spec
 
 
-def _connect(a, cfg: Config | None, pipeline: Pipeline | None = None) -> SwitchConnection:
+def _connect(a, cfg: Config | None, pipeline: Pipeline | None = None) -> P4RuntimeSwitch:
     spec = _switch_spec(a, cfg)
     try:
         high, low = (int(x) for x in a.election_id.split(","))
@@ -85,7 +87,7 @@ def _connect(a, cfg: Config | None, pipeline: Pipeline | None = None) -> SwitchC
         raise ConfigError(f"--election-id {a.election_id!r}: expected HIGH,LOW") from None
     logf = a.request_log or paths.log_dir(f"{spec.name}-p4runtime.log")
     logf.parent.mkdir(parents=True, exist_ok=True)
-    return SwitchConnection(spec.grpc, spec.device_id, (high, low), logf, spec.name).open(pipeline)
+    return P4RuntimeSwitch(spec.grpc, spec.device_id, (high, low), logf, spec.name).open(pipeline)
 
 
 def _need_config(a) -> Config:
@@ -105,11 +107,16 @@ def _job_spec(a, cfg: Config):
         name, _, port = w.partition(":")
         h = cfg.host(name)
         try:
-            udp = int(port) if port else 50000
+            udp = int(port) if port else wire.DEFAULT_AGENT_PORT
         except ValueError:
             raise ConfigError(f"--worker {w!r}: port must be an integer") from None
         workers.append(Worker(h.ip, udp, h.mac, h.port, h.name))
     return validate_job(a.id, workers, a.slots or 64)
+
+
+def _added(j: J.InstalledJob) -> str:
+    return (f"job {j.id}: {j.workers} workers, slots {j.base}-{j.base + j.size - 1}, "
+            f"epoch {j.epoch}, group {j.group}")
 
 
 def _table(rows: list[list], header: list[str]) -> str:
@@ -137,28 +144,22 @@ def run(a) -> int:
             if not a.no_jobs:
                 for job in cfg.jobs:
                     j = J.add_job(sw, job)
-                    print(f"job {j.id}: {len(j.workers)} workers, slots {j.base}-"
-                          f"{j.base + j.size - 1}, epoch {j.epoch}, group {j.group}")
+                    print(_added(j))
         return 0
 
     with _connect(a, cfg) as sw:
         if a.cmd == "job" and a.job_cmd == "add":
             spec = _job_spec(a, _need_config(a))
-            j = J.add_job(sw, spec)
-            print(f"job {j.id}: {len(j.workers)} workers, slots {j.base}-{j.base + j.size - 1}, "
-                  f"epoch {j.epoch}, group {j.group}")
+            print(_added(J.add_job(sw, spec)))
         elif a.cmd == "job" and a.job_cmd == "list":
             installed = J.list_jobs(sw)
             if a.json:
-                print(json.dumps([{"id": j.id, "workers": [{"worker": w, "ip": ip, "udp_port": p}
-                                                           for w, ip, p in j.workers],
-                                   "epoch": j.epoch, "slot_base": j.base, "slots": j.size,
-                                   "group": j.group} for j in installed], indent=2))
+                print(json.dumps([j.to_json() for j in installed], indent=2))
             elif not installed:
                 print("no jobs installed")
             else:
-                print(_table([[j.id, len(j.workers), f"{j.base}-{j.base + j.size - 1}", j.epoch,
-                               j.group, " ".join(f"{ip}:{p}" for _, ip, p in j.workers)]
+                print(_table([[j.id, j.workers, f"{j.base}-{j.base + j.size - 1}", j.epoch,
+                               j.group, " ".join(f"{s.ip}:{s.udp_port}" for s in j.senders)]
                               for j in installed],
                              ["job", "workers", "slots", "epoch", "group", "senders"]))
         elif a.cmd == "job" and a.job_cmd == "remove":
@@ -167,22 +168,22 @@ def run(a) -> int:
         elif a.cmd == "stats":
             st = J.read_stats(sw)
             if a.json:
-                print(json.dumps(st, indent=2))
+                print(json.dumps(st.to_json(), indent=2))
             else:
-                print(_table([[k, v] for k, v in st["switch"].items()]
-                             + [[k, v] for k, v in st["forwarding"].items()],
+                print(_table([[k, v] for k, v in st.switch.items()]
+                             + [[k, v] for k, v in st.forwarding.items()],
                              ["counter", "packets"]))
-                if st["jobs"]:
+                if st.jobs:
                     print()
-                    names = list(next(iter(st["jobs"].values())))
-                    print(_table([[j] + [d[n]["packets"] for n in names]
-                                  for j, d in st["jobs"].items()],
+                    names = list(wire.JOB_STATS.values())
+                    print(_table([[j] + [c.packets(n) for n in names]
+                                  for j, c in st.jobs.items()],
                                  ["job"] + [n.replace("JOB_STAT_", "").lower() for n in names]))
         elif a.cmd == "reset":
             spec = _switch_spec(a, cfg)
             res = J.reset_job(sw, a.id, spec.thrift_port)
-            print(f"job {res['job']} reset: epoch {res['epoch']}, counters zeroed, registers "
-                  f"{res['registers']}")
+            print(f"job {res.job} reset: epoch {res.epoch}, counters zeroed, registers "
+                  f"{res.registers}")
     return 0
 
 
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         return run(a)
-    except (ConfigError, SwitchError, J.JobError, ToolMissing, BuildError) as e:
+    except HomaggError as e:
         print(f"homagg-ctl: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -135,6 +135,10 @@ def _short(name: str) -> str:
     return re.sub(r"\W", "_", name.rsplit(".", 1)[-1]).upper()
 
 
+def _fmt(value) -> str:
+    return pformat(value, width=80, sort_dicts=False)
+
+
 def render(p4_dir: Path, p4info: P4InfoNames | None) -> str:
     consts = parse_constants(p4_dir)
     header = parse_header(p4_dir)
@@ -147,6 +151,8 @@ def render(p4_dir: Path, p4info: P4InfoNames | None) -> str:
         "`homagg-ctl build` or `python -m homagg.controller.genconsts --p4info ...`.",
         '"""',
         "",
+        "import enum",
+        "",
         "# fmt: off",
         "# ---- constants (p4/include) ----",
     ]
@@ -157,18 +163,23 @@ def render(p4_dir: Path, p4info: P4InfoNames | None) -> str:
                    and not (group == "STATS" and k.startswith("JOB_STAT"))
                    and k not in ("STATS_SIZE", "FWD_STATS_SIZE", "JOB_STATS_SIZE",
                                  "JOB_STATS_PER_JOB")}
-        lines.append(f"{group}: dict[int, str] = {pformat(dict(sorted(entries.items())), width=96, sort_dicts=False)}")
+        lines.append(f"{group}: dict[int, str] = {_fmt(dict(sorted(entries.items())))}")
     lines += ["", f"# ---- header {HEADER_NAME}: (field, bits), first on the wire first ----",
               f"HEADER_FIELDS: tuple[tuple[str, int], ...] = {tuple(header)!r}",
               "", "# ---- serializable enums: name -> member -> value ----",
-              f"ENUMS: dict[str, dict[str, int]] = {pformat(enums, width=96, sort_dicts=False)}",
+              f"ENUMS: dict[str, dict[str, int]] = {_fmt(enums)}",
+              ""]
+    for name, members in enums.items():
+        lines += ["", f"class {name}(enum.IntEnum):"]
+        lines += [f"    {k} = {v}" for k, v in members.items()]
+    lines += ["",
               "", "# ---- P4Info: full names, ids, match fields and parameters ----"]
     if p4info is None:  # only while bootstrapping: the committed file always has P4Info
         lines.append("# (no P4Info given: compile with homagg-ctl build and regenerate)")
         p4info = P4InfoNames({}, {}, {}, {})
     for kind, objs in (("TABLE", p4info.tables), ("ACTION", p4info.actions),
                        ("COUNTER", p4info.counters), ("REGISTER", p4info.registers)):
-        short = {}
+        short: dict[str, str] = {}
         for name in objs:
             s = _short(name)
             if s in short:  # two objects share a last component: keep both fully named
@@ -176,10 +187,10 @@ def render(p4_dir: Path, p4info: P4InfoNames | None) -> str:
             short[s] = name
         for s, name in short.items():
             lines.append(f"{kind}_{s} = {name!r}")
-    lines += ["", f"TABLES: dict[str, dict] = {pformat(p4info.tables, width=96, sort_dicts=False)}",
-              f"ACTIONS: dict[str, dict] = {pformat(p4info.actions, width=96, sort_dicts=False)}",
-              f"COUNTERS: dict[str, dict] = {pformat(p4info.counters, width=96, sort_dicts=False)}",
-              f"REGISTERS: dict[str, dict] = {pformat(p4info.registers, width=96, sort_dicts=False)}",
+    lines += ["", f"TABLES: dict[str, dict] = {_fmt(p4info.tables)}",
+              f"ACTIONS: dict[str, dict] = {_fmt(p4info.actions)}",
+              f"COUNTERS: dict[str, dict] = {_fmt(p4info.counters)}",
+              f"REGISTERS: dict[str, dict] = {_fmt(p4info.registers)}",
               "# fmt: on", ""]
     return "\n".join(lines)
 

@@ -1,8 +1,10 @@
-"""What the controller writes to the switch: base forwarding, jobs, and their reset.
+"""What the controller writes to a switch: base forwarding, jobs, and their reset.
 
 The switch is the source of truth: ``list_jobs`` reads the job table back, so the CLI keeps no
-state of its own. Slot regions are allocated first-fit in [0, SLOTS) against the regions already
-installed; a job that does not fit is refused with the free space named.
+state of its own. Slot regions are allocated first-fit (``homagg.regions``) against the regions
+already installed; a job that does not fit is refused with the free space named. Every P4 name
+comes from the generated P4Info constants. ``sw`` is anything with ``P4RuntimeSwitch``'s
+methods: a real switch, or ``homagg.controller.testing.FakeSwitch``.
 """
 
 from __future__ import annotations
@@ -10,38 +12,84 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass, field
 
+from homagg import _p4consts as P4
 from homagg import wire
-from homagg.controller.p4client import SwitchConnection, SwitchError
+from homagg.controller.p4client import (
+    CounterValue,
+    P4RuntimeSwitch,
+    SwitchError,
+    TableEntry,
+)
 from homagg.errors import JobError
-from homagg.netconfig import Config, JobSpec, SwitchSpec
+from homagg.netconfig import Config, JobSpec
 from homagg.regions import allocate_region, mcast_group
 
-# P4Info names (p4/homagg.p4 instance names)
-AGG = "HomaggIngress.aggregation"
-FWD = "HomaggIngress.forwarding"
-T_LOCAL_IP = "HomaggIngress.local_ip"
-T_ARP = f"{FWD}.arp_proxy"
-T_ROUTE = f"{FWD}.ipv4_route"
-T_JOB = f"{AGG}.job_workers"
-T_RESULT = "HomaggEgress.result_addressing.result_dst"
-C_STATS = f"{AGG}.stats"
-C_JOB_STATS = f"{AGG}.job_stats"
-C_FWD_STATS = f"{FWD}.fwd_stats"
+__all__ = ["InstalledJob", "JobCounters", "JobError", "ResetResult", "SwitchStats",
+           "add_job", "find_job", "install_base", "list_jobs", "read_stats", "remove_job",
+           "reset_job"]
+
+
+@dataclass(frozen=True)
+class Sender:
+    worker: int
+    ip: str
+    udp_port: int
+    switch_port: int
 
 
 @dataclass(frozen=True)
 class InstalledJob:
+    """A job as the switch's job table holds it."""
+
     id: int
-    workers: tuple[tuple[int, str, int], ...]  # (worker id, ip, udp port)
+    senders: tuple[Sender, ...]   # by worker id
     epoch: int
     base: int
     size: int
     group: int
-    ports: dict = field(default_factory=dict)  # worker id -> switch port
 
     @property
     def region(self) -> range:
         return range(self.base, self.base + self.size)
+
+    @property
+    def workers(self) -> int:
+        return len(self.senders)
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "workers": [{"worker": s.worker, "ip": s.ip,
+                                            "udp_port": s.udp_port} for s in self.senders],
+                "epoch": self.epoch, "slot_base": self.base, "slots": self.size,
+                "group": self.group}
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    job: int
+    epoch: int
+    registers: str  # what happened to the region's registers
+
+
+@dataclass(frozen=True)
+class JobCounters:
+    """A job's counters, by JOB_STATS name (packets, bytes)."""
+
+    cells: dict[str, CounterValue]
+
+    def packets(self, name: str) -> int:
+        return self.cells[name].packets
+
+
+@dataclass(frozen=True)
+class SwitchStats:
+    switch: dict[str, int]                       # STATS name -> packets
+    forwarding: dict[str, int]                   # FWD_STATS name -> packets
+    jobs: dict[int, JobCounters] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"switch": self.switch, "forwarding": self.forwarding,
+                "jobs": {j: {n: {"packets": v.packets, "bytes": v.bytes}
+                             for n, v in c.cells.items()} for j, c in self.jobs.items()}}
 
 
 def ip_int(ip: str) -> int:
@@ -53,95 +101,107 @@ def int_ip(v: int) -> str:
     return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
 
 
+def mac_int(mac: str) -> int:
+    return int(mac.replace(":", ""), 16)
+
+
 # -- base forwarding -----------------------------------------------------------------------
 
 
-def install_base(sw: SwitchConnection, cfg: Config) -> None:
+def install_base(sw: P4RuntimeSwitch, cfg: Config) -> None:
     """The switch's own address, proxy ARP for it and every host, and /32 routes to hosts."""
-    s: SwitchSpec = cfg.switch
-    sw.insert(T_LOCAL_IP, {"hdr.ipv4.dst_addr": s.ip}, "HomaggIngress.to_switch", replace=True)
+    s = cfg.switch
+    sw.insert(TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": ip_int(s.ip)}, P4.ACTION_TO_SWITCH),
+              or_modify=True)
     for ip in [s.ip] + [h.ip for h in cfg.hosts]:
-        sw.insert(T_ARP, {"hdr.arp.tpa": ip}, f"{FWD}.arp_reply", {"mac": s.mac}, replace=True)
+        sw.insert(TableEntry(P4.TABLE_ARP_PROXY, {"tpa": ip_int(ip)}, P4.ACTION_ARP_REPLY,
+                             {"mac": mac_int(s.mac)}), or_modify=True)
     for h in cfg.hosts:
-        sw.insert(T_ROUTE, {"hdr.ipv4.dst_addr": f"{h.ip}/32"}, f"{FWD}.route",
-                  {"port": h.port, "src_mac": s.mac, "dst_mac": h.mac}, replace=True)
+        sw.insert(TableEntry(P4.TABLE_IPV4_ROUTE, {"dst_addr": (ip_int(h.ip), 32)},
+                             P4.ACTION_ROUTE, {"port": h.port, "src_mac": mac_int(s.mac),
+                                               "dst_mac": mac_int(h.mac)}), or_modify=True)
 
 
 # -- jobs ----------------------------------------------------------------------------------
 
 
-def list_jobs(sw: SwitchConnection) -> list[InstalledJob]:
+def list_jobs(sw: P4RuntimeSwitch) -> list[InstalledJob]:
     by_job: dict[int, dict] = {}
-    for match, _action, p in sw.read_table(T_JOB):
-        j = by_job.setdefault(p["job"], {"senders": [], "ports": {}, **p})
-        j["senders"].append((p["worker"], int_ip(match["hdr.ipv4.src_addr"]),
-                             match["hdr.udp.src_port"]))
-        j["ports"][p["worker"]] = p["port"]
-    return [InstalledJob(j, tuple(sorted(v["senders"])), v["epoch"], v["region_base"],
-                         v["region_size"], v["mcast_group"], v["ports"])
+    for e in sw.read(P4.TABLE_JOB_WORKERS):
+        p = e.params
+        j = by_job.setdefault(p["job"], {"senders": [], **p})
+        j["senders"].append(Sender(p["worker"], int_ip(e.match["src_addr"]),
+                                   e.match["src_port"], p["port"]))
+    return [InstalledJob(j, tuple(sorted(v["senders"], key=lambda s: s.worker)), v["epoch"],
+                         v["region_base"], v["region_size"], v["mcast_group"])
             for j, v in sorted(by_job.items())]
 
 
-def next_epoch(sw: SwitchConnection) -> int:
+def next_epoch(sw: P4RuntimeSwitch) -> int:
     """A job epoch never handed out before on this switch (kept in a counter cell: bmv2's
     P4Runtime cannot write registers, and counters survive controller restarts)."""
-    cells = sw.read_counter(C_STATS)
-    last = cells.get(wire.EPOCH_STORE, (0, 0))[0]
+    cells = sw.read_counter(P4.COUNTER_STATS)
+    last = cells.get(wire.EPOCH_STORE, CounterValue()).packets
     epoch = last % 0xFFFF + 1  # 1..65535; 0 is what fresh registers hold
-    sw.write_counter(C_STATS, {wire.EPOCH_STORE: (epoch, 0)})
+    sw.write_counter(P4.COUNTER_STATS, {wire.EPOCH_STORE: CounterValue(epoch, 0)})
     return epoch
 
 
-def _worker_entries(job: JobSpec, epoch: int, base: int):
-    for wid, w in enumerate(job.workers):
-        yield ({"hdr.ipv4.src_addr": w.ip, "hdr.udp.src_port": w.udp_port},
-               {"job": job.id, "worker": wid, "workers": len(job.workers), "epoch": epoch,
-                "region_base": base, "region_size": job.slots,
-                "mcast_group": mcast_group(job.id), "port": w.switch_port})
+def _worker_entry(job_id: int, s: Sender, workers: int, epoch: int, base: int, size: int,
+                  group: int) -> TableEntry:
+    return TableEntry(P4.TABLE_JOB_WORKERS, {"src_addr": ip_int(s.ip), "src_port": s.udp_port},
+                      P4.ACTION_SET_WORKER,
+                      {"job": job_id, "worker": s.worker, "workers": workers, "epoch": epoch,
+                       "region_base": base, "region_size": size, "mcast_group": group,
+                       "port": s.switch_port})
 
 
-def add_job(sw: SwitchConnection, job: JobSpec) -> InstalledJob:
+def _result_key(job_id: int, worker: int) -> dict:
+    return {"job": job_id, "rid": worker + wire.RID_WORKER_OFFSET}
+
+
+def add_job(sw: P4RuntimeSwitch, job: JobSpec) -> InstalledJob:
     installed = list_jobs(sw)
     if any(j.id == job.id for j in installed):
         raise JobError(f"job {job.id} is already installed (remove it first)")
-    senders = {(ip, port): j.id for j in installed for _, ip, port in j.workers}
+    senders = {(s.ip, s.udp_port): j.id for j in installed for s in j.senders}
     for w in job.workers:
         if (w.ip, w.udp_port) in senders:
             raise JobError(f"{w.ip}:{w.udp_port} already sends for job "
                            f"{senders[(w.ip, w.udp_port)]}")
     base = allocate_region(job.slots, [j.region for j in installed])
     epoch = next_epoch(sw)
+    group = mcast_group(job.id)
     # Egress addressing and the group first: once the job table matches, results can flow.
     for wid, w in enumerate(job.workers):
-        sw.insert(T_RESULT, {"meta.job": job.id,
-                             "standard_metadata.egress_rid": wid + wire.RID_WORKER_OFFSET},
-                  "HomaggEgress.result_addressing.set_result_dst",
-                  {"mac": w.mac, "ip": w.ip, "port": w.udp_port}, replace=True)
-    sw.set_multicast_group(mcast_group(job.id),
-                           [(w.switch_port, wid + wire.RID_WORKER_OFFSET)
-                            for wid, w in enumerate(job.workers)])
-    for match, params in _worker_entries(job, epoch, base):
-        sw.insert(T_JOB, match, f"{AGG}.set_worker", params)
+        sw.insert(TableEntry(P4.TABLE_RESULT_DST, _result_key(job.id, wid),
+                             P4.ACTION_SET_RESULT_DST,
+                             {"mac": mac_int(w.mac), "ip": ip_int(w.ip), "port": w.udp_port}),
+                  or_modify=True)
+    sw.set_multicast_group(group, [(w.switch_port, wid + wire.RID_WORKER_OFFSET)
+                                   for wid, w in enumerate(job.workers)])
+    new = tuple(Sender(wid, w.ip, w.udp_port, w.switch_port) for wid, w in enumerate(job.workers))
+    for s in new:
+        sw.insert(_worker_entry(job.id, s, len(new), epoch, base, job.slots, group))
     reset_job_counters(sw, job.id)
-    return InstalledJob(job.id, tuple((wid, w.ip, w.udp_port) for wid, w in enumerate(job.workers)),
-                        epoch, base, job.slots, mcast_group(job.id))
+    return InstalledJob(job.id, new, epoch, base, job.slots, group)
 
 
-def find_job(sw: SwitchConnection, job_id: int) -> InstalledJob:
+def find_job(sw: P4RuntimeSwitch, job_id: int) -> InstalledJob:
     for j in list_jobs(sw):
         if j.id == job_id:
             return j
     raise JobError(f"job {job_id} is not installed")
 
 
-def remove_job(sw: SwitchConnection, job_id: int) -> InstalledJob:
+def remove_job(sw: P4RuntimeSwitch, job_id: int) -> InstalledJob:
     job = find_job(sw, job_id)
-    for _, ip, port in job.workers:
-        sw.delete(T_JOB, {"hdr.ipv4.src_addr": ip, "hdr.udp.src_port": port})
-    for wid, _, _ in job.workers:
+    for s in job.senders:
+        sw.delete(TableEntry(P4.TABLE_JOB_WORKERS, {"src_addr": ip_int(s.ip),
+                                                    "src_port": s.udp_port}))
+    for s in job.senders:
         try:
-            sw.delete(T_RESULT, {"meta.job": job.id,
-                                 "standard_metadata.egress_rid": wid + wire.RID_WORKER_OFFSET})
+            sw.delete(TableEntry(P4.TABLE_RESULT_DST, _result_key(job.id, s.worker)))
         except SwitchError:
             pass  # already gone: removal is best effort past the job table
     try:
@@ -151,43 +211,40 @@ def remove_job(sw: SwitchConnection, job_id: int) -> InstalledJob:
     return job
 
 
-def reset_job_counters(sw: SwitchConnection, job_id: int) -> None:
+def reset_job_counters(sw: P4RuntimeSwitch, job_id: int) -> None:
     base = job_id * wire.JOB_STATS_PER_JOB
-    sw.write_counter(C_JOB_STATS, {base + k: (0, 0) for k in range(wire.JOB_STATS_PER_JOB)})
+    sw.write_counter(P4.COUNTER_JOB_STATS,
+                     {base + k: CounterValue() for k in range(wire.JOB_STATS_PER_JOB)})
 
 
-def reset_job(sw: SwitchConnection, job_id: int, thrift_port: int | None = None) -> dict:
+def reset_job(sw: P4RuntimeSwitch, job_id: int, thrift_port: int | None = None) -> ResetResult:
     """Start the job afresh: a new epoch makes every slot of its region empty to the data plane
     (agents restart their sequence numbers), its counters go to zero, and where bmv2's Thrift
     CLI is installed the region's registers are zeroed too."""
     job = find_job(sw, job_id)
     epoch = next_epoch(sw)
-    for _, ip, port in job.workers:
-        match = {"hdr.ipv4.src_addr": ip, "hdr.udp.src_port": port}
-        wid = [w for w, i, p in job.workers if (i, p) == (ip, port)][0]
-        params = {"job": job.id, "worker": wid, "workers": len(job.workers), "epoch": epoch,
-                  "region_base": job.base, "region_size": job.size, "mcast_group": job.group,
-                  "port": job.ports[wid]}
-        sw.modify(T_JOB, match, f"{AGG}.set_worker", params)
+    for s in job.senders:
+        sw.modify(_worker_entry(job.id, s, job.workers, epoch, job.base, job.size, job.group))
     reset_job_counters(sw, job.id)
-    registers = "skipped (simple_switch_CLI not found)"
+    registers = "skipped (no Thrift port)"
     if thrift_port is not None:
         registers = clear_region_registers(job, thrift_port)
-    return {"job": job.id, "epoch": epoch, "registers": registers}
+    return ResetResult(job.id, epoch, registers)
 
 
 def clear_region_registers(job: InstalledJob, thrift_port: int) -> str:
     from homagg.targets.toolchain import find
 
     cli = find("simple_switch_CLI")
-    if not cli.found:
+    if cli.path is None:
         return f"skipped ({cli.how})"
     lines = []
     for slot in job.region:
         for phase in (0, 1):
             idx = 2 * slot + phase
-            for reg in ("slot_seen", "slot_count", "slot_seq", "slot_epoch", "slot_overflow"):
-                lines.append(f"register_write {AGG}.{reg} {idx} 0")
+            for reg in P4.REGISTERS:
+                if P4.REGISTERS[reg]["size"] == wire.SLOT_STATE_SIZE:
+                    lines.append(f"register_write {reg} {idx} 0")
     proc = subprocess.run([str(cli.path), "--thrift-port", str(thrift_port)],
                           input="\n".join(lines) + "\n", capture_output=True, text=True,
                           timeout=120)
@@ -199,18 +256,15 @@ def clear_region_registers(job: InstalledJob, thrift_port: int) -> str:
 # -- stats ---------------------------------------------------------------------------------
 
 
-def read_stats(sw: SwitchConnection) -> dict:
-    stats = sw.read_counter(C_STATS)
-    fwd = sw.read_counter(C_FWD_STATS)
-    jobs = sw.read_counter(C_JOB_STATS)
-    out = {
-        "switch": {name: stats.get(i, (0, 0))[0] for i, name in wire.STATS.items()},
-        "forwarding": {name: fwd.get(i, (0, 0))[0] for i, name in wire.FWD_STATS.items()},
-        "jobs": {},
-    }
+def read_stats(sw: P4RuntimeSwitch) -> SwitchStats:
+    stats = sw.read_counter(P4.COUNTER_STATS)
+    fwd = sw.read_counter(P4.COUNTER_FWD_STATS)
+    cells = sw.read_counter(P4.COUNTER_JOB_STATS)
+    zero = CounterValue()
+    out = SwitchStats({name: stats.get(i, zero).packets for i, name in wire.STATS.items()},
+                      {name: fwd.get(i, zero).packets for i, name in wire.FWD_STATS.items()})
     for j in list_jobs(sw):
         base = j.id * wire.JOB_STATS_PER_JOB
-        out["jobs"][j.id] = {name: {"packets": jobs.get(base + k, (0, 0))[0],
-                                    "bytes": jobs.get(base + k, (0, 0))[1]}
-                             for k, name in wire.JOB_STATS.items()}
+        out.jobs[j.id] = JobCounters({name: cells.get(base + k, zero)
+                                      for k, name in wire.JOB_STATS.items()})
     return out

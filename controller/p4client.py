@@ -1,9 +1,15 @@
-"""One P4Runtime session with one switch, through p4runtime-shell, with every request logged.
+"""P4Runtime sessions with switches: typed entries, every name from P4Info, several at once.
 
-p4runtime-shell keeps its client in a module global, so one process talks to one switch at a
-time through it; ``SwitchConnection`` owns that global while it is open. Its own ``setup()``
-calls sys.exit() on errors, so we build the client ourselves and raise ``SwitchError`` with
-one clear line instead.
+One ``P4RuntimeSwitch`` per switch; a process may hold as many as it likes (a leaf/spine tree
+needs several). Each owns its own p4runtime-shell ``P4RuntimeClient`` (channel, arbitration
+stream): we keep p4runtime-shell for that part, which is per instance, and do not use its
+``shell`` module, whose entities go through one module-global client and P4Info. Messages are
+built here from the ids in the generated ``homagg._p4consts`` (the compiled P4Info), and on
+connecting the switch's own P4Info is checked against them, so a stale pipeline is one clear
+error instead of wrong writes.
+
+Every request is logged to a file per switch (``request_log``), after p4lang/tutorials'
+helper: it turns "nothing happens" into a readable trace.
 """
 
 from __future__ import annotations
@@ -12,28 +18,79 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any
 
+from homagg import _p4consts as P4
 from homagg.controller.build import Pipeline
 from homagg.errors import HomaggError
 
-log = logging.getLogger("homagg.switch")
+log = logging.getLogger("homagg.p4client")
+
+#: google.rpc.Code.ALREADY_EXISTS: the only write error that turns an insert into a modify.
+ALREADY_EXISTS = 6
+
+Match = Mapping[str, "int | tuple[int, int]"]  # exact value, or (value, prefix length) for lpm
 
 
 class SwitchError(HomaggError):
-    """The switch is unreachable, refused a request, or has no pipeline."""
+    """The switch is unreachable, refused a request, or runs another pipeline."""
 
 
-def _shell():
+@dataclass(frozen=True)
+class TableEntry:
+    """One table entry by P4Info names: match fields by key ``@name``, action parameters by
+    name; values are integers (addresses already converted)."""
+
+    table: str
+    match: Mapping[str, Any]
+    action: str | None = None
+    params: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CounterValue:
+    packets: int = 0
+    bytes: int = 0
+
+
+def _pb():
     try:
         from p4.v1 import p4runtime_pb2
-        from p4runtime_sh import context as _context  # noqa: F401
-        from p4runtime_sh import p4runtime, shell
+        from p4runtime_sh import p4runtime
     except ImportError as e:  # pragma: no cover - the controller extra is missing
         raise SwitchError(f"p4runtime-shell is not installed ({e}); "
                           "pip install 'homagg[controller]'") from e
-    return shell, p4runtime, p4runtime_pb2
+    return p4runtime, p4runtime_pb2
+
+
+def _bytes(value: int, bits: int) -> bytes:
+    if value < 0 or value >> bits:
+        raise SwitchError(f"value {value} does not fit in {bits} bits")
+    return value.to_bytes((bits + 7) // 8, "big")
+
+
+def _table(name: str) -> dict:
+    try:
+        return P4.TABLES[name]
+    except KeyError:
+        raise SwitchError(f"no table {name!r} in the P4Info this homagg was built with") from None
+
+
+def _action(name: str) -> dict:
+    try:
+        return P4.ACTIONS[name]
+    except KeyError:
+        raise SwitchError(f"no action {name!r} in the P4Info this homagg was built with") from None
+
+
+def _counter(name: str) -> dict:
+    try:
+        return P4.COUNTERS[name]
+    except KeyError:
+        raise SwitchError(f"no counter {name!r} in the P4Info this homagg was built with") from None
 
 
 class _LoggingStub:
@@ -42,7 +99,7 @@ class _LoggingStub:
     def __init__(self, stub, path: Path | None, name: str):
         self._stub = stub
         self._lock = threading.Lock()
-        self._file = open(path, "a", encoding="utf-8") if path else None
+        self._file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
         self._name = name
 
     def _log(self, text: str) -> None:
@@ -85,8 +142,8 @@ def _reachable(addr: str, timeout: float) -> bool:
         return False
 
 
-class SwitchConnection:
-    """A P4Runtime session: push the pipeline, write entries, read and reset counters."""
+class P4RuntimeSwitch:
+    """A P4Runtime session with one switch: pipeline, table entries, multicast, counters."""
 
     def __init__(self, grpc_addr: str = "127.0.0.1:9559", device_id: int = 1,
                  election_id: tuple[int, int] = (0, 1), request_log: Path | None = None,
@@ -96,15 +153,16 @@ class SwitchConnection:
         self.election_id = election_id
         self.request_log = request_log
         self.name = name
-        self.client = None
-        self._stub_wrapper = None
+        self.client: Any = None
+        self._homagg = True
+        self._stub_wrapper: _LoggingStub | None = None
 
-    # -- session ------------------------------------------------------------------------
-    def open(self, pipeline: Pipeline | None = None, timeout: float = 5.0) -> "SwitchConnection":
-        """Connect; push ``pipeline`` if given, else require that the switch has one."""
-        shell, p4runtime, _ = _shell()
-        if shell.client is not None:
-            raise SwitchError("another switch session is open in this process")
+    # -- session ---------------------------------------------------------------------------
+    def open(self, pipeline: Pipeline | None = None, timeout: float = 5.0,
+             homagg: bool = True) -> P4RuntimeSwitch:
+        """Connect; push ``pipeline`` if given; then require that the switch runs homagg's
+        pipeline (``homagg=False``: any pipeline, e.g. a benchmark's baseline program)."""
+        p4runtime, _ = _pb()
         deadline = time.monotonic() + timeout
         while not _reachable(self.addr, 0.5):
             if time.monotonic() > deadline:
@@ -113,26 +171,25 @@ class SwitchConnection:
             time.sleep(0.2)
         try:
             client = p4runtime.P4RuntimeClient(self.device_id, self.addr, self.election_id)
-        except SystemExit:
+        except SystemExit:  # p4runtime-shell exits on a failed handshake
             raise SwitchError(f"switch {self.name} at {self.addr}: no P4Runtime session "
                               f"(device id {self.device_id}?)") from None
-        shell.global_options["verbose"] = False  # else it prints every match field it builds
         self._stub_wrapper = _LoggingStub(client.stub, self.request_log, self.name)
         client.stub = self._stub_wrapper
         self.client = client
-        shell.client = client
+        self._homagg = homagg
         try:
             if pipeline is not None:
                 self.push_pipeline(pipeline)
-            else:
-                self._load_p4info()
+            elif homagg:
+                self._check_p4info()
         except BaseException:
             self.close()
             raise
         return self
 
     def push_pipeline(self, pipeline: Pipeline) -> None:
-        shell, p4runtime, _ = _shell()
+        p4runtime, _ = _pb()
         if not pipeline.exists():
             raise SwitchError(f"pipeline missing: {pipeline.bmv2_json} / {pipeline.p4info} "
                               "(run homagg-ctl build)")
@@ -140,149 +197,197 @@ class SwitchConnection:
             self.client.set_fwd_pipe_config(str(pipeline.p4info), str(pipeline.bmv2_json))
         except p4runtime.P4RuntimeException as e:
             raise SwitchError(f"switch {self.name} refused the pipeline: {e}") from None
-        self._load_p4info()
+        if self._homagg:
+            self._check_p4info()
 
-    def _load_p4info(self) -> None:
-        shell, p4runtime, _ = _shell()
+    def _check_p4info(self) -> None:
+        """The switch must run the pipeline the generated ids describe."""
+        p4runtime, _ = _pb()
         try:
-            p4info = self.client.get_p4info()
+            info = self.client.get_p4info()
         except p4runtime.P4RuntimeException as e:
             raise SwitchError(f"switch {self.name} has no pipeline ({e}); run homagg-ctl "
                               "install") from None
-        if not p4info.tables:
+        if not info.tables:
             raise SwitchError(f"switch {self.name} has no pipeline; run homagg-ctl install")
-        shell.context.set_p4info(p4info)
+        theirs = {t.preamble.name: t.preamble.id for t in info.tables}
+        theirs.update({a.preamble.name: a.preamble.id for a in info.actions})
+        theirs.update({c.preamble.name: c.preamble.id for c in info.counters})
+        ours = {n: d["id"] for group in (P4.TABLES, P4.ACTIONS, P4.COUNTERS)
+                for n, d in group.items()}
+        wrong = sorted(n for n, i in ours.items() if theirs.get(n) != i)
+        if wrong:
+            raise SwitchError(f"switch {self.name} runs another pipeline than this homagg's "
+                              f"(differs in {', '.join(wrong[:3])}); run homagg-ctl install")
 
     def close(self) -> None:
-        shell, _, _ = _shell()
         if self.client is not None:
             try:
                 self.client.tear_down()
             finally:
-                if shell.client is self.client:
-                    shell.client = None
                 self.client = None
         if self._stub_wrapper:
             self._stub_wrapper.close()
+            self._stub_wrapper = None
 
-    def __enter__(self):
+    def __enter__(self) -> P4RuntimeSwitch:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- tables -------------------------------------------------------------------------
-    def table_entry(self, table: str, match: dict, action: str | None = None,
-                    params: dict | None = None):
-        shell, _, _ = _shell()
-        te = shell.TableEntry(table)(action=action) if action else shell.TableEntry(table)
-        for k, v in match.items():
-            te.match[k] = str(v)
-        for k, v in (params or {}).items():
-            te.action[k] = str(v)
+    # -- writes and reads ------------------------------------------------------------------
+    def _write(self, what: str, updates: list, or_modify: bool = False) -> None:
+        """One Write; with ``or_modify``, updates refused with ALREADY_EXISTS become MODIFY."""
+        p4runtime, pb = _pb()
+        req = pb.WriteRequest()
+        req.updates.extend(updates)
+        try:
+            self.client.write(req)
+        except p4runtime.P4RuntimeWriteException as e:
+            codes = [err.canonical_code for _, err in e.errors]
+            if or_modify and codes and all(c == ALREADY_EXISTS for c in codes):
+                for u in updates:
+                    u.type = pb.Update.MODIFY
+                self._write(what, updates)
+                return
+            raise SwitchError(f"switch {self.name}: {what} failed: {str(e).strip()}") from None
+        except Exception as e:  # grpc.RpcError: the switch went away, or refused the batch
+            raise SwitchError(f"switch {self.name}: {what} failed: {e}") from None
+
+    def _entry_pb(self, e: TableEntry):
+        _, pb = _pb()
+        t = _table(e.table)
+        te = pb.TableEntry(table_id=t["id"])
+        for name, value in e.match.items():
+            key = t["keys"].get(name)
+            if key is None:
+                raise SwitchError(f"table {e.table} has no match field {name!r} "
+                                  f"(fields: {', '.join(t['keys'])})")
+            fm = te.match.add(field_id=key["id"])
+            if key["match"] == "lpm":
+                v, plen = value
+                fm.lpm.value = _bytes(v, key["bits"])
+                fm.lpm.prefix_len = plen
+            else:
+                fm.exact.value = _bytes(value, key["bits"])
+        if e.action is not None:
+            a = _action(e.action)
+            te.action.action.action_id = a["id"]
+            for name, value in e.params.items():
+                p = a["params"].get(name)
+                if p is None:
+                    raise SwitchError(f"action {e.action} has no parameter {name!r}")
+                te.action.action.params.add(param_id=p["id"], value=_bytes(value, p["bits"]))
         return te
 
-    def _do(self, what: str, fn):
-        shell, p4runtime, _ = _shell()
-        try:
-            return fn()
-        except (p4runtime.P4RuntimeWriteException, p4runtime.P4RuntimeException) as e:
-            raise SwitchError(f"switch {self.name}: {what} failed: {e}".strip()) from None
+    def _update(self, kind: str, entity_kind: str, message):
+        _, pb = _pb()
+        u = pb.Update(type=getattr(pb.Update, kind))
+        getattr(u.entity, entity_kind).CopyFrom(message)
+        return u
 
-    def insert(self, table: str, match: dict, action: str, params: dict | None = None,
-               replace: bool = False) -> None:
-        te = self.table_entry(table, match, action, params)
-        if replace:
-            # modify when present: reinstalling a config is idempotent
-            try:
-                te.insert()
-                return
-            except Exception:
-                pass
-            self._do(f"modify {table} {match}", te.modify)
-        else:
-            self._do(f"insert {table} {match}", te.insert)
+    def insert(self, entry: TableEntry, or_modify: bool = False) -> None:
+        """Insert; with ``or_modify``, an entry that already exists is modified (idempotent
+        re-installs). Any other refusal is a SwitchError."""
+        self._write(f"insert {entry.table} {dict(entry.match)}",
+                    [self._update("INSERT", "table_entry", self._entry_pb(entry))], or_modify)
 
-    def modify(self, table: str, match: dict, action: str, params: dict | None = None) -> None:
-        te = self.table_entry(table, match, action, params)
-        self._do(f"modify {table} {match}", te.modify)
+    def modify(self, entry: TableEntry) -> None:
+        self._write(f"modify {entry.table} {dict(entry.match)}",
+                    [self._update("MODIFY", "table_entry", self._entry_pb(entry))])
 
-    def delete(self, table: str, match: dict) -> None:
-        te = self.table_entry(table, match)
-        self._do(f"delete {table} {match}", te.delete)
+    def delete(self, entry: TableEntry) -> None:
+        te = self._entry_pb(TableEntry(entry.table, entry.match))
+        self._write(f"delete {entry.table} {dict(entry.match)}",
+                    [self._update("DELETE", "table_entry", te)])
 
-    def read_table(self, table: str) -> list[tuple[dict, str, dict]]:
-        """All entries of a table as (match, action, params) with integer values."""
-        shell, _, _ = _shell()
+    def _read(self, what: str, entity) -> list:
+        p4runtime, _ = _pb()
         out = []
-
-        def collect(te):
-            match = {}
-            for name, fm in te.match._mk.items():  # name -> p4runtime FieldMatch
-                if fm.HasField("exact"):
-                    match[name] = int.from_bytes(fm.exact.value, "big")
-                elif fm.HasField("lpm"):
-                    match[name] = (int.from_bytes(fm.lpm.value, "big"), fm.lpm.prefix_len)
-            action = te.action  # p4runtime-shell Action: name -> p4runtime Param message
-            params = {name: int.from_bytes(p.value, "big")
-                      for name, p in action._param_values.items()}
-            action_name = action.action_name
-            out.append((match, action_name, params))
-
-        self._do(f"read {table}", lambda: shell.TableEntry(table).read(collect))
+        try:
+            for resp in self.client.read_one(entity):
+                out.extend(resp.entities)
+        except Exception as e:  # P4RuntimeException or grpc.RpcError mid-stream
+            raise SwitchError(f"switch {self.name}: read {what} failed: {e}") from None
         return out
 
-    # -- multicast ----------------------------------------------------------------------
+    def read(self, table: str) -> list[TableEntry]:
+        """Every entry of a table, by P4Info names, with integer values."""
+        _, pb = _pb()
+        t = _table(table)
+        keys = {k["id"]: (n, k) for n, k in t["keys"].items()}
+        actions = {a["id"]: (n, a) for n, a in P4.ACTIONS.items()}
+        ent = pb.Entity()
+        ent.table_entry.table_id = t["id"]
+        out = []
+        for e in self._read(table, ent):
+            te = e.table_entry
+            match: dict[str, Any] = {}
+            for fm in te.match:
+                name, _k = keys[fm.field_id]
+                if fm.HasField("lpm"):
+                    match[name] = (int.from_bytes(fm.lpm.value, "big"), fm.lpm.prefix_len)
+                else:
+                    match[name] = int.from_bytes(fm.exact.value, "big")
+            aname, a = actions[te.action.action.action_id]
+            pnames = {p["id"]: n for n, p in a["params"].items()}
+            params = {pnames[p.param_id]: int.from_bytes(p.value, "big")
+                      for p in te.action.action.params}
+            out.append(TableEntry(table, match, aname, params))
+        return out
+
+    # -- multicast -------------------------------------------------------------------------
     def set_multicast_group(self, group: int, replicas: Iterable[tuple[int, int]]) -> None:
-        shell, _, _ = _shell()
-        mg = shell.MulticastGroupEntry(group)
+        """Create or replace a group of (egress port, replication id) replicas."""
+        _, pb = _pb()
+        entry = pb.PacketReplicationEngineEntry()
+        mg = entry.multicast_group_entry
+        mg.multicast_group_id = group
         for port, rid in replicas:
-            mg.add(port, rid)
-        try:
-            mg.insert()
-        except Exception:
-            self._do(f"modify multicast group {group}", mg.modify)
+            mg.replicas.add(egress_port=port, instance=rid)
+        self._write(f"multicast group {group}",
+                    [self._update("INSERT", "packet_replication_engine_entry", entry)],
+                    or_modify=True)
 
     def delete_multicast_group(self, group: int) -> None:
-        shell, _, _ = _shell()
-        self._do(f"delete multicast group {group}", shell.MulticastGroupEntry(group).delete)
+        _, pb = _pb()
+        entry = pb.PacketReplicationEngineEntry()
+        entry.multicast_group_entry.multicast_group_id = group
+        self._write(f"delete multicast group {group}",
+                    [self._update("DELETE", "packet_replication_engine_entry", entry)])
 
     def read_multicast_groups(self) -> dict[int, list[tuple[int, int]]]:
-        shell, _, _ = _shell()
+        _, pb = _pb()
+        ent = pb.Entity()
+        ent.packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 0
         groups = {}
-
-        def collect(mg):
-            groups[mg.group_id] = [(r._msg.egress_port, r._msg.instance) for r in mg.replicas]
-
-        self._do("read multicast groups", lambda: shell.MulticastGroupEntry().read(collect))
+        for e in self._read("multicast groups", ent):
+            mg = e.packet_replication_engine_entry.multicast_group_entry
+            groups[mg.multicast_group_id] = [(r.egress_port, r.instance) for r in mg.replicas]
         return groups
 
-    # -- counters -----------------------------------------------------------------------
-    def read_counter(self, name: str) -> dict[int, tuple[int, int]]:
-        """index -> (packets, bytes), one wildcard read."""
-        shell, _, _ = _shell()
-        out = {}
+    # -- counters --------------------------------------------------------------------------
+    def read_counter(self, name: str) -> dict[int, CounterValue]:
+        """index -> value, one wildcard read."""
+        _, pb = _pb()
+        ent = pb.Entity()
+        ent.counter_entry.counter_id = _counter(name)["id"]
+        return {e.counter_entry.index.index: CounterValue(e.counter_entry.data.packet_count,
+                                                          e.counter_entry.data.byte_count)
+                for e in self._read(name, ent)}
 
-        def collect(ce):
-            d = ce._entry.data
-            out[ce._entry.index.index] = (d.packet_count, d.byte_count)
-
-        self._do(f"read counter {name}", lambda: shell.CounterEntry(name).read(collect))
-        return out
-
-    def write_counter(self, name: str, values: dict[int, tuple[int, int]]) -> None:
+    def write_counter(self, name: str, values: Mapping[int, CounterValue]) -> None:
         """Set counter cells, in one batched Write (bmv2 resets counters one index at a time)."""
-        shell, p4runtime, p4runtime_pb2 = _shell()
+        _, pb = _pb()
         if not values:
             return
-        cid = shell.context.get_obj_id(shell.P4Type.counter, name)
-        req = p4runtime_pb2.WriteRequest()
-        for index, (packets, nbytes) in sorted(values.items()):
-            up = req.updates.add()
-            up.type = p4runtime_pb2.Update.MODIFY
-            ce = up.entity.counter_entry
-            ce.counter_id = cid
+        cid = _counter(name)["id"]
+        updates = []
+        for index, v in sorted(values.items()):
+            ce = pb.CounterEntry(counter_id=cid)
             ce.index.index = index
-            ce.data.packet_count = packets
-            ce.data.byte_count = nbytes
-        self._do(f"write counter {name}", lambda: self.client.write(req))
+            ce.data.packet_count = v.packets
+            ce.data.byte_count = v.bytes
+            updates.append(self._update("MODIFY", "counter_entry", ce))
+        self._write(f"write counter {name}", updates)

@@ -5,6 +5,8 @@ list, enums) and the compiled P4Info (names and ids). Change the P4 source, then
 `homagg-ctl build` or `python -m homagg.controller.genconsts --p4info ...`.
 """
 
+import enum
+
 # fmt: off
 # ---- constants (p4/include) ----
 SLOT_INDEX_WIDTH = 10
@@ -92,19 +94,163 @@ STATS: dict[int, str] = {0: 'STAT_RX',
  15: 'DROP_STALE',
  16: 'DROP_SPOOFED'}
 FWD_STATS: dict[int, str] = {0: 'FWD_ROUTED', 1: 'FWD_ARP_REPLIES', 2: 'FWD_NO_ROUTE', 3: 'FWD_SPOOFED'}
-JOB_STATS: dict[int, str] = {0: 'JOB_STAT_ACCEPTED', 1: 'JOB_STAT_COMPLETED', 2: 'JOB_STAT_RETRANS', 3: 'JOB_STAT_DROPPED'}
+JOB_STATS: dict[int, str] = {0: 'JOB_STAT_ACCEPTED',
+ 1: 'JOB_STAT_COMPLETED',
+ 2: 'JOB_STAT_RETRANS',
+ 3: 'JOB_STAT_DROPPED'}
 
 # ---- header homagg_h: (field, bits), first on the wire first ----
 HEADER_FIELDS: tuple[tuple[str, int], ...] = (('version', 4), ('op', 4), ('flags', 8), ('job', 16), ('worker', 8), ('reserved', 8), ('slot', 16), ('seq', 32))
 
 # ---- serializable enums: name -> member -> value ----
-ENUMS: dict[str, dict[str, int]] = {'Verdict': {'ACCEPT': 0, 'RETRANS_REPLY': 1, 'DUP_PENDING': 2, 'SEQ_MISMATCH': 3, 'STALE': 4}}
+ENUMS: dict[str, dict[str, int]] = {'Verdict': {'ACCEPT': 0,
+             'RETRANS_REPLY': 1,
+             'DUP_PENDING': 2,
+             'SEQ_MISMATCH': 3,
+             'STALE': 4}}
+
+
+class Verdict(enum.IntEnum):
+    ACCEPT = 0
+    RETRANS_REPLY = 1
+    DUP_PENDING = 2
+    SEQ_MISMATCH = 3
+    STALE = 4
+
 
 # ---- P4Info: full names, ids, match fields and parameters ----
-# (no P4Info given: compile with homagg-ctl build and regenerate)
+TABLE_ARP_PROXY = 'HomaggIngress.forwarding.arp_proxy'
+TABLE_IPV4_ROUTE = 'HomaggIngress.forwarding.ipv4_route'
+TABLE_JOB_WORKERS = 'HomaggIngress.aggregation.admission.job_workers'
+TABLE_LOCAL_IP = 'HomaggIngress.local_ip'
+TABLE_RESULT_DST = 'HomaggEgress.result_addressing.result_dst'
+ACTION_NOACTION = 'NoAction'
+ACTION_ARP_REPLY = 'HomaggIngress.forwarding.arp_reply'
+ACTION_ROUTE = 'HomaggIngress.forwarding.route'
+ACTION_SET_WORKER = 'HomaggIngress.aggregation.admission.set_worker'
+ACTION_FIRST_WORDS = 'HomaggIngress.aggregation.words.first_words'
+ACTION_MERGE_OVERFLOW = 'HomaggIngress.aggregation.words.merge_overflow'
+ACTION_ADD_WORDS = 'HomaggIngress.aggregation.words.add_words'
+ACTION_ADD_WORDS_EMIT = 'HomaggIngress.aggregation.words.add_words_emit'
+ACTION_OR_WORDS = 'HomaggIngress.aggregation.words.or_words'
+ACTION_OR_WORDS_EMIT = 'HomaggIngress.aggregation.words.or_words_emit'
+ACTION_READ_RESULT = 'HomaggIngress.aggregation.words.read_result'
+ACTION_FROM_SWITCH = 'HomaggIngress.aggregation.reply.from_switch'
+ACTION_TO_SENDER = 'HomaggIngress.aggregation.reply.to_sender'
+ACTION_JOB_COUNT = 'HomaggIngress.aggregation.job_count'
+ACTION_TO_SWITCH = 'HomaggIngress.to_switch'
+ACTION_SET_RESULT_DST = 'HomaggEgress.result_addressing.set_result_dst'
+ACTION_DROP_REPLICA = 'HomaggEgress.result_addressing.drop_replica'
+COUNTER_FWD_STATS = 'HomaggIngress.forwarding.fwd_stats'
+COUNTER_STATS = 'HomaggIngress.aggregation.stats'
+COUNTER_JOB_STATS = 'HomaggIngress.aggregation.job_stats'
+REGISTER_SLOT_SEEN = 'HomaggIngress.aggregation.slot_state.slot_seen'
+REGISTER_SLOT_COUNT = 'HomaggIngress.aggregation.slot_state.slot_count'
+REGISTER_SLOT_SEQ = 'HomaggIngress.aggregation.slot_state.slot_seq'
+REGISTER_SLOT_OP = 'HomaggIngress.aggregation.slot_state.slot_op'
+REGISTER_SLOT_EPOCH = 'HomaggIngress.aggregation.slot_state.slot_epoch'
+REGISTER_SLOT_WORDS = 'HomaggIngress.aggregation.words.slot_words'
+REGISTER_SLOT_OVERFLOW = 'HomaggIngress.aggregation.words.slot_overflow'
 
-TABLES: dict[str, dict] = {}
-ACTIONS: dict[str, dict] = {}
-COUNTERS: dict[str, dict] = {}
-REGISTERS: dict[str, dict] = {}
+TABLES: dict[str, dict] = {'HomaggIngress.forwarding.arp_proxy': {'id': 46778369,
+                                        'keys': {'tpa': {'id': 1,
+                                                         'bits': 32,
+                                                         'match': 'exact'}},
+                                        'actions': [23026197, 21257015],
+                                        'size': 1024},
+ 'HomaggIngress.forwarding.ipv4_route': {'id': 47762615,
+                                         'keys': {'dst_addr': {'id': 1,
+                                                               'bits': 32,
+                                                               'match': 'lpm'}},
+                                         'actions': [28901978, 21257015],
+                                         'size': 1024},
+ 'HomaggIngress.aggregation.admission.job_workers': {'id': 43387275,
+                                                     'keys': {'src_addr': {'id': 1,
+                                                                           'bits': 32,
+                                                                           'match': 'exact'},
+                                                              'src_port': {'id': 2,
+                                                                           'bits': 16,
+                                                                           'match': 'exact'}},
+                                                     'actions': [28042185,
+                                                                 21257015],
+                                                     'size': 1024},
+ 'HomaggIngress.local_ip': {'id': 46086682,
+                            'keys': {'dst_addr': {'id': 1,
+                                                  'bits': 32,
+                                                  'match': 'exact'}},
+                            'actions': [32762413, 21257015],
+                            'size': 16},
+ 'HomaggEgress.result_addressing.result_dst': {'id': 39172084,
+                                               'keys': {'job': {'id': 1,
+                                                                'bits': 16,
+                                                                'match': 'exact'},
+                                                        'rid': {'id': 2,
+                                                                'bits': 16,
+                                                                'match': 'exact'}},
+                                               'actions': [21954054, 17611450],
+                                               'size': 1024}}
+ACTIONS: dict[str, dict] = {'NoAction': {'id': 21257015, 'params': {}},
+ 'HomaggIngress.forwarding.arp_reply': {'id': 23026197,
+                                        'params': {'mac': {'id': 1,
+                                                           'bits': 48}}},
+ 'HomaggIngress.forwarding.route': {'id': 28901978,
+                                    'params': {'port': {'id': 1, 'bits': 9},
+                                               'src_mac': {'id': 2, 'bits': 48},
+                                               'dst_mac': {'id': 3,
+                                                           'bits': 48}}},
+ 'HomaggIngress.aggregation.admission.set_worker': {'id': 28042185,
+                                                    'params': {'job': {'id': 1,
+                                                                       'bits': 16},
+                                                               'worker': {'id': 2,
+                                                                          'bits': 8},
+                                                               'workers': {'id': 3,
+                                                                           'bits': 8},
+                                                               'epoch': {'id': 4,
+                                                                         'bits': 16},
+                                                               'region_base': {'id': 5,
+                                                                               'bits': 16},
+                                                               'region_size': {'id': 6,
+                                                                               'bits': 16},
+                                                               'mcast_group': {'id': 7,
+                                                                               'bits': 16},
+                                                               'port': {'id': 8,
+                                                                        'bits': 9}}},
+ 'HomaggIngress.aggregation.words.first_words': {'id': 32712911, 'params': {}},
+ 'HomaggIngress.aggregation.words.merge_overflow': {'id': 22662305,
+                                                    'params': {}},
+ 'HomaggIngress.aggregation.words.add_words': {'id': 20455334, 'params': {}},
+ 'HomaggIngress.aggregation.words.add_words_emit': {'id': 27680961,
+                                                    'params': {}},
+ 'HomaggIngress.aggregation.words.or_words': {'id': 32831940, 'params': {}},
+ 'HomaggIngress.aggregation.words.or_words_emit': {'id': 20183848,
+                                                   'params': {}},
+ 'HomaggIngress.aggregation.words.read_result': {'id': 28358244, 'params': {}},
+ 'HomaggIngress.aggregation.reply.from_switch': {'id': 24461643, 'params': {}},
+ 'HomaggIngress.aggregation.reply.to_sender': {'id': 22346923, 'params': {}},
+ 'HomaggIngress.aggregation.job_count': {'id': 28004196, 'params': {}},
+ 'HomaggIngress.to_switch': {'id': 32762413, 'params': {}},
+ 'HomaggEgress.result_addressing.set_result_dst': {'id': 21954054,
+                                                   'params': {'mac': {'id': 1,
+                                                                      'bits': 48},
+                                                              'ip': {'id': 2,
+                                                                     'bits': 32},
+                                                              'port': {'id': 3,
+                                                                       'bits': 16}}},
+ 'HomaggEgress.result_addressing.drop_replica': {'id': 17611450, 'params': {}}}
+COUNTERS: dict[str, dict] = {'HomaggIngress.forwarding.fwd_stats': {'id': 305495350, 'size': 4},
+ 'HomaggIngress.aggregation.stats': {'id': 312638953, 'size': 32},
+ 'HomaggIngress.aggregation.job_stats': {'id': 303283064, 'size': 256}}
+REGISTERS: dict[str, dict] = {'HomaggIngress.aggregation.slot_state.slot_seen': {'id': 385064504,
+                                                    'size': 2048},
+ 'HomaggIngress.aggregation.slot_state.slot_count': {'id': 370622376,
+                                                     'size': 2048},
+ 'HomaggIngress.aggregation.slot_state.slot_seq': {'id': 370396696,
+                                                   'size': 2048},
+ 'HomaggIngress.aggregation.slot_state.slot_op': {'id': 378934224,
+                                                  'size': 2048},
+ 'HomaggIngress.aggregation.slot_state.slot_epoch': {'id': 372894370,
+                                                     'size': 2048},
+ 'HomaggIngress.aggregation.words.slot_words': {'id': 382945324, 'size': 2048},
+ 'HomaggIngress.aggregation.words.slot_overflow': {'id': 377154927,
+                                                   'size': 2048}}
 # fmt: on

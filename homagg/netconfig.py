@@ -68,8 +68,8 @@ class SwitchSpec:
     grpc: str = "127.0.0.1:9559"
     device_id: int = 1
     thrift_port: int = 9090
-    ip: str = "10.0.0.254"
-    mac: str = "00:00:0a:00:00:fe"
+    ip: str = wire.DEFAULT_SWITCH_IP
+    mac: str = wire.DEFAULT_SWITCH_MAC
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,15 @@ class Config:
             if j.id == job_id:
                 return j
         raise ConfigError(f"job {job_id} is not in the config")
+
+
+def host_ip(i: int) -> str:
+    """The address of worker host i (0-based) in homagg's test topologies: 10.0.0.(i + 1)."""
+    return f"10.0.0.{i + 1}"
+
+
+def host_mac(i: int) -> str:
+    return f"00:00:0a:00:00:{i + 1:02x}"
 
 
 def _ip(value, where: str) -> str:
@@ -164,7 +173,7 @@ def parse(data: dict) -> Config:
             if "host" not in w:
                 raise ConfigError(f"{wwhere}: needs 'host'")
             h = cfg.host(w["host"])
-            port = _int(w.get("udp_port", 50000), f"{wwhere}.udp_port", 1, 65535)
+            port = _int(w.get("udp_port", wire.DEFAULT_AGENT_PORT), f"{wwhere}.udp_port", 1, 65535)
             workers.append(Worker(h.ip, port, h.mac, h.port, h.name))
         jobs.append(validate_job(_int(j["id"], f"{where}.id", 0, wire.MAX_JOBS - 1), workers,
                                  j.get("slots", 64)))

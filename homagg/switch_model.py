@@ -14,18 +14,16 @@ there is a new counter here without an edit.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from homagg import wire
+from homagg.wire import Verdict  # the P4 program's enum Verdict (types.p4), generated
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 K = wire.WORDS_PER_PACKET
 
-#: The P4 program's ``enum Verdict`` (types.p4), by its generated values.
-Verdict = enum.IntEnum("Verdict", wire.VERDICTS)  # type: ignore[misc]
 
 
 def lane_add(acc: np.ndarray, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -124,134 +122,151 @@ class SwitchModel:
     def _job_count(self, job: JobEntry, kind: int) -> None:
         self.job_stats[job.id * wire.JOB_STATS_PER_JOB + kind] += 1
 
-    def _admit(self, data: bytes, src: Address, port: int | None):
-        """(drop reason or None, job entry or None, worker id, header fields)."""
-        if len(data) < wire.PACKET_BYTES:
-            return "DROP_MALFORMED", None, 0, {}
-        if len(data) > wire.PACKET_BYTES:
-            return "DROP_BAD_LENGTH", None, 0, {}
-        f = wire.fields(data)
-        if f["version"] != wire.HOMAGG_VERSION:
-            return "DROP_BAD_VERSION", None, 0, f
-        if f["op"] not in wire.OPS:
-            return "DROP_BAD_OP", None, 0, f
-        if f["flags"] & wire.FLAG_RESULT:
-            return "DROP_FORGED_RESULT", None, 0, f
+    def process(self, data: bytes, src: Address, port: int | None = None) -> Outcome:
+        """One datagram from ``src`` (arriving on switch ``port``, where the target knows it).
+
+        Written for speed (the software aggregator runs it per packet): header fields by
+        position, counters by index."""
+        stats = self.stats
+        stats[_RX] += 1
+        # admission.p4
+        n = len(data)
+        if n != _PACKET_BYTES:
+            return self._drop(_MALFORMED if n < _PACKET_BYTES else _BAD_LENGTH)
+        h = wire.decode_header(data)
+        if h[_VERSION] != _VERSION_VALUE:
+            return self._drop(_BAD_VERSION)
+        op = h[_OP]
+        if op != _OP_ADD and op != _OP_OR:
+            return self._drop(_BAD_OP)
+        flags = h[_FLAGS]
+        if flags & _FLAG_RESULT:
+            return self._drop(_FORGED_RESULT)
         hit = self.senders.get(src)
         if hit is None:
-            return "DROP_UNKNOWN_SENDER", None, 0, f
+            return self._drop(_UNKNOWN_SENDER)
         job, worker = hit
         if port is not None and job.ports is not None and port != job.ports[worker]:
-            return "DROP_SPOOFED", job, worker, f
-        if f["job"] != job.id or f["worker"] != worker:
-            return "DROP_WRONG_IDENTITY", job, worker, f
-        if f["slot"] >= job.size:
-            return "DROP_BAD_SLOT", job, worker, f
-        return None, job, worker, f
+            return self._drop(_SPOOFED, job)
+        if h[_JOB] != job.id or h[_WORKER] != worker:
+            return self._drop(_WRONG_IDENTITY, job)
+        slot = h[_SLOT]
+        if slot >= job.size:
+            return self._drop(_BAD_SLOT, job)
 
-    def process(self, data: bytes, src: Address, port: int | None = None) -> Outcome:
-        """One datagram from ``src`` (arriving on switch ``port``, where the target knows it)."""
-        self._count("STAT_RX")
-        reason, job, worker, f = self._admit(data, src, port)
-        if reason is not None:
-            self._count(reason)
-            if job is not None:
-                self._job_count(job, wire.JOB_STAT_DROPPED)
-            return Outcome(reason)
-        assert job is not None
         m = self.mem
-        seq, op, flags = f["seq"], f["op"], f["flags"]
-        phase = 1 if flags & wire.FLAG_PHASE else 0
-        idx = 2 * (job.base + f["slot"]) + phase
+        seq = h[_SEQ]
+        idx = 2 * (job.base + slot) + (1 if flags & _FLAG_PHASE else 0)
         me = 1 << worker
         seen, count, tag = int(m.seen[idx]), int(m.count[idx]), int(m.tag[idx])
         workers = len(job.workers)
 
         # slot_state.p4
         first = False
-        verdict = Verdict.ACCEPT
+        verdict = _V_ACCEPT
         if m.epoch[idx] != job.epoch:
             first = True
         elif seen & me:
             if count == workers and tag == seq:
-                verdict = Verdict.RETRANS_REPLY
+                verdict = _V_RETRANS_REPLY
             elif tag == seq:
-                verdict = Verdict.DUP_PENDING
+                verdict = _V_DUP_PENDING
             else:
-                verdict = Verdict.STALE
+                verdict = _V_STALE
         elif seen == 0:
             if newer(seq, tag):
                 first = True
             else:
-                verdict = Verdict.STALE
-        elif count >= workers:
-            verdict = Verdict.STALE
-        elif newer(tag, seq):
-            verdict = Verdict.STALE
+                verdict = _V_STALE
+        elif count >= workers or newer(tag, seq):
+            verdict = _V_STALE  # finished and this worker moved on, or an older round
         elif tag != seq or m.op[idx] != op:
-            verdict = Verdict.SEQ_MISMATCH
+            verdict = _V_SEQ_MISMATCH
 
-        words = np.frombuffer(data, ">i4", K, wire.HOMAGG_HDR_BYTES).astype(np.int32)
-        result = words
-        complete = False
-        if verdict == Verdict.ACCEPT:
+        kinds = wire.JOB_STATS_PER_JOB * job.id
+        jstats = self.job_stats
+        if verdict == _V_ACCEPT:
+            words = np.frombuffer(data, ">i4", K, _WORDS_AT).astype(np.int32)
             seen, count = (me, 1) if first else (seen | me, count + 1)
             m.seen[idx], m.count[idx], m.tag[idx] = seen, count, seq
             m.op[idx], m.epoch[idx] = op, job.epoch
             m.seen[idx ^ 1] &= np.uint64(~me & 0xFFFFFFFFFFFFFFFF)
-            complete = count == workers
             # words.p4
             if first:
-                m.words[idx] = words
+                result = words
                 m.overflow[idx] = False
+            elif op == _OP_ADD:
+                result, lanes = lane_add(m.words[idx], words)
+                if lanes.any():
+                    m.overflow[idx] = True
             else:
-                if op == wire.OP_ADD:
-                    result, lanes = lane_add(m.words[idx], words)
-                    m.overflow[idx] |= bool(lanes.any())
-                else:
-                    result = lane_or(m.words[idx], words)
-                m.words[idx] = result
-        elif verdict == Verdict.RETRANS_REPLY:
-            result = m.words[idx]
-
-        # reply.p4 and the counters (aggregation.p4)
-        out = Outcome(self._verdict_counter(verdict), verdict)
-        ovf = wire.FLAG_OVERFLOW if m.overflow[idx] else 0
-        keep = flags & wire.FLAG_PHASE
-        if verdict == Verdict.ACCEPT:
-            self._count("STAT_ACCEPTED")
-            self._job_count(job, wire.JOB_STAT_ACCEPTED)
-            if complete:
-                self._count("STAT_COMPLETED")
-                self._job_count(job, wire.JOB_STAT_COMPLETED)
-                if ovf:
-                    self._count("STAT_OVERFLOW")
-                pkt = self._packet(f, wire.FLAG_RESULT | keep | ovf, result)
+                result = lane_or(m.words[idx], words)
+            m.words[idx] = result
+            stats[_ACCEPTED] += 1
+            jstats[kinds + wire.JOB_STAT_ACCEPTED] += 1
+            out = Outcome("STAT_ACCEPTED", _V[verdict])
+            if count == workers:  # reply.p4: complete, multicast to the job's workers
+                stats[_COMPLETED] += 1
+                jstats[kinds + wire.JOB_STAT_COMPLETED] += 1
+                rflags = _FLAG_RESULT | (flags & _FLAG_PHASE)
+                if m.overflow[idx]:
+                    rflags |= _FLAG_OVERFLOW
+                    stats[_OVERFLOW] += 1
+                pkt = _reply(data, rflags, result)
                 out.replies = [(pkt, a) for a in job.workers]
-        elif verdict == Verdict.RETRANS_REPLY:
-            self._count("STAT_RETRANS_REPLY")
-            self._job_count(job, wire.JOB_STAT_RETRANS)
-            out.replies = [(self._packet(f, wire.FLAG_RESULT | wire.FLAG_RETRANS | keep | ovf,
-                                         result), src)]
-        elif verdict == Verdict.DUP_PENDING:
-            self._count("STAT_DUP_PENDING")
-            self._job_count(job, wire.JOB_STAT_RETRANS)
-            out.replies = [(self._packet(f, wire.FLAG_RESULT | wire.FLAG_STATUS | keep,
-                                         wire.status_words(seen, count)), src)]
-        else:
-            self._count(out.counter)
-            self._job_count(job, wire.JOB_STAT_DROPPED)
-        return out
+            return out
+        if verdict == _V_RETRANS_REPLY:
+            stats[_RETRANS_REPLY] += 1
+            jstats[kinds + wire.JOB_STAT_RETRANS] += 1
+            rflags = _FLAG_RESULT | _FLAG_RETRANS | (flags & _FLAG_PHASE)
+            if m.overflow[idx]:
+                rflags |= _FLAG_OVERFLOW
+            return Outcome("STAT_RETRANS_REPLY", _V[verdict], [(_reply(data, rflags, m.words[idx]),
+                                                            src)])
+        if verdict == _V_DUP_PENDING:
+            stats[_DUP_PENDING] += 1
+            jstats[kinds + wire.JOB_STAT_RETRANS] += 1
+            rflags = _FLAG_RESULT | _FLAG_STATUS | (flags & _FLAG_PHASE)
+            return Outcome("STAT_DUP_PENDING", _V[verdict],
+                           [(_reply(data, rflags, wire.status_words(seen, count)), src)])
+        name = "DROP_SEQ_MISMATCH" if verdict == _V_SEQ_MISMATCH else "DROP_STALE"
+        stats[wire.STAT_INDEX[name]] += 1
+        jstats[kinds + wire.JOB_STAT_DROPPED] += 1
+        return Outcome(name, _V[verdict])
 
-    @staticmethod
-    def _verdict_counter(v: Verdict) -> str:
-        return {Verdict.ACCEPT: "STAT_ACCEPTED", Verdict.RETRANS_REPLY: "STAT_RETRANS_REPLY",
-                Verdict.DUP_PENDING: "STAT_DUP_PENDING", Verdict.SEQ_MISMATCH: "DROP_SEQ_MISMATCH",
-                Verdict.STALE: "DROP_STALE"}[v]
+    def _drop(self, index: int, job: JobEntry | None = None) -> Outcome:
+        self.stats[index] += 1
+        if job is not None:
+            self.job_stats[job.id * wire.JOB_STATS_PER_JOB + wire.JOB_STAT_DROPPED] += 1
+        return Outcome(wire.STATS[index])
 
-    @staticmethod
-    def _packet(f: dict, flags: int, words: np.ndarray) -> bytes:
-        # The switch echoes the packet's header (worker and reserved included) with new flags.
-        return wire.header(version=f["version"], op=f["op"], flags=flags, job=f["job"],
-                           worker=f["worker"], slot=f["slot"], seq=f["seq"],
-                           reserved=f["reserved"]) + np.asarray(words, ">i4").tobytes()
+
+def _reply(data: bytes, flags: int, words: np.ndarray) -> bytes:
+    """The switch echoes the packet's header (worker and reserved included) with new flags."""
+    hdr = bytearray(data[:_WORDS_AT])
+    hdr[_FLAGS_AT] = flags
+    return bytes(hdr) + np.asarray(words, ">i4").tobytes()
+
+
+# Per-packet constants, resolved once (names from the generated protocol module).
+_S = wire.STAT_INDEX
+_RX, _ACCEPTED, _COMPLETED, _OVERFLOW = (_S[n] for n in ("STAT_RX", "STAT_ACCEPTED",
+                                                         "STAT_COMPLETED", "STAT_OVERFLOW"))
+_RETRANS_REPLY, _DUP_PENDING = _S["STAT_RETRANS_REPLY"], _S["STAT_DUP_PENDING"]
+_MALFORMED, _BAD_LENGTH, _BAD_VERSION, _BAD_OP = (_S[n] for n in (
+    "DROP_MALFORMED", "DROP_BAD_LENGTH", "DROP_BAD_VERSION", "DROP_BAD_OP"))
+_FORGED_RESULT, _UNKNOWN_SENDER, _SPOOFED = (_S[n] for n in (
+    "DROP_FORGED_RESULT", "DROP_UNKNOWN_SENDER", "DROP_SPOOFED"))
+_WRONG_IDENTITY, _BAD_SLOT = _S["DROP_WRONG_IDENTITY"], _S["DROP_BAD_SLOT"]
+_F = wire.FIELD
+_VERSION, _OP, _FLAGS, _JOB, _WORKER, _SLOT, _SEQ = (_F[n] for n in (
+    "version", "op", "flags", "job", "worker", "slot", "seq"))
+_PACKET_BYTES = wire.PACKET_BYTES
+_WORDS_AT, _FLAGS_AT = wire.OFFSETS["words"], wire.OFFSETS["flags"]
+_VERSION_VALUE, _OP_ADD, _OP_OR = wire.HOMAGG_VERSION, wire.OP_ADD, wire.OP_OR
+_FLAG_RESULT, _FLAG_PHASE, _FLAG_OVERFLOW = wire.FLAG_RESULT, wire.FLAG_PHASE, wire.FLAG_OVERFLOW
+_FLAG_RETRANS, _FLAG_STATUS = wire.FLAG_RETRANS, wire.FLAG_STATUS
+# Verdicts as plain ints in the per-packet path (enum attribute access is slow), and back.
+_V = {int(v): v for v in Verdict}
+_V_ACCEPT, _V_RETRANS_REPLY, _V_DUP_PENDING, _V_SEQ_MISMATCH, _V_STALE = (int(Verdict[n]) for n in (
+    "ACCEPT", "RETRANS_REPLY", "DUP_PENDING", "SEQ_MISMATCH", "STALE"))

@@ -81,6 +81,30 @@ for _name, _n, _ in BYTE_FIELDS:
 OFFSETS["words"] = _off
 assert HEADER.size == HOMAGG_HDR_BYTES, "constants.p4 HOMAGG_HDR_BYTES vs header homagg_h"
 
+#: position of every P4 header field in the tuple ``decode_header`` returns
+FIELD = {name: k for k, (name, _) in enumerate(HEADER_FIELDS)}
+
+
+def _decoder():
+    steps = []  # (struct tuple index, shift, mask) per P4 field, in HEADER_FIELDS order
+    for i, (_, _, subs) in enumerate(BYTE_FIELDS):
+        shift = sum(w for _, w in subs)
+        for _, w in subs:
+            shift -= w
+            steps.append((i, shift, (1 << w) - 1))
+    unpack = HEADER.unpack_from
+
+    def decode_header(buf) -> tuple[int, ...]:
+        """The P4 header fields of a datagram, in HEADER_FIELDS order (see FIELD); the fast
+        path for per-packet code, where ``fields`` builds a dict."""
+        t = unpack(buf)
+        return tuple([(t[i] >> s) & m for i, s, m in steps])
+
+    return decode_header
+
+
+decode_header = _decoder()
+
 #: One packet as a numpy record: build many at once, then send each row's bytes.
 PACKET_DTYPE = np.dtype([(name, "u1" if n == 1 else f">u{n}") for name, n, _ in BYTE_FIELDS]
                         + [("words", ">i4", (WORDS_PER_PACKET,))])

@@ -19,29 +19,31 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from homagg import paths
+from homagg import paths, wire
 from homagg.errors import HomaggError
-from homagg.netconfig import Config, Host, JobSpec, SwitchSpec, Worker
+from homagg.netconfig import (
+    Config,
+    Host,
+    JobSpec,
+    SwitchSpec,
+    Worker,
+    host_ip,
+    host_mac,
+)
 from homagg.targets.toolchain import missing
 
 log = logging.getLogger("homagg.net")
 
-SWITCH_IP = "10.0.0.254"
-SWITCH_MAC = "00:00:0a:00:00:fe"
-AGENT_PORT = 50000
+SWITCH_IP = wire.DEFAULT_SWITCH_IP
+SWITCH_MAC = wire.DEFAULT_SWITCH_MAC
+AGENT_PORT = wire.DEFAULT_AGENT_PORT
 
 
 class NetError(HomaggError):
     pass
 
-
-def host_ip(i: int) -> str:
-    return f"10.0.0.{i + 1}"
-
-
-def host_mac(i: int) -> str:
-    return f"00:00:0a:00:00:{i + 1:02x}"
 
 
 def choose_target(requested: str) -> tuple[str, str]:
@@ -126,13 +128,16 @@ class HomaggNet:
             # Measured (bench, 4 workers, 1M at 1%): window 64 on bmv2 retransmits ~30% of
             # packets (its queues drop bursts); 16 retransmits <1% and finishes sooner.
             opts.slots = 16 if self.target == "bmv2" else 64
-        self.net = None
+        if opts.workers % opts.jobs:
+            raise NetError(f"{opts.workers} workers do not split into {opts.jobs} equal jobs")
+        self.slots: int = opts.slots
+        self.net: Any = None  # mininet.net.Mininet once started
         self.procs: list[subprocess.Popen] = []
-        self.config: Config | None = None
-        self.aggregator: subprocess.Popen | None = None
+        self.config: Config = self._config()
+        self.aggregator: Any = None  # the software aggregator's process (soft target)
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> "HomaggNet":
+    def start(self) -> HomaggNet:
         preflight()
         from mininet.link import Link
         from mininet.log import setLogLevel
@@ -141,8 +146,6 @@ class HomaggNet:
 
         setLogLevel("error")  # its bridge-netfilter warning does not apply: no iptables rules here
         o = self.opts
-        if o.workers % o.jobs:
-            raise NetError(f"{o.workers} workers do not split into {o.jobs} equal jobs")
         o.log_dir.mkdir(parents=True, exist_ok=True)
         net = Mininet(topo=None, controller=None, link=Link, build=False, autoSetMacs=False,
                       waitConnected=False)
@@ -166,7 +169,6 @@ class HomaggNet:
                 h.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
                 h.cmd(f"ethtool -K {h.defaultIntf()} tx off rx off >/dev/null 2>&1")
             self._shape(hosts)
-            self.config = self._config()
             if self.target == "bmv2":
                 self._install_bmv2(s1)
             else:
@@ -181,7 +183,7 @@ class HomaggNet:
         hosts = tuple(Host(f"h{i + 1}", host_ip(i), host_mac(i), i + 1) for i in range(o.workers))
         per = o.workers // o.jobs
         jobs = tuple(JobSpec(o.job + k, tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name)
-                                              for h in hosts[k * per:(k + 1) * per]), o.slots)
+                                              for h in hosts[k * per:(k + 1) * per]), self.slots)
                      for k in range(o.jobs))
         sw = SwitchSpec("s1", "127.0.0.1:9559", 1, 9090, SWITCH_IP, SWITCH_MAC)
         return Config(sw, hosts, jobs)
@@ -237,13 +239,13 @@ class HomaggNet:
     def _install_bmv2(self, s1) -> None:
         from homagg.controller import jobs
         from homagg.controller.build import build
-        from homagg.controller.p4client import SwitchConnection
+        from homagg.controller.p4client import P4RuntimeSwitch
 
         pipeline = build()
         b = s1.bmv2
         self.config = Config(SwitchSpec("s1", b.grpc_addr, 1, b.thrift_port, SWITCH_IP,
                                         SWITCH_MAC), self.config.hosts, self.config.jobs)
-        with SwitchConnection(b.grpc_addr, request_log=self.opts.log_dir / "s1-p4runtime.log",
+        with P4RuntimeSwitch(b.grpc_addr, request_log=self.opts.log_dir / "s1-p4runtime.log",
                               name="s1").open(pipeline) as sw:
             jobs.install_base(sw, self.config)
             for j in self.config.jobs:
@@ -266,16 +268,16 @@ class HomaggNet:
             if p.poll() is not None:
                 raise NetError(f"software aggregator exited ({p.returncode}); see "
                                f"{self.opts.log_dir / 'soft-aggregator.out'}")
-            if "48864" in agg.cmd("ss -uln"):
+            if str(wire.HOMAGG_UDP_PORT_MIN) in agg.cmd("ss -uln"):
                 return
             time.sleep(0.1)
         raise NetError("software aggregator did not start listening")
 
     # -- operating the running network --------------------------------------------------------
     def _connection(self):
-        from homagg.controller.p4client import SwitchConnection
+        from homagg.controller.p4client import P4RuntimeSwitch
 
-        return SwitchConnection(self.config.switch.grpc,
+        return P4RuntimeSwitch(self.config.switch.grpc,
                                 request_log=self.opts.log_dir / "s1-p4runtime.log", name="s1")
 
     def stats(self) -> dict:
@@ -287,7 +289,7 @@ class HomaggNet:
             from homagg.controller import jobs
 
             with self._connection().open() as sw:
-                return jobs.read_stats(sw)
+                return jobs.read_stats(sw).to_json()
         path = self.opts.log_dir / "soft-stats.json"
         before = path.stat().st_mtime if path.exists() else 0
         for _ in range(50):  # the aggregator rewrites it every 0.2 s
@@ -353,7 +355,8 @@ class HomaggNet:
 
     def agent_command(self, worker: int, *args: str) -> list[str]:
         job, index, workers = self.job_of(worker)
-        return [sys.executable, "-m", "homagg.host_agent", "--job", str(job), "--worker", str(index),
+        return [sys.executable, "-m", "homagg.host_agent", "--job", str(job),
+                "--worker", str(index),
                 "--workers", str(workers), "--switch", SWITCH_IP,
                 "--bind", f"{host_ip(worker)}:{AGENT_PORT}", "--slots", str(self.opts.slots),
                 *self.opts.agent_args, *args]

@@ -26,7 +26,7 @@ def test_generated_names_match_the_compiled_p4info(tmp_path):
 
     p = build(tmp_path, force=True, regenerate=False)
     fresh = genconsts.render(paths.p4_dir(), genconsts.parse_p4info(p.p4info))
-    assert COMMITTED == fresh, "homagg/_p4consts.py is out of date: run `homagg-ctl build`"
+    assert fresh == COMMITTED, "homagg/_p4consts.py is out of date: run `homagg-ctl build`"
 
 
 def test_counter_groups_are_complete_and_fit():
@@ -47,7 +47,8 @@ def test_port_range_is_one_ternary_block():
 def test_header_derives_from_the_p4_field_list():
     assert [f for f, _ in wire.HEADER_FIELDS] == ["version", "op", "flags", "job", "worker",
                                                   "reserved", "slot", "seq"]
-    assert sum(w for _, w in wire.HEADER_FIELDS) == 8 * wire.HOMAGG_HDR_BYTES == 8 * wire.HEADER.size
+    bits = sum(w for _, w in wire.HEADER_FIELDS)
+    assert bits == 8 * wire.HOMAGG_HDR_BYTES == 8 * wire.HEADER.size
     assert wire.HEADER.format == "!BBHBBHI"
     assert wire.OFFSETS == {"version_op": 0, "flags": 1, "job": 2, "worker": 4, "reserved": 5,
                             "slot": 6, "seq": 8, "words": 12}

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
-from homagg import paths, wire
+from homagg import _p4consts as P4
+from homagg import wire
 from homagg.controller import jobs
 from homagg.controller.cli import main as ctl
+from homagg.controller.p4client import SwitchError, TableEntry
+from homagg.controller.testing import FakeSwitch
 from homagg.netconfig import ConfigError, load, parse
+from homagg.regions import allocate_region
 
 GOOD = """
 [switch]
@@ -76,78 +78,51 @@ def test_unreadable_config_is_one_line(tmp_path):
 def test_regions_are_first_fit_and_never_overlap():
     taken = []
     for size in (100, 200, 50):
-        base = jobs.allocate_region(size, taken)
+        base = allocate_region(size, taken)
         r = range(base, base + size)
         assert all(not set(r) & set(t) for t in taken)
         taken.append(r)
     assert [t.start for t in taken] == [0, 100, 300]
     taken.pop(1)  # a hole of 200 at 100
-    assert jobs.allocate_region(150, taken) == 100
-    assert jobs.allocate_region(250, taken) == 350
+    assert allocate_region(150, taken) == 100
+    assert allocate_region(250, taken) == 350
 
 
 def test_a_job_that_does_not_fit_says_so():
     with pytest.raises(jobs.JobError, match="no free region of 600 slots"):
-        jobs.allocate_region(600, [range(0, 500)], slots=1024)
+        allocate_region(600, [range(0, 500)], slots=1024)
     with pytest.raises(jobs.JobError, match="cannot exist"):
-        jobs.allocate_region(0, [])
+        allocate_region(0, [])
 
 
 # -- what the controller writes, against a fake switch ----------------------------------
 
 
-class FakeSwitch:
-    """Records writes; answers reads from what was written (as the switch would)."""
-
-    def __init__(self):
-        self.tables: dict[str, dict] = {}
-        self.groups: dict[int, list] = {}
-        self.counters: dict[str, dict] = {}
-
-    def insert(self, table, match, action, params=None, replace=False):
-        key = tuple(sorted(match.items()))
-        if key in self.tables.setdefault(table, {}) and not replace:
-            raise jobs.SwitchError("already exists")
-        self.tables[table][key] = (action, dict(params or {}))
-
-    def modify(self, table, match, action, params=None):
-        self.tables[table][tuple(sorted(match.items()))] = (action, dict(params or {}))
-
-    def delete(self, table, match):
-        del self.tables[table][tuple(sorted(match.items()))]
-
-    def read_table(self, table):
-        out = []
-        for key, (action, params) in self.tables.get(table, {}).items():
-            match = {k: (jobs.ip_int(v) if isinstance(v, str) else v) for k, v in key}
-            out.append((match, action, params))
-        return out
-
-    def set_multicast_group(self, group, replicas):
-        self.groups[group] = list(replicas)
-
-    def delete_multicast_group(self, group):
-        del self.groups[group]
-
-    def read_counter(self, name):
-        return dict(self.counters.get(name, {}))
-
-    def write_counter(self, name, values):
-        self.counters.setdefault(name, {}).update(values)
+def test_every_name_the_controller_uses_is_in_the_p4info():
+    """The controller's names come from the generated P4Info constants; the fake switch checks
+    every entry against P4Info, so a renamed table or key fails here, not on a switch."""
+    for name in (P4.TABLE_LOCAL_IP, P4.TABLE_ARP_PROXY, P4.TABLE_IPV4_ROUTE,
+                 P4.TABLE_JOB_WORKERS, P4.TABLE_RESULT_DST):
+        assert name in P4.TABLES
+    for name in (P4.COUNTER_STATS, P4.COUNTER_JOB_STATS, P4.COUNTER_FWD_STATS):
+        assert name in P4.COUNTERS
+    assert set(P4.TABLES[P4.TABLE_JOB_WORKERS]["keys"]) == {"src_addr", "src_port"}
 
 
-def p4_names() -> set[str]:
-    """Every table, action and counter instance named in the P4 source."""
-    text = "".join(p.read_text() for p in paths.p4_dir().rglob("*.p4"))
-    return set(re.findall(r"\b(?:table|action)\s+(\w+)", text)) | \
-        set(re.findall(r"counter\([^)]*\)\s+(\w+);", text))
-
-
-def test_every_name_the_controller_writes_exists_in_the_p4_source():
-    names = p4_names()
-    for full in (jobs.T_LOCAL_IP, jobs.T_ARP, jobs.T_ROUTE, jobs.T_JOB, jobs.T_RESULT,
-                 jobs.C_STATS, jobs.C_JOB_STATS, jobs.C_FWD_STATS):
-        assert full.rsplit(".", 1)[1] in names, full
+def test_fake_switch_refuses_what_p4runtime_refuses():
+    sw = FakeSwitch()
+    e = TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": 1}, P4.ACTION_TO_SWITCH)
+    sw.insert(e)
+    with pytest.raises(SwitchError, match="ALREADY_EXISTS"):
+        sw.insert(e)
+    sw.insert(e, or_modify=True)  # idempotent re-install
+    with pytest.raises(SwitchError, match="NOT_FOUND"):
+        sw.modify(TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": 2}, P4.ACTION_TO_SWITCH))
+    with pytest.raises(SwitchError, match="match fields"):
+        sw.insert(TableEntry(P4.TABLE_LOCAL_IP, {"hdr.ipv4.dst_addr": 1}, P4.ACTION_TO_SWITCH))
+    with pytest.raises(SwitchError, match="not one of"):
+        sw.insert(TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": 3}, P4.ACTION_ROUTE,
+                             {"port": 1, "src_mac": 0, "dst_mac": 0}))
 
 
 def test_add_job_writes_workers_results_and_group():
@@ -156,19 +131,25 @@ def test_add_job_writes_workers_results_and_group():
     jobs.install_base(sw, cfg)
     j = jobs.add_job(sw, cfg.job(3))
     assert (j.base, j.size, j.group) == (0, 32, 4) and j.epoch == 1
-    assert jobs.T_JOB in sw.tables and len(sw.tables[jobs.T_ROUTE]) == 2
-    assert len(sw.tables[jobs.T_ARP]) == 3  # the switch and both hosts
-    workers = sw.tables[jobs.T_JOB]
+    assert len(sw.entries(P4.TABLE_IPV4_ROUTE)) == 2
+    assert len(sw.entries(P4.TABLE_ARP_PROXY)) == 3  # the switch and both hosts
+    workers = sw.entries(P4.TABLE_JOB_WORKERS)
     assert len(workers) == 2
-    params = min((p for _, p in workers.values()), key=lambda p: p["worker"])
-    assert params == {"job": 3, "worker": 0, "workers": 2, "epoch": 1, "region_base": 0,
-                      "region_size": 32, "mcast_group": 4, "port": 1}
+    first = min(workers, key=lambda e: e.params["worker"])
+    assert first.match == {"src_addr": jobs.ip_int("10.0.0.1"), "src_port": 50000}
+    assert first.params == {"job": 3, "worker": 0, "workers": 2, "epoch": 1, "region_base": 0,
+                            "region_size": 32, "mcast_group": 4, "port": 1}
     assert sw.groups[4] == [(1, 1), (2, 2)]
-    assert len(sw.tables[jobs.T_RESULT]) == 2
-    assert jobs.list_jobs(sw)[0].workers == ((0, "10.0.0.1", 50000), (1, "10.0.0.2", 50000))
+    assert len(sw.entries(P4.TABLE_RESULT_DST)) == 2
+    assert jobs.list_jobs(sw)[0].senders == (jobs.Sender(0, "10.0.0.1", 50000, 1),
+                                             jobs.Sender(1, "10.0.0.2", 50000, 2))
     # epochs are never reused, even by a controller that restarts (kept in a counter cell)
-    assert sw.counters[jobs.C_STATS][wire.EPOCH_STORE][0] == 1
-    assert jobs.reset_job(sw, 3)["epoch"] == 2
+    assert sw.counters[P4.COUNTER_STATS][wire.EPOCH_STORE].packets == 1
+    assert jobs.reset_job(sw, 3).epoch == 2
+    assert jobs.list_jobs(sw)[0].epoch == 2
+    # installing the same base forwarding again modifies, never duplicates
+    jobs.install_base(sw, cfg)
+    assert len(sw.entries(P4.TABLE_ARP_PROXY)) == 3
 
 
 def test_second_job_gets_a_disjoint_region_and_cannot_steal_senders():

@@ -61,7 +61,7 @@ class Bmv2Switch:
             cmd = ["ip", "netns", "exec", self.netns] + cmd
         return cmd
 
-    def start(self, timeout: float = 15.0) -> "Bmv2Switch":
+    def start(self, timeout: float = 15.0) -> Bmv2Switch:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_dir / f"{self.name}-bmv2.out", "w")
         self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,

@@ -111,7 +111,8 @@ class SoftSwitchServer:
     def __init__(self, switch: SoftSwitch | None = None, bind: tuple[str, int] = ("0.0.0.0",
                  wire.HOMAGG_UDP_PORT_MIN), faults: FaultSpec | None = None):
         self.switch = switch or SoftSwitch()
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock: socket.socket | ImpairedSocket = socket.socket(socket.AF_INET,
+                                                                   socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
         self.sock.bind(bind)
@@ -128,7 +129,7 @@ class SoftSwitchServer:
         while not self._stop.is_set():
             try:
                 nb, src = sock.recvfrom_into(buf)
-            except (socket.timeout, BlockingIOError):
+            except (TimeoutError, BlockingIOError):
                 continue
             except OSError:
                 break
@@ -138,7 +139,7 @@ class SoftSwitchServer:
                 except OSError as e:  # a worker gone: the others still get theirs
                     log.debug("send to %s failed: %s", a, e)
 
-    def start(self) -> "SoftSwitchServer":
+    def start(self) -> SoftSwitchServer:
         self._thread = threading.Thread(target=self.serve, name="softswitch", daemon=True)
         self._thread.start()
         return self
@@ -179,6 +180,7 @@ def main(argv=None) -> int:
     except (ConfigError, OSError, RuntimeError) as e:
         print(f"homagg-softswitch: error: {e}", file=sys.stderr)
         return 1
+
     def reset_all(*_):
         for job_id in list(sw.jobs):
             log.info("job %d reset: epoch %d", job_id, sw.reset_job(job_id))
@@ -187,9 +189,11 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGHUP, reset_all)  # the operator's "reset": every job starts afresh
     log.info("software aggregator listening on %s:%d", *server.address)
     server.start()
+    thread = server._thread
+    assert thread is not None
     try:
-        while server._thread.is_alive():
-            server._thread.join(0.2)
+        while thread.is_alive():
+            thread.join(0.2)
             if a.stats_file:
                 a.stats_file.write_text(json.dumps(sw.read_stats(), indent=1))
     except KeyboardInterrupt:

@@ -13,26 +13,28 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from homagg import wire
-from homagg.netconfig import Config, Host, JobSpec, SwitchSpec, Worker
+from homagg.netconfig import (
+    Config,
+    Host,
+    JobSpec,
+    SwitchSpec,
+    Worker,
+    host_ip,
+    host_mac,
+)
 from homagg.targets.bmv2 import Bmv2Switch
 
-SWITCH_IP = "10.0.0.254"
-SWITCH_MAC = "00:00:0a:00:00:fe"
+SWITCH_IP = wire.DEFAULT_SWITCH_IP
+SWITCH_MAC = wire.DEFAULT_SWITCH_MAC
 ETH_P_ALL = 0x0003
 
-
-def host_ip(i: int) -> str:
-    return f"10.0.0.{i + 1}"
-
-
-def host_mac(i: int) -> str:
-    return f"00:00:0a:00:00:{i + 1:02x}"
 
 
 def _ip(*args: str) -> None:
@@ -91,7 +93,8 @@ def is_homagg(pkt) -> bool:
     return UDP in pkt and wire.HOMAGG_UDP_PORT_MIN <= pkt[UDP].sport <= wire.HOMAGG_UDP_PORT_MAX
 
 
-def homagg_frame(i: int, payload: bytes, sport: int = 50000, src_ip: str | None = None,
+def homagg_frame(i: int, payload: bytes, sport: int = wire.DEFAULT_AGENT_PORT,
+                 src_ip: str | None = None,
                  dport: int = wire.HOMAGG_UDP_PORT_MIN):
     """A frame from host i to the switch carrying ``payload`` as the UDP payload."""
     return (Ether(src=host_mac(i), dst=SWITCH_MAC)
@@ -108,14 +111,19 @@ class Testbed:
     switch: Bmv2Switch
     ports: list[Port]
     config: Config
+    pairs: list[tuple[str, str]]   # (switch end, host end) of each port's veth pair
+    conn: Any = None               # the controller's P4RuntimeSwitch, once a test opens one
 
-    def job(self, job_id: int, workers: list[int], slots: int = 8, udp_port: int = 50000) -> JobSpec:
+    def job(self, job_id: int, workers: list[int], slots: int = 8,
+            udp_port: int = wire.DEFAULT_AGENT_PORT) -> JobSpec:
         return JobSpec(job_id, tuple(Worker(host_ip(i), udp_port, host_mac(i), i + 1, f"h{i}")
                                      for i in workers), slots)
 
 
-def start_testbed(n_ports: int, log_dir: Path) -> Testbed:
-    tag = f"{os.getpid() % 10000}"
+def start_testbed(n_ports: int, log_dir: Path, name: str = "s1") -> Testbed:
+    """A bmv2 switch ``name`` with n_ports veth ports; several may run at once (distinct
+    names): interface names carry the process id and the switch's index."""
+    tag = f"{os.getpid() % 10000}{name[-1]}"
     pairs = []
     try:
         for i in range(n_ports):
@@ -127,15 +135,14 @@ def start_testbed(n_ports: int, log_dir: Path) -> Testbed:
                 subprocess.run(["sysctl", "-q", "-w", f"net.ipv6.conf.{dev}.disable_ipv6=1"],
                                capture_output=True)
                 _ip("link", "set", dev, "mtu", "9000", "up")
-        sw = Bmv2Switch({i + 1: s for i, (s, _) in enumerate(pairs)}, log_dir).start()
+        sw = Bmv2Switch({i + 1: s for i, (s, _) in enumerate(pairs)}, log_dir, name).start()
     except Exception:
         for s, _ in pairs:
             subprocess.run(["ip", "link", "del", s], capture_output=True)
         raise
     hosts = tuple(Host(f"h{i}", host_ip(i), host_mac(i), i + 1) for i in range(n_ports))
-    cfg = Config(SwitchSpec("s1", sw.grpc_addr, 1, sw.thrift_port, SWITCH_IP, SWITCH_MAC), hosts)
-    bed = Testbed(sw, [Port(h) for _, h in pairs], cfg)
-    bed._pairs = pairs
+    cfg = Config(SwitchSpec(name, sw.grpc_addr, 1, sw.thrift_port, SWITCH_IP, SWITCH_MAC), hosts)
+    bed = Testbed(sw, [Port(h) for _, h in pairs], cfg, pairs)
     return bed
 
 
@@ -143,5 +150,5 @@ def stop_testbed(bed: Testbed) -> None:
     for p in bed.ports:
         p.close()
     bed.switch.stop()
-    for s, _ in bed._pairs:
+    for s, _ in bed.pairs:
         subprocess.run(["ip", "link", "del", s], capture_output=True)

@@ -50,7 +50,7 @@ def find(name: str) -> Tool:
 
 def require(name: str) -> Path:
     tool = find(name)
-    if not tool.found:
+    if tool.path is None:
         raise ToolMissing(f"{tool.how}: install {name} (README, 'bmv2 and p4c') or set "
                           f"{TOOLS[name]}=/path/to/{name}")
     return tool.path
@@ -58,8 +58,7 @@ def require(name: str) -> Path:
 
 def missing(*names: str) -> str | None:
     """None if every tool is found, else one line naming what is missing (for skip reasons)."""
-    gone = [find(n) for n in names]
-    gone = [t.how for t in gone if not t.found]
+    gone = [t.how for t in (find(n) for n in names) if not t.found]
     return "; ".join(gone) if gone else None
 
 

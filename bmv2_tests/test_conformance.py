@@ -1,0 +1,288 @@
+"""The switch's rules as one table: state + packet gives counter, flags and reply.
+
+Each row sets up a slot's state with a few contributions, then sends one probe packet and
+states what must happen: which counter moves (the counters are one per verdict or drop reason,
+so this is the verdict too), who gets a reply, with which flags and words. The same table runs
+on three targets:
+- ``model``: homagg.switch_model.SwitchModel, in memory;
+- ``soft``: the software aggregator's server on a UDP socket (loopback addresses as hosts);
+- ``bmv2``: simple_switch_grpc running p4/homagg.p4 on veth pairs (skips without bmv2/root).
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from bmv2_tests.conftest import bmv2_skip_reason
+from bmv2_tests.targets import Bmv2Target
+from homagg import wire
+from homagg.switch_model import JobEntry, SwitchModel
+from homagg.targets.soft import SoftSwitch, SoftSwitchServer
+from homagg.targets.testbed import host_ip
+
+K = wire.WORDS_PER_PACKET
+WORKERS = 3          # hosts 0..2 are the job's workers; host 3 is registered nowhere
+SLOTS = 4
+_job_ids = itertools.count(20)
+
+
+@dataclass(frozen=True)
+class Pkt:
+    host: int
+    seq: int = 1
+    value: int = 1             # every word carries this value
+    op: int = wire.OP_ADD
+    slot: int = 0
+    phase: int = 0
+    flags: int = 0
+    worker: int | None = None  # header worker id (default: the host's own)
+    version: int = wire.HOMAGG_VERSION
+    size: int = wire.PACKET_BYTES   # payload bytes (truncate or pad)
+
+    def payload(self, job: int) -> bytes:
+        flags = self.flags | (wire.FLAG_PHASE if self.phase else 0)
+        words = np.full(K, self.value, np.int64).astype(np.uint32)
+        p = wire.pack(self.op, job, self.host if self.worker is None else self.worker,
+                      self.slot, self.seq, words, flags=flags, version=self.version)
+        return p[:self.size] if self.size <= len(p) else p + bytes(self.size - len(p))
+
+
+@dataclass(frozen=True)
+class Reply:
+    host: int
+    flags: int
+    value: int | None = None          # every word equals this (results)
+    status: tuple[int, int] | None = None  # (contributors bitmap, count) (status replies)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    setup: tuple[Pkt, ...]
+    probe: Pkt
+    counter: str                    # the one STATS counter the probe moves (besides STAT_RX)
+    replies: tuple[Reply, ...] = ()
+    also: tuple[str, ...] = field(default=())  # further counters the probe moves
+
+R, S, T, OVF = wire.FLAG_RESULT, wire.FLAG_STATUS, wire.FLAG_RETRANS, wire.FLAG_OVERFLOW
+P = wire.FLAG_PHASE
+ALL = tuple(range(WORKERS))
+
+CASES = [
+    Case("first contribution is absorbed", (), Pkt(0), "STAT_ACCEPTED"),
+    Case("second contribution is absorbed", (Pkt(0),), Pkt(1), "STAT_ACCEPTED"),
+    Case("last contribution completes: sum multicast to every worker",
+         (Pkt(0, value=5), Pkt(1, value=-7)), Pkt(2, value=100), "STAT_ACCEPTED",
+         tuple(Reply(h, R, 98) for h in ALL), ("STAT_COMPLETED",)),
+    Case("OR combines bit sets",
+         (Pkt(0, op=wire.OP_OR, value=0b001), Pkt(1, op=wire.OP_OR, value=0b010)),
+         Pkt(2, op=wire.OP_OR, value=0b110), "STAT_ACCEPTED",
+         tuple(Reply(h, R, 0b111) for h in ALL), ("STAT_COMPLETED",)),
+    Case("shadow copy (phase 1) aggregates like phase 0",
+         (Pkt(0, phase=1, value=1), Pkt(1, phase=1, value=2)), Pkt(2, phase=1, value=3),
+         "STAT_ACCEPTED", tuple(Reply(h, R | P, 6) for h in ALL), ("STAT_COMPLETED",)),
+    Case("positive int32 overflow is flagged in the result",
+         (Pkt(0, value=2**31 - 1), Pkt(1, value=1)), Pkt(2, value=0), "STAT_ACCEPTED",
+         tuple(Reply(h, R | OVF, -(2**31)) for h in ALL), ("STAT_COMPLETED", "STAT_OVERFLOW")),
+    Case("a sum reaching INT32_MIN exactly is not an overflow",
+         (Pkt(0, value=-(2**30)), Pkt(1, value=-(2**30))), Pkt(2, value=0), "STAT_ACCEPTED",
+         tuple(Reply(h, R, -(2**31)) for h in ALL), ("STAT_COMPLETED",)),
+    Case("duplicate of an unfinished round: not added, status names the contributors",
+         (Pkt(0), Pkt(2)), Pkt(0), "STAT_DUP_PENDING", (Reply(0, R | S, status=(0b101, 2)),)),
+    Case("duplicate of a finished round: the result again, by unicast",
+         (Pkt(0, value=1), Pkt(1, value=2), Pkt(2, value=3)), Pkt(1), "STAT_RETRANS_REPLY",
+         (Reply(1, R | T, 6),)),
+    Case("overflow flag survives into a retransmitted result",
+         (Pkt(0, value=2**31 - 1), Pkt(1, value=1), Pkt(2, value=0)), Pkt(0),
+         "STAT_RETRANS_REPLY", (Reply(0, R | T | OVF, -(2**31)),)),
+    Case("another op in the same round is a mismatch", (Pkt(0),), Pkt(1, op=wire.OP_OR),
+         "DROP_SEQ_MISMATCH"),
+    Case("a delayed packet of an older round is stale", (Pkt(0, seq=5),), Pkt(1, seq=4),
+         "DROP_STALE"),
+    Case("an old round cannot restart an idle copy",
+         (Pkt(0, seq=5), Pkt(1, seq=5), Pkt(2, seq=5), Pkt(0, seq=6, phase=1),
+          Pkt(1, seq=6, phase=1), Pkt(2, seq=6, phase=1)), Pkt(0, seq=3), "DROP_STALE"),
+    Case("a finished round is stale for a worker that moved on",
+         (Pkt(0), Pkt(1), Pkt(2), Pkt(0, seq=2, phase=1)), Pkt(0, seq=1), "DROP_STALE"),
+    Case("a host outside the job", (), Pkt(3, worker=0), "DROP_UNKNOWN_SENDER"),
+    Case("a header worker id that is not the sender's", (), Pkt(0, worker=1),
+         "DROP_WRONG_IDENTITY"),
+    Case("a slot outside the job's region", (), Pkt(0, slot=SLOTS), "DROP_BAD_SLOT"),
+    Case("a result flag from a host", (), Pkt(0, flags=R), "DROP_FORGED_RESULT"),
+    Case("another protocol version", (), Pkt(0, version=2), "DROP_BAD_VERSION"),
+    Case("an unknown op", (), Pkt(0, op=7), "DROP_BAD_OP"),
+    Case("a truncated packet", (), Pkt(0, size=wire.PACKET_BYTES - 4), "DROP_MALFORMED"),
+    Case("an overlong packet", (), Pkt(0, size=wire.PACKET_BYTES + 4), "DROP_BAD_LENGTH"),
+]
+
+
+# -- targets ------------------------------------------------------------------------------
+
+
+class ModelTarget:
+    """The model itself: replies come straight back from ``process``."""
+
+    def __init__(self):
+        self.model = SwitchModel()
+        self.inbox: dict[int, list[bytes]] = {}
+        self.addr = {i: (host_ip(i), wire.DEFAULT_AGENT_PORT) for i in range(WORKERS + 1)}
+        self.host_of = {a: i for i, a in self.addr.items()}
+        self.epoch = 0
+
+    def add_job(self, job_id: int) -> None:
+        for old in list(self.model.jobs):
+            self.model.uninstall(old)
+        self.epoch += 1
+        self.model.install(JobEntry(job_id, [self.addr[i] for i in ALL], self.epoch,
+                                    (job_id % 8) * SLOTS, SLOTS))
+
+    def send(self, host: int, payload: bytes) -> None:
+        for data, dst in self.model.process(payload, self.addr[host]).replies:
+            self.inbox.setdefault(self.host_of[dst], []).append(data)
+
+    def recv_all(self, timeout: float) -> dict[int, list[wire.Packet]]:
+        out = {h: [wire.unpack(d) for d in ds] for h, ds in self.inbox.items()}
+        self.inbox.clear()
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return {n: int(self.model.stats[i]) for i, n in wire.STATS.items()}
+
+    def close(self) -> None:
+        pass
+
+
+class SoftUdpTarget:
+    """The software aggregator's server on 127.0.0.254; host i sends from 127.0.0.(i+1)."""
+
+    def __init__(self):
+        self.switch = SoftSwitch()
+        self.server = SoftSwitchServer(self.switch, ("127.0.0.254", wire.HOMAGG_UDP_PORT_MIN))
+        self.server.start()
+        self.socks = {}
+        for i in range(WORKERS + 1):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind((f"127.0.0.{i + 1}", 0))
+            s.setblocking(False)
+            self.socks[i] = s
+
+    def add_job(self, job_id: int) -> None:
+        for old in list(self.switch.jobs):
+            self.switch.remove_job(old)
+        self.switch.add_job(job_id, [self.socks[i].getsockname() for i in ALL], SLOTS)
+
+    def send(self, host: int, payload: bytes) -> None:
+        self.socks[host].sendto(payload, self.server.address)
+        time.sleep(0.01)  # let the server handle it in order with the next one
+
+    def recv_all(self, timeout: float) -> dict[int, list[wire.Packet]]:
+        out: dict[int, list[wire.Packet]] = {}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for h, s in self.socks.items():
+                try:
+                    while True:
+                        out.setdefault(h, []).append(wire.unpack(s.recv(4096)))
+                except BlockingIOError:
+                    pass
+            time.sleep(0.01)
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return self.switch.read_stats()["switch"]
+
+    def close(self) -> None:
+        self.server.stop()
+        for s in self.socks.values():
+            s.close()
+
+
+class Bmv2ConformanceTarget:
+    def __init__(self, testbed):
+        self.t = Bmv2Target(testbed)
+        self.jobs: list[int] = []
+
+    def add_job(self, job_id: int) -> None:
+        self.close()
+        self.t.add_job(job_id, list(ALL), SLOTS)
+        self.jobs = [job_id]
+        self.t.drain()
+
+    def send(self, host: int, payload: bytes) -> None:
+        self.t.send(host, payload)
+
+    def recv_all(self, timeout: float) -> dict[int, list[wire.Packet]]:
+        return {h: self.t.recv(h, timeout) for h in range(WORKERS + 1)}
+
+    def stats(self) -> dict[str, int]:
+        return self.t.stats()["switch"]
+
+    def close(self) -> None:
+        for j in self.jobs:
+            self.t.remove_job(j)
+
+
+@pytest.fixture(scope="module", params=["model", "soft", "bmv2"])
+def target(request):
+    if request.param == "model":
+        t = ModelTarget()
+    elif request.param == "soft":
+        t = SoftUdpTarget()
+    else:
+        reason = bmv2_skip_reason()
+        if reason:
+            pytest.skip(reason)
+        t = Bmv2ConformanceTarget(request.getfixturevalue("testbed"))
+    yield t
+    t.close()
+
+
+def settled_stats(target, before: dict[str, int], moved: set[str], timeout: float = 2.0):
+    """bmv2 counts asynchronously: wait (bounded) until the counters we expect have moved."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = target.stats()
+        if all(now[n] > before[n] for n in moved) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_rule(target, case):
+    job = next(_job_ids)
+    target.add_job(job)
+    for p in case.setup:
+        target.send(p.host, p.payload(job))
+    target.recv_all(0.3 if not isinstance(target, ModelTarget) else 0)
+    before = target.stats()
+    target.send(case.probe.host, case.probe.payload(job))
+    got = target.recv_all(0.5 if not isinstance(target, ModelTarget) else 0)
+    moved = {"STAT_RX", case.counter, *case.also}
+    after = settled_stats(target, before, moved)
+
+    delta = {n: after[n] - before[n] for n in after if after[n] != before[n]}
+    assert delta == {n: 1 for n in moved}, f"counters moved: {delta}"
+
+    expect = {r.host: r for r in case.replies}
+    for host in range(WORKERS + 1):
+        pkts = got.get(host, [])
+        if host not in expect:
+            assert not pkts, f"host {host} got {len(pkts)} unexpected packet(s)"
+            continue
+        r = expect[host]
+        assert len(pkts) == 1, f"host {host}: {len(pkts)} replies"
+        pkt = pkts[0]
+        assert pkt.flags == r.flags, f"host {host}: flags {pkt.flags:#x}, expected {r.flags:#x}"
+        assert (pkt.job, pkt.slot, pkt.seq) == (job, case.probe.slot, case.probe.seq)
+        if r.value is not None:
+            expected_words = np.full(K, r.value, np.int64).astype(np.uint32).view(np.int32)
+            np.testing.assert_array_equal(pkt.words, expected_words)
+        if r.status is not None:
+            assert pkt.status == r.status
+            assert not pkt.words[:wire.STATUS_WORD].any()
