@@ -3,16 +3,22 @@ numpy copy of the same fp32 tensor, measured in the same run (ratios travel; sec
 
     python -m bench.codec                 # N = 1M and 10M, densities 0.1%, 1%, 10%, 8 workers
     python -m bench.codec --sizes 1000000 --densities 0.01 --workers 4
+    python -m bench.codec --sizes 10000000 --densities 0.01 0.001 0.0001
 
 Every row is also checked: the simulated job's sum must equal the integer sum bit for bit.
 Each worker has an independent random support of the given density, so the union is larger than
-any worker's support (about 1 - (1 - d)**W of the tensor).
+any worker's support (about 1 - (1 - d)**W of the tensor); one more support per size is
+row-sparse ("r64:0.1%": each worker has 0.1% of the rows of 64 elements, whole rows).
+Each support runs with both indexes (``codec.index``): the flat bitmap (n/32 words, 1 round) and
+the hierarchical one (3 rounds, its size follows the union); the time then includes building
+the levels and rebuilding the union bitmap from the ORed levels.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import sys
 import time
 
@@ -45,13 +51,54 @@ def make_workers(rng, n, workers, density):
     return xs
 
 
-def one_worker(x, shift, union_words, agg, mode, seed, resid_agg=None):
+def make_row_workers(rng, n, workers, rows_of, fraction):
+    xs = []
+    rows = n // rows_of
+    for _ in range(workers):
+        x = np.zeros(n, np.float32)
+        r = rng.choice(rows, max(1, int(rows * fraction)), replace=False)
+        idx = (r[:, None] * rows_of + np.arange(rows_of)).ravel()
+        x[idx] = rng.standard_normal(idx.size).astype(np.float32)
+        xs.append(x)
+    return xs
+
+
+def ored_index(sparse, n, index):
+    """What the switch returns in the index rounds: the ORed flat bitmap, or the ORed top, mid
+    and leaf levels of the hierarchy."""
+    if index == codec.FLAT:
+        return codec.switch_or([s.words for s in sparse])
+    levels = [codec.Levels.of(s.words, n) for s in sparse]
+    top = codec.switch_or([lv.top for lv in levels])
+    blocks = codec.union_blocks(top, n)
+    mid = codec.switch_or([lv.mid(blocks) for lv in levels])
+    subs = codec.union_subblocks(blocks, mid)
+    leaf = codec.switch_or([lv.leaf(subs) for lv in levels])
+    return top, mid, leaf
+
+
+def worker_index(scan, index, ored):
+    """A worker's side of the index rounds, given the ORed levels: (union bitmap, index words)."""
+    n = scan.n
+    if index == codec.FLAT:
+        return ored, ored.size
+    top, mid, leaf = ored
+    levels = codec.Levels.of(scan.words, n)
+    blocks = codec.union_blocks(top, n)
+    levels.mid(blocks)
+    subs = codec.union_subblocks(blocks, mid)
+    levels.leaf(subs)
+    return codec.union_bitmap(n, subs, leaf), top.size + mid.size + leaf.size
+
+
+def one_worker(x, shift, index, ored, agg, mode, seed, resid_agg=None):
     """Everything worker 0 computes for one all-reduce, given what the switch sends back: the
     same calls as ``Agent.allreduce_detailed`` (less the network)."""
     scan = codec.Scan.of(x)
     scan.max_exponent()
     n = scan.n
-    codec.choose_mode(n, codec.union_size(union_words, n))
+    union_words, index_words = worker_index(scan, index, ored)
+    codec.choose_mode(n, codec.union_size(union_words, n), index_words=index_words)
     s = scan.quantize(shift)
     if mode == "union":  # U is never listed: ranks and the output come from the bitmap
         codec.encode_union(s, union_words)
@@ -68,9 +115,18 @@ def one_worker(x, shift, union_words, agg, mode, seed, resid_agg=None):
     return codec.assemble(n, union, values, shift, x.dtype)
 
 
-def run(sizes, densities, workers, repeat, seed=11):
+def supports(rng, n, densities, workers, rows_of, row_fraction):
+    """(label, worker tensors): one independent random support per density, then row-sparse."""
+    for d in densities:
+        yield f"{d:.3%}", make_workers(rng, n, workers, d)
+    if row_fraction > 0 and n >= rows_of:
+        yield (f"r{rows_of}:{row_fraction:.1%}",
+               make_row_workers(rng, n, workers, rows_of, row_fraction))
+
+
+def run(sizes, densities, workers, repeat, seed=11, rows_of=64, row_fraction=0.001):
     rng = np.random.default_rng(seed)
-    header = (f"{'N':>10} {'density':>8} {'union':>7} {'mode':>7} {'exact':>5} "
+    header = (f"{'N':>10} {'density':>9} {'union':>7} {'index':>5} {'mode':>7} {'exact':>5} "
               f"{'wire/dense':>10} {'peel rds':>8} {'unres':>6} {'copy ms':>8} "
               f"{'enc+dec ms':>10} {'x copy':>7} {'best x':>7}")
     print(f"homagg codec benchmark: {workers} workers, numpy {np.__version__}, codec and "
@@ -80,8 +136,7 @@ def run(sizes, densities, workers, repeat, seed=11):
     print("-" * len(header))
     rows = []
     for n in sizes:
-        for d in densities:
-            xs = make_workers(rng, n, workers, d)
+        for d, xs in supports(rng, n, densities, workers, rows_of, row_fraction):
             e = max((codec.max_exponent(x) for x in xs), key=lambda v: -999 if v is None else v)
             shift = codec.shift_for(e, workers)
             sparse = [codec.Sparse.from_float(x, shift) for x in xs]
@@ -90,9 +145,12 @@ def run(sizes, densities, workers, repeat, seed=11):
             union_words = codec.switch_or([s.words for s in sparse])
             union = codec.union_indices(union_words, n)
             copy = xs[0].copy  # the issue's baseline
-            for mode in ("auto", "union", "sketch"):
-                res = codec.simulate(ints, seed, mode=mode)
+            oreds = {index: ored_index(sparse, n, index) for index in (codec.FLAT, codec.HIER)}
+            for index, mode in itertools.product((codec.FLAT, codec.HIER),
+                                                 ("auto", "union", "sketch")):
+                res = codec.simulate(ints, seed, mode=mode, index=index)
                 ok = np.array_equal(res.total.astype(np.int64), exact)
+                ored = oreds[index]
                 real = res.mode
                 if real == "dense":
                     # Dense skips the codec entirely: quantize and dequantize only.
@@ -105,21 +163,23 @@ def run(sizes, densities, workers, repeat, seed=11):
                     if left.size:
                         resid = codec.switch_add(
                             [codec.residual_values(s, union[left]) for s in sparse], "residual")
-                    out = one_worker(xs[0], shift, union_words, agg, real, seed, resid)
+                    out = one_worker(xs[0], shift, index, ored, agg, real, seed, resid)
                     want = np.ldexp(exact.astype(np.float64), -shift).astype(np.float32)
                     ok = ok and np.array_equal(out.view(np.uint32), want.view(np.uint32))
-                    fn = functools.partial(one_worker, xs[0], shift, union_words, agg, real,
+                    ok = ok and np.array_equal(worker_index(codec.Scan.of(xs[0]), index,
+                                                            ored)[0], union_words)
+                    fn = functools.partial(one_worker, xs[0], shift, index, ored, agg, real,
                                            seed, resid)
                 copy_ts, ts = interleaved([copy, fn], repeat)
                 copy_t, t = np.median(copy_ts), np.median(ts)
                 label = f"{mode}>{real}" if mode == "auto" else real
-                print(f"{n:>10} {d:>8.3%} {res.u / n:>7.2%} {label:>7} "
+                print(f"{n:>10} {d:>9} {res.u / n:>7.2%} {index:>5} {label:>7} "
                       f"{('yes' if ok else 'NO'):>5} "
                       f"{res.ratio:>10.2%} {res.peel_rounds:>8} {res.unresolved:>6} "
                       f"{copy_t * 1e3:>8.2f} {t * 1e3:>10.2f} {t / copy_t:>7.2f} "
                       f"{ts.min() / copy_ts.min():>7.2f}", flush=True)
-                rows.append(dict(n=n, density=d, mode=label, exact=ok, ratio=res.ratio,
-                                 time_ratio=t / copy_t))
+                rows.append(dict(n=n, density=d, index=index, mode=label, exact=ok,
+                                 ratio=res.ratio, time_ratio=t / copy_t))
     bad = [r for r in rows if not r["exact"]]
     if bad:
         print(f"NOT EXACT: {len(bad)} row(s)", file=sys.stderr)
@@ -133,12 +193,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--densities", type=float, nargs="+", default=[0.001, 0.01, 0.1])
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--repeat", type=int, default=15)
+    p.add_argument("--rows-of", type=int, default=64,
+                   help="row-sparse support: rows of this many elements")
+    p.add_argument("--row-fraction", type=float, default=0.001,
+                   help="row-sparse support: this fraction of the rows per worker (0: none)")
     return p
 
 
 def main(argv=None) -> int:
     a = parser().parse_args(argv)
-    return run(a.sizes, a.densities, a.workers, a.repeat)
+    return run(a.sizes, a.densities, a.workers, a.repeat, rows_of=a.rows_of,
+               row_fraction=a.row_fraction)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,16 @@
     total = agent.allreduce(grad)          # fp32 in, fp32 out: the exact sum of quantized values
 
 Per tensor (DESIGN.md section 1): one OR round carrying the job's scale negotiation (a one-hot
-exponent per worker: the OR gives the max) and the non-zero bitmap; then the values, as the
-byte count decides (``codec.choose_mode``): dense, on the union, or sketch + residual. Every
-round goes through the agent's ``Transport`` (slots, retransmission, deadline). An overflow
-flagged by the switch makes every worker (they all see the same flag) redo the value rounds
-with a smaller scale: never a wrapped sum.
+exponent per worker: the OR gives the max) and the index of the non-zeros: the flat bitmap, or
+the top level of the hierarchical one, whose two further OR rounds follow (``codec.index``;
+``AgentConfig.index`` and ``codec.choose_index`` pick one per tensor, from the tensor's
+previous union size when its ``key`` has been seen). Then the values, as the byte count
+decides (``codec.choose_mode``): dense, on the union, or sketch + residual. A tensor that went
+dense under ``auto`` skips the index next time (same ``key``). Every round goes through the
+agent's ``Transport`` (slots, retransmission, deadline). An overflow flagged by the switch
+makes every worker (they all see the same flag) redo the value rounds with a smaller scale:
+never a wrapped sum. Every decision (index, mode, skipped rounds) comes from what the switch
+returned or from such earlier results, so every worker takes the same one without a message.
 """
 
 from __future__ import annotations
@@ -52,8 +57,10 @@ class Result:
     values: np.ndarray         # exact integer sums, per union rank (union: the switch's int32
                                # words; sketch: int64), or dense int64
     wire_bytes: int            # homagg payload bytes this worker sent (retransmissions too)
-    rounds: dict = field(default_factory=dict)
+    rounds: dict = field(default_factory=dict)  # words sent per round: index ("bitmap" or
+                               # "index-top/mid/leaf", without the exponent words), values
     _union: np.ndarray | None = field(default=None, repr=False, compare=False)
+    index: str | None = None   # "flat" or "hier"; None: no index round (dense remembered)
 
     @property
     def union(self) -> np.ndarray | None:
@@ -96,6 +103,7 @@ class Agent:
         self.transport = Transport(config, self.counters)
         self.seed = config.job if config.seed is None else config.seed
         self._last_mode: dict = {}
+        self._last_union: dict = {}  # key -> union size u last time (codec.choose_index)
 
     @property
     def sock(self):
@@ -154,16 +162,22 @@ class Agent:
 
         mode = codec.as_mode(cfg.mode, auto=True)
         if mode == AUTO and key is not None and self._last_mode.get(key) == Mode.DENSE:
-            mode = Mode.DENSE  # last time this tensor was dense: skip the bitmap (all agree)
+            mode = Mode.DENSE  # last time this tensor was dense: skip the index (all agree)
+        index = None
+        index_rounds: dict[str, int] = {}
+        u = 0
         if mode == Mode.DENSE:
             agg = self.transport.stream(wire.OP_OR, onehot).view(np.uint32)
             union_words = None
         else:
-            agg = self.transport.stream(wire.OP_OR, np.concatenate([onehot, scan.words]))
-            agg = agg.view(np.uint32)
-            union_words = agg[wire.EXP_WORDS:]
+            index = codec.choose_index(cfg.index, n, self._last_union.get(key)
+                                       if key is not None else None)
+            agg, union_words, index_rounds = self._index_rounds(scan, onehot, index)
+            u = codec.union_size(union_words, n)
+            if key is not None:
+                self._last_union[key] = u
             if mode == AUTO:
-                mode = codec.choose_mode(n, codec.union_size(union_words, n))
+                mode = codec.choose_mode(n, u, index_words=sum(index_rounds.values()))
             if mode == Mode.DENSE:
                 union_words = None
         # Only the sketch needs U's positions; union mode works from the bitmap itself.
@@ -198,11 +212,29 @@ class Agent:
             assert union is not None  # mode sketch
             out = codec.assemble(n, union, values, shift, out_dtype)
         return Result(out, shift, Mode(mode), n, union_words, values,
-                      self.counters.bytes_sent - before, rounds, union)
+                      self.counters.bytes_sent - before, {**index_rounds, **rounds}, union,
+                      index=index)
+
+    def _index_rounds(self, scan, onehot, index):
+        """Round 1 (exponent words and the flat bitmap or the top level) and, for ``hier``, the
+        mid and leaf rounds: (round 1's ORed words, the flat union bitmap, words per index
+        round)."""
+        stream = self.transport.stream
+        if index == codec.FLAT:
+            agg = stream(wire.OP_OR, np.concatenate([onehot, scan.words])).view(np.uint32)
+            union_words = agg[wire.EXP_WORDS:]
+            return agg, union_words, {codec.ROUND_FLAT: union_words.size}
+        levels = codec.Levels.of(scan.words, scan.n)
+        agg = stream(wire.OP_OR, np.concatenate([onehot, levels.top])).view(np.uint32)
+        union_words, sent = codec.hier_rounds(
+            [levels], agg[wire.EXP_WORDS:],
+            lambda words: stream(wire.OP_OR, words[0]).view(np.uint32))
+        return agg, union_words, sent
 
     def _value_rounds(self, flat, scan, shift, mode, union_words, union):
-        """Round 2 (and the residual): exact sums, on the union (int32 words from the switch
-        in mode union, int64 for the sketch) or dense (int64)."""
+        """The value round (and the residual): exact sums, on the union (int32 words from the
+        switch in mode union, int64 for the sketch) or dense (int64). An empty union (every
+        worker sees it) sends nothing."""
         stream = self.transport.stream
         if mode == Mode.DENSE or union_words is None:
             q = codec.quantize(flat, shift)
@@ -210,7 +242,11 @@ class Agent:
         s = scan.quantize(shift)
         if mode == Mode.UNION:  # straight from the bitmap: U is never listed
             words = codec.encode_union(s, union_words)
+            if not words.size:  # an empty union, on every worker: nothing to send
+                return words, {}
             return stream(wire.OP_ADD, words), {str(mode): words.size}
+        if not union.size:
+            return np.zeros(0, np.int64), {}
         words = codec.encode_values(s, union, mode, self.seed)
         agg = stream(wire.OP_ADD, words)
         peeled = codec.decode_values(agg, union, mode, self.seed)

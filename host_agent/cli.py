@@ -48,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", type=float, default=10.0, help="error after this long stuck")
     p.add_argument("--rate", type=float, help="pace sends to this many packets/s")
     p.add_argument("--mode", default=codec.AUTO, choices=[codec.AUTO, *codec.MODES])
+    p.add_argument("--index", default=codec.AUTO, choices=codec.INDEXES,
+                   help="the non-zeros' index: flat bitmap (1 round), hierarchical bitmap "
+                        "(3 rounds, size follows the union), or auto (per tensor)")
     p.add_argument("--seed", type=int, default=0, help="data seed (same on every worker)")
     f = p.add_argument_group("fault injection (tests, demos; at this agent's socket)")
     f.add_argument("--inject-loss", type=float, default=0.0, metavar="PCT",
@@ -170,7 +173,8 @@ def main(argv=None) -> int:
         cfg = AgentConfig(a.job, a.worker, a.workers, _addr(a.switch, wire.HOMAGG_UDP_PORT_MIN),
                           _addr(a.bind, wire.DEFAULT_AGENT_PORT), a.slots, timeout=a.timeout,
                           deadline=a.deadline, max_timeout=a.max_timeout,
-                          rate_pps=a.rate, mode=a.mode, shift_bias=a.shift_bias,
+                          rate_pps=a.rate, mode=a.mode, index=a.index,
+                          shift_bias=a.shift_bias,
                           faults=FaultSpec(a.inject_loss / 100, a.inject_dup / 100,
                                            a.inject_reorder / 100, seed=1000 * a.job + a.worker))
         t0 = time.monotonic()

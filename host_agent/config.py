@@ -1,7 +1,8 @@
 """What a host agent is told (``AgentConfig``), and what it raises when it cannot do it.
 
 Defaults for the addresses come from ``homagg.wire`` (the switch's address and UDP port, the
-agent's port); ``mode`` is a ``codec.Mode`` name or "auto".
+agent's port); ``mode`` is a ``codec.Mode`` name or "auto"; ``index`` is "flat", "hier" or
+"auto" (``codec.choose_index``). Every worker of a job must use the same mode and index.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from homagg import wire
 from homagg.errors import HomaggError
 from homagg.faults import FaultSpec
-from homagg.host_agent.codec import AUTO, DEFAULT_HEADROOM, CodecError, as_mode
+from homagg.host_agent.codec import AUTO, DEFAULT_HEADROOM, INDEXES, CodecError, as_index, as_mode
 
 
 class AgentError(HomaggError):
@@ -40,6 +41,7 @@ class AgentConfig:
     deadline: float = 10.0       # no progress for this long: AggregationTimeout
     rate_pps: float | None = None  # pacing (bmv2 drops bursts); None: window-limited only
     mode: str = AUTO             # auto | dense | union | sketch (a codec.Mode or its name)
+    index: str = AUTO            # auto | flat | hier: the non-zeros' index (codec.index)
     headroom: int = DEFAULT_HEADROOM
     max_rescales: int = 6
     # Fault injection, for tests and demos: loss/duplication/reordering at this agent's socket
@@ -58,6 +60,10 @@ class AgentConfig:
             as_mode(self.mode, auto=True)
         except CodecError:
             raise AgentError(f"mode {self.mode!r}: auto, dense, union or sketch") from None
+        try:
+            as_index(self.index)
+        except CodecError:
+            raise AgentError(f"index {self.index!r}: {', '.join(INDEXES)}") from None
 
     @property
     def who(self) -> str:

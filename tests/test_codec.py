@@ -25,6 +25,12 @@ def sparse_workers(rng, n, workers, density, lo=-(2**20), hi=2**20, support=None
     return out
 
 
+@pytest.fixture(params=["auto", "flat", "hier"])
+def index(request):
+    """The index a test's simulated job uses (codec.index; auto picks by size)."""
+    return request.param
+
+
 def assert_exact(arrays, mode, seed=1, **kw):
     res = simulate(arrays, seed, mode=mode, **kw)
     assert res.total.dtype == np.int32
@@ -38,44 +44,44 @@ def assert_exact(arrays, mode, seed=1, **kw):
     [(1, 1, 1.0), (7, 2, 0.5), (33, 3, 0.1), (1000, 4, 0.01), (4099, 8, 0.05), (100_003, 8, 0.01),
      (65_537, 64, 0.001), (10_000, 1, 0.02)],
 )
-def test_random_sparse_sums_are_exact(mode, n, workers, density):
+def test_random_sparse_sums_are_exact(mode, n, workers, density, index):
     rng = np.random.default_rng(n * 31 + workers)
-    assert_exact(sparse_workers(rng, n, workers, density), mode)
+    assert_exact(sparse_workers(rng, n, workers, density), mode, index=index)
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
-def test_all_zero(mode):
-    res = assert_exact([np.zeros(1000, np.int32)] * 4, mode)
+def test_all_zero(mode, index):
+    res = assert_exact([np.zeros(1000, np.int32)] * 4, mode, index=index)
     assert res.u == 0 or res.mode == "dense"
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
-def test_single_nonzero_in_one_worker(mode):
+def test_single_nonzero_in_one_worker(mode, index):
     arrays = [np.zeros(12345, np.int32) for _ in range(5)]
     arrays[3][12344] = -7
-    res = assert_exact(arrays, mode)
+    res = assert_exact(arrays, mode, index=index)
     if mode != "dense":
         assert res.u == 1
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
-def test_fully_dense(mode):
+def test_fully_dense(mode, index):
     rng = np.random.default_rng(2)
     arrays = [rng.integers(1, 2**20, 5000, dtype=np.int32) for _ in range(4)]
-    res = assert_exact(arrays, mode)
+    res = assert_exact(arrays, mode, index=index)
     if mode == "auto":
         assert res.mode == "dense"  # the byte count says the bitmap cannot pay for itself
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
-def test_identical_supports(mode):
+def test_identical_supports(mode, index):
     rng = np.random.default_rng(3)
     support = rng.choice(50_000, 500, replace=False)
-    assert_exact(sparse_workers(rng, 50_000, 8, 0, support=support), mode)
+    assert_exact(sparse_workers(rng, 50_000, 8, 0, support=support), mode, index=index)
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
-def test_disjoint_supports(mode):
+def test_disjoint_supports(mode, index):
     rng = np.random.default_rng(4)
     perm = rng.permutation(40_000)
     arrays = []
@@ -83,19 +89,19 @@ def test_disjoint_supports(mode):
         a = np.zeros(40_000, np.int32)
         a[perm[w * 400 : (w + 1) * 400]] = rng.integers(-1000, 1000, 400)
         arrays.append(a)
-    res = assert_exact(arrays, mode)
+    res = assert_exact(arrays, mode, index=index)
     if mode in ("union", "sketch"):
         assert res.u == 8 * 400
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
-def test_cancelling_values_keep_support(mode):
+def test_cancelling_values_keep_support(mode, index):
     # Values that sum to zero are still in U; the sum there is an exact 0.
     a = np.zeros(100, np.int32)
     b = np.zeros(100, np.int32)
     a[[1, 50, 99]] = [5, -9, 2**29]
     b[[1, 50, 99]] = [-5, 9, -(2**29)]
-    res = assert_exact([a, b], mode)
+    res = assert_exact([a, b], mode, index=index)
     assert not res.total.any()
 
 
@@ -278,7 +284,8 @@ def test_both_kernel_sets_have_one_interface():
     ref = {name: fn for name, fn in vars(kernels.REF).items()
            if inspect.isfunction(fn) and not name.startswith("_")}
     assert set(ref) >= {"scan", "set_bits", "ranks", "union_size", "encode_union",
-                        "decode_union", "hashes", "sketch_encode", "peel", "assemble", "pack"}
+                        "decode_union", "hashes", "sketch_encode", "peel", "assemble", "pack",
+                        "subblocks"}
     for name, fn in ref.items():
         assert inspect.signature(getattr(kernels.JIT, name)) == inspect.signature(fn), name
     assert kernels.active is kernels.JIT

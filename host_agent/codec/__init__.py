@@ -4,13 +4,16 @@ A switch can only add int32 words and OR 32-bit words, so every encoding here is
 switch's combination of the workers' encodings is the encoding of the sum. Per tensor:
 
 0. quantize fp32 to int32 with a power-of-two scale shared by the job (``shift_for``);
-1. round 1: each worker's non-zero bitmap, ORed into the union support U;
-2. round 2, one of
+1. the index, ORed into the union support U (``index``): round 1 carries each worker's flat
+   non-zero bitmap (n/32 words), or the top level of a hierarchical bitmap (128 -> 8 -> 1
+   elements) whose two further OR rounds carry only what the union's level above has set, so
+   its size follows the union; both give every worker the same flat union bitmap;
+2. the values (round 2 after a flat index, round 4 after the hierarchy), one of
    - ``dense``:  all n int32 values (the SwitchML baseline);
    - ``union``:  the int32 values at the positions of U, in order (u words);
    - ``sketch``: a count sketch of the values on U (k = 3 partitioned hashes, +-1 signs, m counters
      derived from u alone), decoded by peeling;
-3. round 3 (sketch only): the positions peeling left unresolved, sent densely, so the result is
+3. then (sketch only): the positions peeling left unresolved, sent densely, so the result is
    always exact. The paper estimates those values instead; we never do.
 
 Every worker derives the same U, m, hashes and unresolved set from what the switch returned, so the
@@ -29,13 +32,32 @@ one pass over that bitmap (``union_indices`` + ``assemble`` remain, for the sket
 reference). ``Scan.of`` reads the tensor once for bitmap, positions and values.
 
 The modules, by concern: ``quantization`` (the scale), ``scan`` (a worker's tensor, round 1's
-bitmaps), ``sketch`` (count sketch and peeling), ``modes`` (``Mode``, the byte-count choice),
+bitmaps), ``index`` (flat or hierarchical index, and the choice between them), ``sketch``
+(count sketch and peeling), ``modes`` (``Mode``, the byte-count choice),
 ``union`` (a worker's rounds 2 and 3), ``simulation`` (the whole job in memory), ``kernels``
 (numba or numpy: ``_jit`` and ``_ref``), ``errors``. This package re-exports their public names.
 """
 
 from homagg.host_agent.codec import kernels
 from homagg.host_agent.codec.errors import AggregationOverflow, CodecError
+from homagg.host_agent.codec.index import (
+    FLAT,
+    HIER,
+    INDEXES,
+    ROUND_FLAT,
+    ROUND_LEAF,
+    ROUND_MID,
+    ROUND_TOP,
+    Levels,
+    as_index,
+    choose_index,
+    hier_rounds,
+    level_words,
+    top_bits,
+    union_bitmap,
+    union_blocks,
+    union_subblocks,
+)
 from homagg.host_agent.codec.modes import AUTO, MODES, Mode, as_mode, choose_mode, round2_words
 from homagg.host_agent.codec.quantization import (
     DEFAULT_HEADROOM,
@@ -78,11 +100,13 @@ from homagg.host_agent.codec.union import (
 )
 
 __all__ = [
-    "AUTO", "DEFAULT_HEADROOM", "DEFAULT_RATIO", "INT32_MAX", "INT32_MIN", "K_HASHES", "MODES",
-    "SKETCH_SLACK", "AggregationOverflow", "CodecError", "Mode", "PeelResult", "Scan",
-    "SimResult", "Sparse", "as_mode", "assemble", "bitmap", "bitmap_words", "check_int32",
-    "choose_mode", "decode_union", "decode_values", "dequantize", "encode_union",
-    "encode_values", "kernels", "max_exponent", "peel", "quantize", "ranks_in",
-    "residual_values", "round2_words", "set_bits", "shift_for", "simulate", "sketch_encode",
-    "sketch_hashes", "sketch_size", "switch_add", "switch_or", "union_indices", "union_size",
+    "AUTO", "DEFAULT_HEADROOM", "DEFAULT_RATIO", "FLAT", "HIER", "INDEXES", "INT32_MAX",
+    "INT32_MIN", "K_HASHES", "MODES", "ROUND_FLAT", "ROUND_LEAF", "ROUND_MID", "ROUND_TOP",
+    "SKETCH_SLACK", "AggregationOverflow", "CodecError", "Levels", "Mode", "PeelResult", "Scan",
+    "SimResult", "Sparse", "as_index", "as_mode", "assemble", "bitmap", "bitmap_words",
+    "check_int32", "choose_index", "choose_mode", "decode_union", "decode_values", "dequantize",
+    "encode_union", "encode_values", "hier_rounds", "kernels", "level_words", "max_exponent",
+    "peel", "quantize", "ranks_in", "residual_values", "round2_words", "set_bits", "shift_for",
+    "simulate", "sketch_encode", "sketch_hashes", "sketch_size", "switch_add", "switch_or",
+    "top_bits", "union_bitmap", "union_blocks", "union_indices", "union_size", "union_subblocks",
 ]

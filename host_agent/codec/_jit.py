@@ -24,7 +24,7 @@ from homagg.host_agent.codec._ref import M1, M2, M3, pack
 _PEEL_INT32_STATE_BELOW = 2**23
 
 __all__ = ["pack", "scan", "set_bits", "ranks", "union_size", "encode_union", "decode_union",
-           "hashes", "sketch_encode", "peel", "assemble"]
+           "subblocks", "hashes", "sketch_encode", "peel", "assemble"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -78,6 +78,10 @@ def decode_union(words: np.ndarray, n: int, values: np.ndarray, shift: int, dtyp
     if union.size != values.size:
         return None
     return assemble(n, union, values, shift, dtype)
+
+
+def subblocks(mid: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    return _k_subblocks(mid.view(np.uint8), np.ascontiguousarray(blocks, np.int64))
 
 
 def hashes(idx: np.ndarray, part: int, s1: np.uint64, s2: np.uint64
@@ -172,6 +176,23 @@ def _k_set_bits(words, n):
     while k > 0 and out[k - 1] >= n:  # padding bits of a foreign bitmap
         k -= 1
     return out[:k]
+
+
+@_njit
+def _k_subblocks(mid, blocks):
+    """mid: the mid level's bytes, two per union block (its 16 sub-block bits, MSB first)."""
+    total = 0
+    for i in range(2 * blocks.size):
+        total += _k_popcount32(np.int64(mid[i]))
+    out = np.empty(total + 16, np.int64)  # room for the last block's discarded writes
+    k = np.int64(0)
+    for r in range(blocks.size):
+        w = (np.int64(mid[2 * r]) << 8) | np.int64(mid[2 * r + 1])  # sub-block s: bit 15 - s
+        base = blocks[r] << 4
+        for s in range(16):  # write always, advance on a set bit: no branch to mispredict
+            out[k] = base + s
+            k += (w >> (15 - s)) & 1
+    return out[:total]
 
 
 @_njit

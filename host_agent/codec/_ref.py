@@ -79,6 +79,14 @@ def decode_union(words: np.ndarray, n: int, values: np.ndarray, shift: int, dtyp
     return assemble(n, union, values, shift, dtype)
 
 
+def subblocks(mid: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """Sorted int64 sub-block numbers (element // 8) set in a hierarchical index's mid level:
+    bit 16r + s of contiguous uint32 ``mid`` is sub-block s of block ``blocks[r]`` (sorted
+    int64), i.e. sub-block 16 * blocks[r] + s (16 * blocks.size <= 32 * mid.size)."""
+    k = set_bits(mid, 16 * blocks.size)
+    return (blocks[k >> 4] << 4) | (k & 15)
+
+
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser, in place on a fresh uint64 array."""
     x ^= x >> np.uint64(30)

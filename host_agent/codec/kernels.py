@@ -12,6 +12,8 @@ reference: the tests run both and compare them bit for bit, selecting one with `
     union_size(words, n)                      -> int
     encode_union(words, n, idx, val)          -> int32 values by union rank, None if not in it
     decode_union(words, n, values, shift, dt) -> dense float tensor, None on a size mismatch
+    subblocks(mid, blocks)                    -> int64 sub-blocks set in a hierarchical index's
+                                                 mid level (``index``), 16 bits per block
     hashes(idx, part, s1, s2)                 -> (positions, signs), each (3, len)
     sketch_encode(idx, val, m, s1, s2)        -> m counters (unbounded)
     peel(counters, union, s1, s2)             -> (values, resolved, rounds)

@@ -47,14 +47,17 @@ def round2_words(mode: str, n: int, u: int, ratio: float = DEFAULT_RATIO) -> int
     return sketch_size(u, ratio)
 
 
-def choose_mode(n: int, u: int, ratio: float = DEFAULT_RATIO) -> Mode:
+def choose_mode(n: int, u: int, ratio: float = DEFAULT_RATIO,
+                index_words: int | None = None) -> Mode:
     """The byte count decides, from n and the union size u only (every worker agrees).
 
-    ``dense`` skips the bitmap round, so the compressed modes must also pay for it. Ties go to
-    the simpler encoding.
+    ``dense`` skips the index rounds, so the compressed modes must also pay for them:
+    ``index_words`` words (default: the flat bitmap's, n/32; the hierarchical index's are known
+    to every worker once it is complete). Ties go to the simpler encoding.
     """
+    index = bitmap_words(n) if index_words is None else index_words
     dense = n
-    union = bitmap_words(n) + u
-    sketch = bitmap_words(n) + sketch_size(u, ratio)
+    union = index + u
+    sketch = index + sketch_size(u, ratio)
     best = min(dense, union, sketch)
     return Mode.DENSE if best == dense else Mode.UNION if best == union else Mode.SKETCH
