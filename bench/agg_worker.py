@@ -20,6 +20,7 @@ from pathlib import Path
 from homagg import wire
 from homagg.host_agent import Agent, AgentConfig, codec
 from homagg.host_agent.cli import bench_tensor as _tensor
+from homagg.host_agent.cli import check_exact
 
 
 def main(argv=None) -> int:
@@ -35,14 +36,17 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=int, default=1_000_000)
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--index", default="auto", choices=["auto", "flat", "hier"])
+    p.add_argument("--check", action="store_true",
+                   help="after timing, compare every aggregate with the exact integer sum")
     p.add_argument("--deadline", type=float, default=30.0)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     ip, _, port = a.bind.partition(":")
     cfg = AgentConfig(a.job, a.worker, a.workers, (a.switch, wire.HOMAGG_UDP_PORT_MIN),
-                      (ip, int(port)), a.slots, mode=a.mode, deadline=a.deadline)
+                      (ip, int(port)), a.slots, mode=a.mode, index=a.index, deadline=a.deadline)
     xs = [_tensor(0, it, a.worker, a.size, a.density) for it in range(a.iterations + 1)]
-    times, modes = [], []
+    times, modes, results = [], [], []
     with Agent(cfg) as agent:
         agent.allreduce_detailed(xs[0])  # warm-up: numba, sockets, and the start barrier
         c0 = (agent.counters.bytes_sent, agent.counters.packets_sent,
@@ -52,10 +56,18 @@ def main(argv=None) -> int:
             res = agent.allreduce_detailed(x)
             times.append(time.perf_counter() - t0)
             modes.append(res.mode)
+            results.append(res)
         c = agent.counters
+    exact = None
+    if a.check:  # outside the timed loop: every worker's tensors, regenerated from their seeds
+        for it, res in enumerate(results, start=1):
+            check_exact(res, [_tensor(0, it, w, a.size, a.density) for w in range(a.workers)],
+                        f"iteration {it}")
+        exact = True
     out = {"worker": a.worker, "seconds": times, "modes": modes,
            "bytes_on_wire": c.bytes_sent - c0[0], "packets": c.packets_sent - c0[1],
-           "retransmissions": c.retransmissions - c0[2]}
+           "retransmissions": c.retransmissions - c0[2], "exact": exact,
+           "index": results[0].index if results else None}
     Path(a.out).write_text(json.dumps(out))
     return 0
 

@@ -1,6 +1,7 @@
 """Aggregation throughput: fp32 gradient elements all-reduced per second through homagg, dense
 in-network aggregation (agent mode ``dense``, SwitchML-style: every element on the wire)
-against compressed (mode ``auto``: bitmap OR round, then union or sketch values), under Mininet.
+against compressed (mode ``auto``: index OR rounds, then union or sketch values), with the flat
+bitmap index and with the hierarchical one, under Mininet.
 
     sudo python -m bench.aggregation            # both targets, 4 and 8 workers, ~4-5 min
     sudo python -m bench.aggregation --quick    # 4 workers, smaller tensors, ~2 min
@@ -37,7 +38,8 @@ OUT = ROOT / "bench" / "out"
 LOG_DIR = ROOT / "build" / "logs" / "bench"
 
 
-def run_config(net, W: int, n: int, density: float, mode: str, iterations: int) -> dict:
+def run_config(net, W: int, n: int, density: float, mode: str, iterations: int,
+               index: str = "auto") -> dict:
     from homagg.launcher.net import AGENT_PORT, host_ip
 
     log_dir = net.opts.log_dir
@@ -49,6 +51,7 @@ def run_config(net, W: int, n: int, density: float, mode: str, iterations: int) 
                "--worker", str(w), "--workers", str(W), "--bind", f"{host_ip(w)}:{AGENT_PORT}",
                "--slots", str(net.opts.slots), "--mode", mode, "--size", str(n),
                "--density", str(density), "--iterations", str(iterations),
+               "--index", index, "--check",
                "--out", str(log_dir / f"agg{w}.json")]
         procs.append(net.popen(h, cmd, log_dir / f"agg{w}.out", cwd=str(ROOT)))
     failed = [w for w, p in enumerate(procs) if p.wait() != 0]
@@ -60,7 +63,8 @@ def run_config(net, W: int, n: int, density: float, mode: str, iterations: int) 
     return {"seconds": sum(per_iter), "eps": n * iterations / sum(per_iter),
             "bytes": sum(r["bytes_on_wire"] for r in res),
             "retrans": sum(r["retransmissions"] for r in res),
-            "packets": sum(r["packets"] for r in res), "mode": res[0]["modes"][0]}
+            "packets": sum(r["packets"] for r in res), "mode": res[0]["modes"][0],
+            "exact": all(r["exact"] for r in res)}
 
 
 def plot(rows, path: Path) -> None:
@@ -73,14 +77,19 @@ def plot(rows, path: Path) -> None:
     fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 3.4), squeeze=False)
     for ax, (t, W) in zip(axes[0], groups):
         rs = [r for r in rows if r["target"] == t and r["workers"] == W]
-        labels = ["dense"] + [f"{r['density']:.1%}" for r in rs]
-        vals = [rs[0]["dense_eps"] / 1e6] + [r["eps"] / 1e6 for r in rs]
-        bars = ax.bar(labels, vals, color=["grey"] + ["tab:blue"] * len(rs))
-        for b, r in zip(bars[1:], rs):
+        ax.bar([0], [rs[0]["dense_eps"] / 1e6], color="grey", label="dense")
+        xs = range(1, len(rs) + 1)
+        ax.bar([x - 0.2 for x in xs], [r["flat_eps"] / 1e6 for r in rs], 0.4,
+               color="tab:orange", label="flat index")
+        bars = ax.bar([x + 0.2 for x in xs], [r["eps"] / 1e6 for r in rs], 0.4,
+                      color="tab:blue", label="hier index")
+        for b, r in zip(bars, rs):
             ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{r['speedup']:.1f}x",
-                    ha="center", va="bottom", fontsize=8)
+                    ha="center", va="bottom", fontsize=7)
+        ax.set_xticks([0, *xs], ["dense"] + [f"{r['density']:.2%}" for r in rs], fontsize=7)
         ax.set_title(f"{t}, {W} workers", fontsize=9)
-        ax.set_xlabel("dense | compressed at density", fontsize=8)
+        ax.set_xlabel("dense | compressed at density (x: hier over dense)", fontsize=8)
+    axes[0][0].legend(fontsize=7)
     axes[0][0].set_ylabel("M fp32 elements/s")
     fig.suptitle("homagg all-reduce throughput: compressed (auto) vs dense in-network", fontsize=9)
     fig.tight_layout()
@@ -93,7 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="4 workers only, smaller tensors")
     ap.add_argument("--targets", nargs="+", default=["soft", "bmv2"])
     ap.add_argument("--workers", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--densities", type=float, nargs="+", default=[0.001, 0.01, 0.1])
+    ap.add_argument("--densities", type=float, nargs="+", default=[0.0001, 0.001, 0.01, 0.1])
     ap.add_argument("--size-soft", type=int, default=1 << 20)
     ap.add_argument("--size-bmv2", type=int, default=1 << 18)
     ap.add_argument("--iterations", type=int, default=2, help="timed, after one warm-up")
@@ -121,31 +130,36 @@ def main(argv=None) -> int:
                 with HomaggNet(opts) as net:
                     dense = run_config(net, W, n, 0.01, "dense", a.iterations)
                     for d in a.densities:
-                        c = run_config(net, W, n, d, "auto", a.iterations)
+                        flat = run_config(net, W, n, d, "auto", a.iterations, "flat")
+                        c = run_config(net, W, n, d, "auto", a.iterations, "hier")
                         rows.append({"target": target, "workers": W, "n": n, "density": d,
                                      "dense_eps": dense["eps"], "dense_retrans": dense["retrans"],
                                      "dense_bytes": dense["bytes"], **c,
+                                     "flat_eps": flat["eps"], "flat_bytes": flat["bytes"],
+                                     "exact": c["exact"] and flat["exact"] and dense["exact"],
                                      "speedup": c["eps"] / dense["eps"]})
                         print(f"[{time.monotonic() - t_start:5.0f} s] {target} W={W} "
-                              f"d={d:.1%}: {c['eps']:.3g} vs dense {dense['eps']:.3g} el/s",
-                              file=sys.stderr, flush=True)
+                              f"d={d:.2%}: hier {c['eps']:.3g}, flat {flat['eps']:.3g}, dense "
+                              f"{dense['eps']:.3g} el/s", file=sys.stderr, flush=True)
             except NetError as e:
                 skipped.append(f"{target}, {W} workers: {e}")
 
     print(f"homagg aggregation throughput: fp32 elements all-reduced per second per worker "
           f"tensor (N x iterations / time), {a.iterations} timed iteration(s) after a warm-up, "
-          f"{os.cpu_count()} CPUs, Mininet, no shaping; dense = agent --mode dense, compressed = "
-          f"--mode auto")
+          f"{os.cpu_count()} CPUs, Mininet, no shaping; dense = agent --mode dense; compressed = "
+          f"--mode auto with the flat bitmap index (flat) and the hierarchical one (hier); "
+          f"every aggregate of every run checked against the exact integer sum")
     hdr = (f"{'target':>6} {'W':>2} {'N':>8} {'density':>7} {'mode':>6} {'dense el/s':>11} "
-           f"{'compr el/s':>11} {'compr/dense':>11} {'wire/dense':>10} {'retx dense':>10} "
-           f"{'retx compr':>10}")
+           f"{'flat el/s':>10} {'hier el/s':>10} {'hier/dense':>10} {'hier/flat':>9} "
+           f"{'wire flat':>9} {'wire hier':>9} {'retx':>5} {'exact':>5}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['target']:>6} {r['workers']:>2} {r['n']:>8} {r['density']:>7.1%} "
-              f"{r['mode']:>6} {r['dense_eps']:>11.3g} {r['eps']:>11.3g} {r['speedup']:>10.1f}x "
-              f"{r['bytes'] / r['dense_bytes']:>10.1%} {r['dense_retrans']:>10} "
-              f"{r['retrans']:>10}")
+        print(f"{r['target']:>6} {r['workers']:>2} {r['n']:>8} {r['density']:>7.2%} "
+              f"{r['mode']:>6} {r['dense_eps']:>11.3g} {r['flat_eps']:>10.3g} {r['eps']:>10.3g} "
+              f"{r['speedup']:>9.1f}x {r['eps'] / r['flat_eps']:>8.2f}x "
+              f"{r['flat_bytes'] / r['dense_bytes']:>9.2%} {r['bytes'] / r['dense_bytes']:>9.2%} "
+              f"{r['retrans']:>5} {'yes' if r['exact'] else 'NO':>5}")
     for s in skipped:
         print(s)
     hit = [r for r in rows if r["density"] == 0.01 and r["workers"] == 8]

@@ -92,7 +92,9 @@ def bench_tensor(seed, it, worker, n, density):
     return x
 
 
-def _check(res, tensors, what: str) -> None:
+def check_exact(res, tensors, what: str) -> None:
+    """AgentError unless ``res`` is, bit for bit, the integer sum of ``tensors`` quantized at
+    the scale the job used."""
     expect = np.sum([codec.quantize(t, res.shift).astype(np.int64) for t in tensors], axis=0)
     got = res.ints()
     if not np.array_equal(got, expect):
@@ -120,8 +122,8 @@ def run_bench(agent: Agent, a) -> dict:
         res = agent.allreduce_detailed(x)
         dense += 4 * a.size
         if a.check:
-            _check(res, [bench_tensor(a.seed, it, src(w), a.size, a.density) for w in range(W)],
-                   f"iteration {it}")
+            check_exact(res, [bench_tensor(a.seed, it, src(w), a.size, a.density)
+                              for w in range(W)], f"iteration {it}")
         if a.worker == 0 and not sys.stderr.isatty():
             print(f"iter {it:4d}  mode {res.mode:6s}  wire {res.wire_bytes / (4 * a.size):7.2%} "
                   f"of dense{'  exact' if a.check else ''}", flush=True)
@@ -151,8 +153,8 @@ def run_train(agent: Agent, a) -> dict:
         for name, g in grads.items():
             res = agent.allreduce_detailed(g, key=name)
             if a.check:
-                _check(res, [o[1][name].reshape(-1) for o in others],
-                       f"iteration {it} tensor {name}")
+                check_exact(res, [o[1][name].reshape(-1) for o in others],
+                            f"iteration {it} tensor {name}")
             summed[name] = res.out.reshape(g.shape)
             modes.append(f"{name}:{res.mode}")
             nbytes += res.wire_bytes
