@@ -29,7 +29,7 @@ from homagg.targets.testbed import host_ip
 K = wire.WORDS_PER_PACKET
 WORKERS = 3          # hosts 0..2 are the job's workers; host 3 is registered nowhere
 SLOTS = 4
-_job_ids = itertools.count(20)
+_job_ids = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ def settled_stats(target, before: dict[str, int], moved: set[str], timeout: floa
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_rule(target, case):
-    job = next(_job_ids)
+    job = 20 + next(_job_ids) % 40  # a job id below MAX_JOBS; the previous job is removed
     target.add_job(job)
     for p in case.setup:
         target.send(p.host, p.payload(job))
