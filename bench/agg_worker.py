@@ -37,6 +37,8 @@ def main(argv=None) -> int:
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--index", default="auto", choices=["auto", "flat", "hier"])
+    p.add_argument("--rows-of", type=int, default=1,
+                   help="row-sparse tensors: --density of the rows of this many elements")
     p.add_argument("--check", action="store_true",
                    help="after timing, compare every aggregate with the exact integer sum")
     p.add_argument("--deadline", type=float, default=30.0)
@@ -45,7 +47,8 @@ def main(argv=None) -> int:
     ip, _, port = a.bind.partition(":")
     cfg = AgentConfig(a.job, a.worker, a.workers, (a.switch, wire.HOMAGG_UDP_PORT_MIN),
                       (ip, int(port)), a.slots, mode=a.mode, index=a.index, deadline=a.deadline)
-    xs = [_tensor(0, it, a.worker, a.size, a.density) for it in range(a.iterations + 1)]
+    xs = [_tensor(0, it, a.worker, a.size, a.density, a.rows_of)
+          for it in range(a.iterations + 1)]
     times, modes, results = [], [], []
     with Agent(cfg) as agent:
         agent.allreduce_detailed(xs[0])  # warm-up: numba, sockets, and the start barrier
@@ -61,8 +64,8 @@ def main(argv=None) -> int:
     exact = None
     if a.check:  # outside the timed loop: every worker's tensors, regenerated from their seeds
         for it, res in enumerate(results, start=1):
-            check_exact(res, [_tensor(0, it, w, a.size, a.density) for w in range(a.workers)],
-                        f"iteration {it}")
+            check_exact(res, [_tensor(0, it, w, a.size, a.density, a.rows_of)
+                              for w in range(a.workers)], f"iteration {it}")
         exact = True
     out = {"worker": a.worker, "seconds": times, "modes": modes,
            "bytes_on_wire": c.bytes_sent - c0[0], "packets": c.packets_sent - c0[1],

@@ -83,11 +83,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def bench_tensor(seed, it, worker, n, density):
-    """Worker ``worker``'s tensor at iteration ``it``: ``density`` of n positions, N(0, 1)."""
+def bench_tensor(seed, it, worker, n, density, rows_of: int = 1):
+    """Worker ``worker``'s tensor at iteration ``it``: ``density`` of n positions, N(0, 1);
+    with ``rows_of`` > 1, ``density`` of the rows of that many elements, whole rows non-zero
+    (an embedding table's gradient)."""
     rng = np.random.default_rng([seed, it, worker])
     x = np.zeros(n, np.float32)
-    idx = rng.choice(n, max(1, int(n * density)), replace=False)
+    if rows_of > 1:
+        rows = rng.choice(n // rows_of, max(1, int(n // rows_of * density)), replace=False)
+        idx = (rows[:, None] * rows_of + np.arange(rows_of)).reshape(-1)
+    else:
+        idx = rng.choice(n, max(1, int(n * density)), replace=False)
     x[idx] = rng.standard_normal(idx.size).astype(np.float32)
     return x
 
