@@ -48,3 +48,31 @@ def test_agents_stay_exact_with_lossy_links(target, capsys):
     summary = json.loads((LOG_DIR / f"mn-loss-{target}" / "worker0.json").read_text())
     assert summary["injected"]["dropped_out"] + summary["injected"]["dropped_in"] > 0
     assert summary["retransmissions"] > 0
+
+
+def test_exec_runs_a_command_on_every_worker_with_its_settings(target, capsys):
+    """homagg-net exec: each worker host gets its job's settings; output is prefixed per worker
+    and logged; the exit status is the worst of the workers'."""
+    log_dir = LOG_DIR / f"mn-exec-{target}"
+    script = ('echo "$HOMAGG_JOB $HOMAGG_WORKER $HOMAGG_WORKERS $HOMAGG_SWITCH $HOMAGG_BIND '
+              '$RANK $WORLD_SIZE $MASTER_ADDR $GLOO_SOCKET_IFNAME"; exit $((HOMAGG_WORKER * 3))')
+    rc = _run(["exec", "--target", target, "--workers", "2", "--log-dir", str(log_dir),
+               "--", "sh", "-c", script])
+    out = capsys.readouterr().out
+    assert rc == 3, out
+    assert "[w0] 1 0 2 10.0.0.254:48864 10.0.0.1:50000 0 2 10.0.0.1 h1-eth0" in out
+    assert "[w1] 1 1 2 10.0.0.254:48864 10.0.0.2:50000 1 2 10.0.0.1 h2-eth0" in out
+    assert (log_dir / "exec-w1.log").read_text().startswith("1 1 2 ")
+
+
+def test_exec_runs_the_agent_on_every_worker(target, capsys):
+    """The agent CLI, started by exec, finds its job from the environment alone."""
+    rc = _run(["exec", "--target", target, "--workers", "2", "--log-dir",
+               str(LOG_DIR / f"mn-exec-agent-{target}"), "--", "sh", "-c",
+               'exec "$0" -m homagg.host_agent --job $HOMAGG_JOB --worker $HOMAGG_WORKER '
+               '--workers $HOMAGG_WORKERS --switch $HOMAGG_SWITCH --bind $HOMAGG_BIND '
+               '--slots $HOMAGG_SLOTS bench --size 20000 --iterations 2 --check',
+               __import__("sys").executable])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.count("every aggregate exact") == 2

@@ -3,6 +3,8 @@
     homagg-net demo                       train the demo recommender on 4 workers (main job)
     homagg-net demo --target soft --bw 100 --delay 1ms --loss 1
     homagg-net run -- bench --size 1000000 --density 0.01 --check   agents on every worker
+    homagg-net exec -- python train.py    your command on every worker host, with its job's
+                                          settings in the environment (HOMAGG_*, RANK, ...)
     homagg-net cli                        the topology with an interactive Mininet CLI
 
 ``--target auto`` (default) uses bmv2 where simple_switch_grpc and p4c-bm2-ss are installed,
@@ -14,8 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +56,10 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", parents=[common], help="run homagg-agent on every worker")
     r.add_argument("agent_args", nargs=argparse.REMAINDER,
                    help="after --: homagg-agent subcommand and options")
+    x = sub.add_parser("exec", parents=[common],
+                       help="run a command on every worker host at once, its job's settings in "
+                            "the environment; exit status: the worst of the workers'")
+    x.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command and its args")
     sub.add_parser("cli", parents=[common], help="start the topology and a Mininet CLI")
     return p
 
@@ -91,6 +99,34 @@ def run_agents(net: HomaggNet, agent_args: list[str], echo_worker0: bool = True)
     if failed:
         raise NetError("; ".join(failed))
     return [json.loads((log_dir / f"worker{w}.json").read_text()) for w in range(len(procs))]
+
+
+def run_everywhere(net: HomaggNet, command: list[str]) -> int:
+    """``command`` on every worker host at once, each with ``net.worker_env``; every output
+    line is echoed with a ``[wN]`` prefix and logged to exec-wN.log; returns the worst exit
+    status (a signal counts as 128 + its number)."""
+    log_dir = net.opts.log_dir
+    lock = threading.Lock()
+    procs, readers = [], []
+
+    def pump(w: int, stream) -> None:
+        with open(log_dir / f"exec-w{w}.log", "w") as log:
+            for line in stream:
+                log.write(line)
+                with lock:
+                    print(f"[w{w}] {line}", end="", flush=True)
+
+    for w, h in enumerate(net.worker_hosts()):
+        env = {**os.environ, **net.worker_env(w)}
+        p = net.popen(h, command, env=env)
+        procs.append(p)
+        t = threading.Thread(target=pump, args=(w, p.stdout), daemon=True)
+        t.start()
+        readers.append(t)
+    codes = [p.wait() for p in procs]
+    for t in readers:
+        t.join(5)
+    return max(c if c >= 0 else 128 - c for c in codes)
 
 
 def demo(a) -> int:
@@ -136,6 +172,16 @@ def main(argv=None) -> int:
                 print(f"target: {net.target} [{net.why}]", flush=True)
                 run_agents(net, args)
             return 0
+        if a.cmd == "exec":
+            command = a.command[1:] if a.command[:1] == ["--"] else a.command
+            if not command:
+                raise NetError("exec needs a command after --, e.g. -- python train.py")
+            with HomaggNet(_options(a)) as net:
+                print(f"target: {net.target} [{net.why}]", flush=True)
+                rc = run_everywhere(net, command)
+            if rc:
+                print(f"homagg-net: a worker exited with status {rc}", file=sys.stderr)
+            return rc
         if a.cmd == "cli":
             from mininet.cli import CLI
 

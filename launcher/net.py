@@ -361,6 +361,21 @@ class HomaggNet:
                 "--bind", f"{host_ip(worker)}:{AGENT_PORT}", "--slots", str(self.opts.slots),
                 *self.opts.agent_args, *args]
 
+    def worker_env(self, worker: int) -> dict[str, str]:
+        """What a user's program on worker host ``worker`` needs to join its job: homagg's
+        settings (``AgentConfig.from_env`` reads them) and torch.distributed's, for a gloo
+        process group over the same topology (rank within the job, its first host as master)."""
+        job, index, workers = self.job_of(worker)
+        host = self.net.get(f"h{worker + 1}")
+        return {
+            "HOMAGG_JOB": str(job), "HOMAGG_WORKER": str(index), "HOMAGG_WORKERS": str(workers),
+            "HOMAGG_SWITCH": f"{SWITCH_IP}:{wire.HOMAGG_UDP_PORT_MIN}",
+            "HOMAGG_BIND": f"{host_ip(worker)}:{AGENT_PORT}", "HOMAGG_SLOTS": str(self.slots),
+            "RANK": str(index), "WORLD_SIZE": str(workers), "LOCAL_RANK": "0",
+            "MASTER_ADDR": host_ip(worker - index), "MASTER_PORT": str(29500 + job),
+            "GLOO_SOCKET_IFNAME": host.defaultIntf().name,
+        }
+
     def popen(self, host, cmd: list[str], out_path: Path | None = None, **kw):
         out = open(out_path, "w") if out_path else subprocess.PIPE
         p = host.popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, **kw)
