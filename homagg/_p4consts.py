@@ -68,6 +68,17 @@ JOB_STAT_RETRANS = 2
 JOB_STAT_DROPPED = 3
 NO_DROP = 255
 RID_WORKER_OFFSET = 1
+SLOT_COPY_BITS = 128
+SEEN_HI = 127
+SEEN_LO = 64
+COUNT_HI = 63
+COUNT_LO = 56
+TAG_HI = 55
+TAG_LO = 24
+OP_HI = 23
+OP_LO = 20
+EPOCH_HI = 19
+EPOCH_LO = 4
 WORDS_BITS = 2048
 ETHERTYPE_IPV4 = 2048
 ETHERTYPE_ARP = 2054
@@ -144,11 +155,7 @@ ACTION_DROP_REPLICA = 'HomaggEgress.result_addressing.drop_replica'
 COUNTER_FWD_STATS = 'HomaggIngress.forwarding.fwd_stats'
 COUNTER_STATS = 'HomaggIngress.aggregation.stats'
 COUNTER_JOB_STATS = 'HomaggIngress.aggregation.job_stats'
-REGISTER_SLOT_SEEN = 'HomaggIngress.aggregation.slot_state.slot_seen'
-REGISTER_SLOT_COUNT = 'HomaggIngress.aggregation.slot_state.slot_count'
-REGISTER_SLOT_SEQ = 'HomaggIngress.aggregation.slot_state.slot_seq'
-REGISTER_SLOT_OP = 'HomaggIngress.aggregation.slot_state.slot_op'
-REGISTER_SLOT_EPOCH = 'HomaggIngress.aggregation.slot_state.slot_epoch'
+REGISTER_SLOT_STATE = 'HomaggIngress.aggregation.slot_state.slot_state'
 REGISTER_SLOT_WORDS = 'HomaggIngress.aggregation.words.slot_words'
 REGISTER_SLOT_OVERFLOW = 'HomaggIngress.aggregation.words.slot_overflow'
 
@@ -240,16 +247,8 @@ ACTIONS: dict[str, dict] = {'NoAction': {'id': 21257015, 'params': {}},
 COUNTERS: dict[str, dict] = {'HomaggIngress.forwarding.fwd_stats': {'id': 305495350, 'size': 4},
  'HomaggIngress.aggregation.stats': {'id': 312638953, 'size': 32},
  'HomaggIngress.aggregation.job_stats': {'id': 303283064, 'size': 256}}
-REGISTERS: dict[str, dict] = {'HomaggIngress.aggregation.slot_state.slot_seen': {'id': 385064504,
-                                                    'size': 2048},
- 'HomaggIngress.aggregation.slot_state.slot_count': {'id': 370622376,
-                                                     'size': 2048},
- 'HomaggIngress.aggregation.slot_state.slot_seq': {'id': 370396696,
-                                                   'size': 2048},
- 'HomaggIngress.aggregation.slot_state.slot_op': {'id': 378934224,
-                                                  'size': 2048},
- 'HomaggIngress.aggregation.slot_state.slot_epoch': {'id': 372894370,
-                                                     'size': 2048},
+REGISTERS: dict[str, dict] = {'HomaggIngress.aggregation.slot_state.slot_state': {'id': 383259923,
+                                                     'size': 1024},
  'HomaggIngress.aggregation.words.slot_words': {'id': 382945324, 'size': 2048},
  'HomaggIngress.aggregation.words.slot_overflow': {'id': 377154927,
                                                    'size': 2048}}

@@ -12,6 +12,22 @@ typedef bit<16> epoch_t;         /* job incarnation, handed out by the controlle
 typedef bit<32> slot_index_t;    /* 2 * (region_base + slot) + phase, < SLOT_STATE_SIZE */
 typedef bit<MAX_WORKERS> worker_bitmap_t;
 
+/* A slot copy's bookkeeping, packed (slot_state.p4): seen ++ count ++ tag ++ op ++ epoch ++ 4
+ * spare bits, most significant first; a slot's two copies side by side (copy 1 high). */
+#define SLOT_COPY_BITS 128
+#define SEEN_HI 127
+#define SEEN_LO 64
+#define COUNT_HI 63
+#define COUNT_LO 56
+#define TAG_HI 55
+#define TAG_LO 24
+#define OP_HI 23
+#define OP_LO 20
+#define EPOCH_HI 19
+#define EPOCH_LO 4
+typedef bit<SLOT_COPY_BITS> slot_copy_t;
+typedef bit<(2 * SLOT_COPY_BITS)> slot_pair_t;
+
 /* What the slot state machine decides for a contribution that passed admission. */
 enum bit<8> Verdict {
     ACCEPT        = 0,   /* added (or overwrote, first of a round) */

@@ -1,11 +1,12 @@
 /* homagg: the slot state machine. Per slot copy (index 2 * (region_base + slot) + phase), all
  * reset by the data plane itself: bmv2's P4Runtime server cannot write registers, so the first
  * packet of a new round overwrites instead of adding.
- *   slot_seen     worker bitmap of this round's contributors
- *   slot_count    how many contributed
- *   slot_seq      the round tag (seq) and slot_op its op: every contribution must match
- *   slot_epoch    the job incarnation that wrote the copy: a re-installed job (new epoch)
- *                 treats older state as empty, whatever a previous job left there
+ *   seen     worker bitmap of this round's contributors
+ *   count    how many contributed
+ *   tag      the round tag (seq) and op its op: every contribution must match
+ *   epoch    the job incarnation that wrote the copy: a re-installed job (new epoch)
+ *            treats older state as empty, whatever a previous job left there
+ * packed in one slot_copy_t (types.p4), both copies of a slot in one register cell.
 (The words and the round's overflow bit live in words.p4, under the same index.)
  * Shadow copy (as SwitchML): a worker's slot alternates between its two copies. When worker w
  * contributes to copy p it clears its bit in copy 1-p: it can only be there because it got copy
@@ -19,30 +20,36 @@
 /* bmv2's simple_switch runs ingress in one thread, so this control's bookkeeping and Words'
  * read-modify-write of the same slot copy are never interleaved with another packet's. */
 control SlotState(in headers_t hdr, inout metadata_t meta) {
-    register<worker_bitmap_t>(SLOT_STATE_SIZE) slot_seen;
-    register<bit<8>>(SLOT_STATE_SIZE) slot_count;
-    register<seq_t>(SLOT_STATE_SIZE) slot_seq;
-    register<bit<4>>(SLOT_STATE_SIZE) slot_op;
-    register<epoch_t>(SLOT_STATE_SIZE) slot_epoch;
+    /* Both copies of a slot in one cell (index region_base + slot): a packet's bookkeeping is
+     * one register read and one write, the other copy's release included. bmv2 pays per
+     * primitive, and five registers per copy cost ten reads and ten writes. */
+    register<slot_pair_t>(SLOTS) slot_state;
 
     apply {
         bit<1> phase = ((hdr.homagg.flags & FLAG_PHASE) != 0) ? 1w1 : 1w0;
-        meta.idx = ((slot_index_t)(meta.region_base + hdr.homagg.slot) << 1) | (slot_index_t)phase;
+        slot_index_t slot = (slot_index_t)(meta.region_base + hdr.homagg.slot);
+        meta.idx = (slot << 1) | (slot_index_t)phase;
         worker_bitmap_t me = (worker_bitmap_t)1 << meta.worker;
         meta.verdict = Verdict.ACCEPT;
         meta.complete = 0;
 
         @atomic {
-            worker_bitmap_t seen;
-            bit<8> count;
-            seq_t tag;
-            bit<4> op;
-            epoch_t epoch;
-            slot_seen.read(seen, meta.idx);
-            slot_count.read(count, meta.idx);
-            slot_seq.read(tag, meta.idx);
-            slot_op.read(op, meta.idx);
-            slot_epoch.read(epoch, meta.idx);
+            slot_pair_t pair;
+            slot_state.read(pair, slot);
+            slot_copy_t cur;
+            slot_copy_t other;
+            if (phase == 0) {
+                cur = pair[SLOT_COPY_BITS - 1:0];
+                other = pair[2 * SLOT_COPY_BITS - 1:SLOT_COPY_BITS];
+            } else {
+                cur = pair[2 * SLOT_COPY_BITS - 1:SLOT_COPY_BITS];
+                other = pair[SLOT_COPY_BITS - 1:0];
+            }
+            worker_bitmap_t seen = cur[SEEN_HI:SEEN_LO];
+            bit<8> count = cur[COUNT_HI:COUNT_LO];
+            seq_t tag = cur[TAG_HI:TAG_LO];
+            bit<4> op = cur[OP_HI:OP_LO];
+            epoch_t epoch = cur[EPOCH_HI:EPOCH_LO];
 
             meta.first = 0;
             if (epoch != meta.epoch) {
@@ -78,15 +85,14 @@ control SlotState(in headers_t hdr, inout metadata_t meta) {
                     seen = seen | me;
                     count = count + 1;
                 }
-                slot_seen.write(meta.idx, seen);
-                slot_count.write(meta.idx, count);
-                slot_seq.write(meta.idx, hdr.homagg.seq);
-                slot_op.write(meta.idx, hdr.homagg.op);
-                slot_epoch.write(meta.idx, meta.epoch);
+                cur = seen ++ count ++ hdr.homagg.seq ++ hdr.homagg.op ++ meta.epoch ++ 4w0;
                 /* This worker has the other copy's result: release its claim there. */
-                worker_bitmap_t other;
-                slot_seen.read(other, meta.idx ^ 1);
-                slot_seen.write(meta.idx ^ 1, other & ~me);
+                other[SEEN_HI:SEEN_LO] = other[SEEN_HI:SEEN_LO] & ~me;
+                if (phase == 0) {
+                    slot_state.write(slot, other ++ cur);
+                } else {
+                    slot_state.write(slot, cur ++ other);
+                }
                 if (count == meta.workers) {
                     meta.complete = 1;
                 }
