@@ -76,3 +76,21 @@ def test_exec_runs_the_agent_on_every_worker(target, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert out.count("every aggregate exact") == 2
+
+
+def test_exec_runs_the_ddp_example_to_identical_replicas(target, capsys):
+    """examples/ddp_train.py under homagg-net exec: DDP with homagg's hook, settings from the
+    environment; every worker ends with the same parameters."""
+    pytest.importorskip("torch", reason="torch not installed (optional extra)")
+    from homagg import paths
+
+    root = paths.checkout_root()
+    if root is None:
+        pytest.skip("needs the checkout's examples/")
+    rc = _run(["exec", "--target", target, "--workers", "2", "--log-dir",
+               str(LOG_DIR / f"mn-exec-ddp-{target}"), "--", __import__("sys").executable,
+               str(root / "examples" / "ddp_train.py"), "--steps", "3"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    digests = re.findall(r"rank \d: parameters (\w+)", out)
+    assert len(digests) == 2 and len(set(digests)) == 1, out

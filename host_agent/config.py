@@ -7,6 +7,8 @@ agent's port); ``mode`` is a ``codec.Mode`` name or "auto"; ``index`` is "flat",
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from homagg import wire
@@ -64,6 +66,37 @@ class AgentConfig:
             as_index(self.index)
         except CodecError:
             raise AgentError(f"index {self.index!r}: {', '.join(INDEXES)}") from None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **options) -> AgentConfig:
+        """The config a program started by ``homagg-net exec`` finds in its environment:
+        HOMAGG_JOB, HOMAGG_WORKER, HOMAGG_WORKERS, HOMAGG_SWITCH (host[:port]), HOMAGG_BIND
+        (host[:port]) and HOMAGG_SLOTS (optional); ``options`` set any other field."""
+        env = os.environ if environ is None else environ
+
+        def need(name: str) -> str:
+            value = env.get(name)
+            if not value:
+                raise AgentError(f"${name} is not set: start the program with homagg-net exec, "
+                                 "or set HOMAGG_JOB, HOMAGG_WORKER, HOMAGG_WORKERS, "
+                                 "HOMAGG_SWITCH and HOMAGG_BIND")
+            return value
+
+        def addr(name: str, port: int) -> tuple[str, int]:
+            host, _, p = need(name).partition(":")
+            try:
+                return host, int(p) if p else port
+            except ValueError:
+                raise AgentError(f"${name}={need(name)!r}: expected HOST[:PORT]") from None
+
+        try:
+            job, worker, workers = (int(need(n)) for n in ("HOMAGG_JOB", "HOMAGG_WORKER",
+                                                            "HOMAGG_WORKERS"))
+            slots = int(env.get("HOMAGG_SLOTS") or options.pop("slots", 64))
+        except ValueError as e:
+            raise AgentError(f"HOMAGG_* settings must be integers: {e}") from None
+        return cls(job, worker, workers, addr("HOMAGG_SWITCH", wire.HOMAGG_UDP_PORT_MIN),
+                   addr("HOMAGG_BIND", wire.DEFAULT_AGENT_PORT), slots, **options)
 
     @property
     def who(self) -> str:

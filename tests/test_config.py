@@ -1,0 +1,37 @@
+"""AgentConfig.from_env: what a program started by homagg-net exec finds in its environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from homagg import wire
+from homagg.host_agent import AgentConfig, AgentError
+
+ENV = {"HOMAGG_JOB": "3", "HOMAGG_WORKER": "1", "HOMAGG_WORKERS": "4",
+       "HOMAGG_SWITCH": "10.0.0.254:48864", "HOMAGG_BIND": "10.0.0.2:50000", "HOMAGG_SLOTS": "16"}
+
+
+def test_from_env_reads_every_setting():
+    cfg = AgentConfig.from_env(ENV, mode="union")
+    assert (cfg.job, cfg.worker, cfg.workers, cfg.slots) == (3, 1, 4, 16)
+    assert cfg.switch == ("10.0.0.254", 48864) and cfg.bind == ("10.0.0.2", 50000)
+    assert cfg.mode == "union"
+
+
+def test_ports_default_when_left_out():
+    env = {**ENV, "HOMAGG_SWITCH": "10.0.0.254", "HOMAGG_BIND": "10.0.0.2"}
+    del env["HOMAGG_SLOTS"]
+    cfg = AgentConfig.from_env(env)
+    assert cfg.switch[1] == wire.HOMAGG_UDP_PORT_MIN and cfg.bind[1] == wire.DEFAULT_AGENT_PORT
+    assert cfg.slots == 64
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"HOMAGG_JOB": ""}, r"\$HOMAGG_JOB is not set"),
+    ({"HOMAGG_WORKERS": "four"}, "must be integers"),
+    ({"HOMAGG_BIND": "10.0.0.2:x"}, r"\$HOMAGG_BIND='10.0.0.2:x'"),
+    ({"HOMAGG_WORKER": "4"}, "need 0 <= worker < workers"),
+])
+def test_bad_environment_is_one_clear_error(change, message):
+    with pytest.raises(AgentError, match=message):
+        AgentConfig.from_env({**ENV, **change})
