@@ -66,18 +66,22 @@ def build(out: Path = DEFAULT_OUT, force: bool = False, regenerate: bool = True)
 
 
 def _regenerate(p: Pipeline) -> None:
-    """In a checkout, rewrite homagg/_p4consts.py from this build (commit the change). An
-    installed homagg cannot change itself: a P4 source that no longer matches its constants is
-    an error there."""
+    """In a checkout, rewrite homagg/_p4consts.py and homagg/_p4info.txtpb (the P4Info the
+    software aggregator serves) from this build (commit the change). An installed homagg cannot
+    change itself: a P4 source that no longer matches its constants is an error there."""
     from homagg.controller import genconsts
+    from homagg.targets.soft import P4INFO_FILE
 
     if paths.checkout_root() is not None and os.access(genconsts.OUT, os.W_OK):
         if genconsts.generate(p.p4info):
             log.warning("%s regenerated from the P4 program: restart running processes and "
                         "commit it", genconsts.OUT)
+        if not P4INFO_FILE.is_file() or P4INFO_FILE.read_text() != p.p4info.read_text():
+            P4INFO_FILE.write_text(p.p4info.read_text())
+            log.warning("%s refreshed from the build: commit it", P4INFO_FILE)
         return
     fresh = genconsts.render(paths.p4_dir(), genconsts.parse_p4info(p.p4info))
-    if genconsts.OUT.read_text() != fresh:
+    if genconsts.OUT.read_text() != fresh:  # (the shipped P4Info has the same names and ids)
         raise BuildError(f"the P4 program in {paths.p4_dir()} no longer matches this homagg's "
                          f"generated constants ({genconsts.OUT}); regenerate them in a checkout")
 

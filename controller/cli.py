@@ -1,13 +1,18 @@
 """homagg-ctl: the operator's CLI over P4Runtime.
 
     homagg-ctl build                              compile p4/ (p4c-bm2-ss)
-    homagg-ctl -c net.toml install                push the pipeline, base forwarding, the jobs
+    homagg-ctl -c net.toml install                load the pipeline, base forwarding, the jobs
     homagg-ctl -c net.toml job add 1              install job 1 from the config
     homagg-ctl -c net.toml job add 2 --slots 32 --worker h1:50001 --worker h2:50001
     homagg-ctl -c net.toml job list [--json]
     homagg-ctl -c net.toml job remove 1
     homagg-ctl -c net.toml stats [--json]
     homagg-ctl -c net.toml reset 1                new epoch, zeroed counters (and registers)
+
+The same commands drive bmv2 and the software aggregator (``homagg-softswitch``, which serves
+P4Runtime): the config's ``[switch] target`` says which. On "soft", install needs no p4c: it
+loads homagg's pipeline by its P4Info alone (shipped in the package; the aggregator checks it
+and starts afresh, as bmv2 does on a new pipeline), and reset leaves registers to the epoch.
 
 Every P4Runtime request goes to a log (``--request-log``, default
 <state dir>/logs/<switch>-p4runtime.log).
@@ -17,17 +22,29 @@ Errors are one line on stderr and exit status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import logging
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from homagg import paths, wire
 from homagg.controller import jobs as J
 from homagg.controller.build import DEFAULT_OUT, Pipeline, build
-from homagg.controller.p4client import P4RuntimeSwitch
+from homagg.controller.p4client import P4RuntimeSwitch, SwitchError
 from homagg.errors import HomaggError
-from homagg.netconfig import Config, ConfigError, SwitchSpec, Worker, load, validate_job
+from homagg.netconfig import (
+    TARGETS,
+    Config,
+    ConfigError,
+    SwitchSpec,
+    Worker,
+    load,
+    validate_job,
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,6 +53,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--config", type=Path, help="TOML file: switch, hosts, jobs")
     p.add_argument("--grpc", help="P4Runtime address (overrides the config)")
     p.add_argument("--device-id", type=int, help="P4Runtime device id (overrides the config)")
+    p.add_argument("--target", choices=TARGETS,
+                   help="what runs the switch (overrides the config's; default bmv2)")
     p.add_argument("--election-id", default="0,1", help="high,low (default 0,1)")
     p.add_argument("--request-log", type=Path, help="file that logs every P4Runtime request")
     p.add_argument("--build-dir", type=Path, default=DEFAULT_OUT, help="compiled pipeline")
@@ -72,11 +91,27 @@ def parser() -> argparse.ArgumentParser:
 
 def _switch_spec(a, cfg: Config | None) -> SwitchSpec:
     spec = cfg.switch if cfg else SwitchSpec()
-    if a.grpc or a.device_id is not None:
-        spec = SwitchSpec(spec.name, a.grpc or spec.grpc,
-                          a.device_id if a.device_id is not None else spec.device_id,
-                          spec.thrift_port, spec.ip, spec.mac)
-    return spec
+    return dataclasses.replace(spec, grpc=a.grpc or spec.grpc,
+                               device_id=a.device_id if a.device_id is not None
+                               else spec.device_id, target=a.target or spec.target)
+
+
+#: What reset says of registers on the software aggregator.
+SOFT_REGISTERS = "skipped (software aggregator: the new epoch empties the region)"
+
+
+@contextlib.contextmanager
+def _soft_pipeline() -> Iterator[Pipeline]:
+    """homagg's pipeline for the software aggregator: the P4Info shipped in the package and no
+    device config (it runs the pipeline natively). No p4c needed."""
+    from homagg.targets.soft import P4INFO_FILE
+
+    if not P4INFO_FILE.is_file():
+        raise SwitchError(f"homagg's P4Info is missing ({P4INFO_FILE}); reinstall homagg")
+    with tempfile.TemporaryDirectory(prefix="homagg-soft-") as d:
+        none = Path(d) / "no-device-config"
+        none.write_bytes(b"")
+        yield Pipeline(none, P4INFO_FILE)
 
 
 def _connect(a, cfg: Config | None, pipeline: Pipeline | None = None) -> P4RuntimeSwitch:
@@ -136,8 +171,12 @@ def run(a) -> int:
     cfg = load(a.config) if a.config else None
     if a.cmd == "install":
         cfg = _need_config(a)
-        pipeline = build(a.build_dir)
-        with _connect(a, cfg, pipeline) as sw:
+        if _switch_spec(a, cfg).target == "soft":
+            with _soft_pipeline() as pipeline:
+                sw = _connect(a, cfg, pipeline)
+        else:
+            sw = _connect(a, cfg, build(a.build_dir))
+        with sw:
             J.install_base(sw, cfg)
             print(f"pipeline installed on {cfg.switch.name} ({cfg.switch.grpc}); "
                   f"{len(cfg.hosts)} hosts routed")
@@ -181,7 +220,10 @@ def run(a) -> int:
                                  ["job"] + [n.replace("JOB_STAT_", "").lower() for n in names]))
         elif a.cmd == "reset":
             spec = _switch_spec(a, cfg)
-            res = J.reset_job(sw, a.id, spec.thrift_port)
+            if spec.target == "soft":
+                res = dataclasses.replace(J.reset_job(sw, a.id, None), registers=SOFT_REGISTERS)
+            else:
+                res = J.reset_job(sw, a.id, spec.thrift_port)
             print(f"job {res.job} reset: epoch {res.epoch}, counters zeroed, registers "
                   f"{res.registers}")
     return 0
@@ -192,6 +234,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         return run(a)
+    except SwitchError as e:  # P4Runtime's per-update errors come on several lines
+        print(f"homagg-ctl: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
     except HomaggError as e:
         print(f"homagg-ctl: error: {e}", file=sys.stderr)
         return 1

@@ -2,9 +2,10 @@
 
     [switch]
     name = "s1"
+    target = "bmv2"                # or "soft": the software aggregator (homagg-softswitch)
     grpc = "127.0.0.1:9559"        # P4Runtime address
     device_id = 1
-    thrift_port = 9090             # bmv2 Thrift CLI (optional: register resets)
+    thrift_port = 9090             # bmv2 Thrift CLI (optional: register resets; bmv2 only)
     ip = "10.0.0.254"              # the address workers send to
     mac = "00:00:0a:00:00:fe"
 
@@ -34,6 +35,9 @@ from homagg import wire
 from homagg.errors import ConfigError
 
 _MAC = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
+#: What runs the switch: bmv2 (``homagg-ctl install`` compiles and pushes the P4 program) or
+#: the software aggregator (it runs homagg's pipeline natively: install needs no p4c).
+TARGETS = ("bmv2", "soft")
 
 
 
@@ -70,6 +74,7 @@ class SwitchSpec:
     thrift_port: int = 9090
     ip: str = wire.DEFAULT_SWITCH_IP
     mac: str = wire.DEFAULT_SWITCH_MAC
+    target: str = "bmv2"  # one of TARGETS
 
 
 @dataclass(frozen=True)
@@ -137,11 +142,14 @@ def parse(data: dict) -> Config:
     sw = data.get("switch", {})
     if not isinstance(sw, dict):
         raise ConfigError("[switch] must be a table")
-    known = {"name", "grpc", "device_id", "thrift_port", "ip", "mac"}
+    known = {"name", "target", "grpc", "device_id", "thrift_port", "ip", "mac"}
     extra = set(sw) - known
     if extra:
         raise ConfigError(f"[switch]: unknown key(s) {', '.join(sorted(extra))}")
     d = SwitchSpec()
+    target = sw.get("target", d.target)
+    if target not in TARGETS:
+        raise ConfigError(f"switch.target: {target!r} is not one of {', '.join(TARGETS)}")
     switch = SwitchSpec(
         name=str(sw.get("name", d.name)),
         grpc=str(sw.get("grpc", d.grpc)),
@@ -149,6 +157,7 @@ def parse(data: dict) -> Config:
         thrift_port=_int(sw.get("thrift_port", d.thrift_port), "switch.thrift_port", 1, 65535),
         ip=_ip(sw.get("ip", d.ip), "switch.ip"),
         mac=_mac(sw.get("mac", d.mac), "switch.mac"),
+        target=target,
     )
     hosts = []
     for i, h in enumerate(data.get("hosts", [])):

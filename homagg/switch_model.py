@@ -58,6 +58,9 @@ class JobEntry:
     base: int
     size: int
     ports: list[int] | None = None  # worker id -> switch port (None: the target cannot tell)
+    #: where a completed round's result goes, one datagram per entry (the multicast group's
+    #: replicas as egress addresses them); None: to every worker's own address
+    results: list[Address] | None = None
 
     @property
     def group(self) -> int:
@@ -213,7 +216,8 @@ class SwitchModel:
                     rflags |= _FLAG_OVERFLOW
                     stats[_OVERFLOW] += 1
                 pkt = _reply(data, rflags, result)
-                out.replies = [(pkt, a) for a in job.workers]
+                dsts = job.workers if job.results is None else job.results
+                out.replies = [(pkt, a) for a in dsts]
             return out
         if verdict == _V_RETRANS_REPLY:
             stats[_RETRANS_REPLY] += 1

@@ -2,84 +2,379 @@
 
 It runs where bmv2 is not installed (the embedded default), for jobs that do not fit in switch
 memory, and as a baseline. The rules are ``homagg.switch_model`` (the same model the
-conformance suite holds bmv2 to); ``SoftSwitch`` adds job administration, and
-``SoftSwitchServer`` puts it on a socket.
+conformance suite holds bmv2 to). ``SoftSwitch`` is the switch: that model plus the control
+plane's state in P4Info terms (the five tables, the multicast groups, the counters), as
+homagg-ctl writes and reads them on bmv2. ``SoftSwitchServer`` puts it on a UDP socket and
+``homagg.targets.p4runtime_server`` on P4Runtime, so homagg-ctl drives it as it drives bmv2.
 
-    homagg-softswitch --config net.toml [--bind 10.0.0.254] [--stats-file stats.json]
+    homagg-softswitch [--config net.toml] [--bind 10.0.0.254] [--grpc 127.0.0.1:9559]
+                      [--stats-file stats.json]
 
-SIGHUP resets every job (new epoch, zeroed job counters), as ``homagg-ctl reset`` does on bmv2.
+Jobs come from the controller (``homagg-ctl -c net.toml install`` / ``job add``), or from the
+config's [[jobs]] at start (written to the tables as homagg-ctl would). SIGHUP resets every job
+(new epoch, zeroed job counters), as ``homagg-ctl reset`` does.
+
+How the tables drive the model (the P4 program's meaning, see p4/include/control/):
+- a job is in the model when its ``job_workers`` entries (``set_worker``) describe it whole:
+  worker ids 0 .. workers-1, one entry each, all with the same ``workers``. Until then (between
+  the controller's one-entry writes) its senders are unknown; bmv2 applies each entry on its
+  own, but the controller never leaves a job half-written;
+- the job's epoch, region and group are its most recently written entry's: a reset's first
+  MODIFY moves the whole job to the new epoch;
+- a completed round goes where bmv2's egress sends it: one datagram per replica of the job's
+  multicast group that has a ``result_dst`` entry (to its ip and port); other replicas drop;
+- ``local_ip``, ``arp_proxy`` and ``ipv4_route`` are kept and read back: there is no forwarding
+  plane here (``fwd_stats`` stays 0). A ``set_worker``'s switch port is kept, unchecked: a UDP
+  socket cannot tell ports, so nothing is DROP_SPOOFED;
+- counters count packets; their byte counts are what was last written (bmv2 also counts
+  ``job_stats`` bytes);
+- a job's epoch comes from the STATS counter's EPOCH_STORE cell, the controller's way;
+  loading the pipeline again (P4Runtime) empties tables, groups, counters and slot memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import signal
 import socket
 import sys
 import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from homagg import _p4consts as P4
 from homagg import wire
-from homagg.errors import JobError
+from homagg.errors import HomaggError, JobError
 from homagg.faults import FaultSpec, ImpairedSocket
-from homagg.regions import allocate_region
-from homagg.switch_model import JobEntry, SwitchModel
+from homagg.regions import allocate_region, mcast_group
+from homagg.switch_model import Address, JobEntry, SwitchModel
 
 log = logging.getLogger("homagg.softswitch")
 
+#: homagg's compiled P4Info (p4c's output, shipped in the package; ``homagg-ctl build``
+#: refreshes it): the pipeline this target implements, which its P4Runtime server serves.
+P4INFO_FILE = Path(__file__).resolve().parents[1] / "_p4info.txtpb"
+
+# google.rpc codes of a refused control-plane write: what bmv2 answers through P4Runtime
+INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED, OUT_OF_RANGE = 3, 5, 6, 8, 11
+
+Match = tuple  # a table key: its fields' values in P4Info order (lpm: (value, prefix length))
+
+
+class TableError(HomaggError):
+    """A control-plane write the switch refuses, with the google.rpc code bmv2 would give."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Entry:
+    """A table entry's action; ``seq`` is its write order (a job's parameters are its
+    latest-written entry's)."""
+
+    action: str
+    params: dict[str, int]
+    seq: int = 0
+
+
+def ip_int(ip: str) -> int:
+    try:
+        return int(ipaddress.IPv4Address(ip))
+    except ValueError:
+        raise JobError(f"{ip!r} is not an IPv4 address") from None
+
+
+def int_ip(value: int) -> str:
+    return str(ipaddress.IPv4Address(value))
+
 
 class SoftSwitch:
-    """The switch model plus what the controller does on bmv2: jobs get regions (first-fit, as
-    on the switch) and epochs; every method is thread-safe (the server and a control API)."""
+    """The switch model plus its control-plane state; every method is thread-safe (the UDP
+    server, the P4Runtime server and signal handlers share one switch).
+
+    ``add_job``/``remove_job``/``reset_job`` do what homagg-ctl does on bmv2 (first-fit regions,
+    epochs from the EPOCH_STORE cell), through the same tables a P4Runtime client sees."""
 
     def __init__(self, slots: int = wire.SLOTS):
-        self.model = SwitchModel(slots)
         self.slots = slots
-        self._epoch = 0
         self.lock = threading.Lock()
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """The pipeline just loaded: empty tables and groups, zero counters and slot memory."""
+        self.model = SwitchModel(self.slots)
+        self.tables: dict[str, dict[Match, Entry]] = {t: {} for t in P4.TABLES}
+        self.groups: dict[int, list[tuple[int, int]]] = {}
+        self.fwd_stats = np.zeros(wire.FWD_STATS_SIZE, np.int64)
+        self.counter_bytes = {n: np.zeros(c["size"], np.int64) for n, c in P4.COUNTERS.items()}
+        self._seq = 0
 
     @property
     def jobs(self) -> dict[int, JobEntry]:
         return self.model.jobs
 
-    # -- control ---------------------------------------------------------------------------
-    def add_job(self, job_id: int, workers: list[tuple[str, int]], slots: int,
-                ports: list[int] | None = None) -> JobEntry:
-        """Install a job; its region is allocated first-fit as the controller does."""
+    def reset_pipeline(self) -> None:
         with self.lock:
-            if job_id in self.model.jobs:
-                raise JobError(f"job {job_id} is already installed")
-            for addr in workers:
-                if addr in self.model.senders:
-                    raise JobError(f"{addr[0]}:{addr[1]} already sends for job "
-                                   f"{self.model.senders[addr][0].id}")
-            base = allocate_region(slots, [range(j.base, j.base + j.size)
-                                           for j in self.model.jobs.values()], self.slots)
-            job = JobEntry(job_id, list(workers), self._next_epoch(), base, slots, ports)
-            self.model.install(job)
-            self.model.clear_job_stats(job_id)
-            return job
+            self._fresh()
+
+    # -- tables, in P4Info names (what P4Runtime writes and reads) ------------------------------
+    @staticmethod
+    def _key(table: str, match: Mapping[str, Any]) -> Match:
+        t = P4.TABLES.get(table)
+        if t is None:
+            raise TableError(INVALID_ARGUMENT, f"no table {table!r} in homagg's P4Info")
+        if set(match) != set(t["keys"]):
+            raise TableError(INVALID_ARGUMENT, f"table {table}: match fields {sorted(match)}, "
+                                               f"it has {list(t['keys'])}")
+        return tuple(match[k] for k in t["keys"])
+
+    @staticmethod
+    def _show(table: str, key: Match) -> str:
+        parts = []
+        for (name, k), v in zip(P4.TABLES[table]["keys"].items(), key):
+            if k["bits"] == 32:  # an IPv4 address
+                v = (f"{int_ip(v[0])}/{v[1]}" if isinstance(v, tuple) else int_ip(v))
+            parts.append(f"{name}={v}")
+        return ", ".join(parts)
+
+    def write_entry(self, kind: str, table: str, match: Mapping[str, Any],
+                    action: str | None = None, params: Mapping[str, int] | None = None) -> None:
+        """``kind``: INSERT, MODIFY or DELETE. Raises TableError with bmv2's code."""
+        with self.lock:
+            self._write_entry(kind, table, match, action, params)
+            self._sync_jobs()
+
+    def _write_entry(self, kind: str, table: str, match: Mapping[str, Any],
+                     action: str | None, params: Mapping[str, int] | None) -> None:
+        key = self._key(table, match)
+        rows = self.tables[table]
+        where = f"{table} ({self._show(table, key)})"
+        if kind == "DELETE":
+            if key not in rows:
+                raise TableError(NOT_FOUND, f"no entry to delete in {where}")
+            del rows[key]
+            return
+        if kind not in ("INSERT", "MODIFY"):
+            raise TableError(INVALID_ARGUMENT, f"unknown update type {kind!r}")
+        if action is None:
+            raise TableError(INVALID_ARGUMENT, f"{kind} {where}: no action")
+        a = P4.ACTIONS.get(action)
+        if a is None or a["id"] not in P4.TABLES[table]["actions"]:
+            raise TableError(INVALID_ARGUMENT, f"action {action!r} is not one of table {table}'s")
+        params = dict(params or {})
+        if set(params) != set(a["params"]):
+            raise TableError(INVALID_ARGUMENT, f"action {action}: parameters {sorted(params)}, "
+                                               f"it has {list(a['params'])}")
+        if kind == "INSERT":
+            if key in rows:
+                raise TableError(ALREADY_EXISTS, f"entry exists in {where}; MODIFY changes it")
+            if len(rows) >= P4.TABLES[table]["size"]:
+                raise TableError(RESOURCE_EXHAUSTED, f"table {table} is full "
+                                                     f"({P4.TABLES[table]['size']} entries)")
+        elif key not in rows:
+            raise TableError(NOT_FOUND, f"no entry to modify in {where}")
+        self._seq += 1
+        rows[key] = Entry(action, params, self._seq)
+
+    def read_entries(self, table: str) -> list[tuple[dict[str, Any], str, dict[str, int]]]:
+        """Every entry of a table: (match by field name, action, parameters)."""
+        if table not in P4.TABLES:
+            raise TableError(INVALID_ARGUMENT, f"no table {table!r} in homagg's P4Info")
+        names = list(P4.TABLES[table]["keys"])
+        with self.lock:
+            return [(dict(zip(names, key)), e.action, dict(e.params))
+                    for key, e in sorted(self.tables[table].items())]
+
+    # -- multicast groups -----------------------------------------------------------------------
+    def write_group(self, kind: str, group: int, replicas: Iterable[tuple[int, int]] = ()) -> None:
+        """(egress port, replication id) replicas of a multicast group; bmv2's codes."""
+        with self.lock:
+            self._write_group(kind, group, list(replicas))
+            self._sync_jobs()
+
+    def _write_group(self, kind: str, group: int, replicas: list[tuple[int, int]]) -> None:
+        if group == 0:
+            raise TableError(INVALID_ARGUMENT, "multicast group 0 means no multicast")
+        if kind == "DELETE":
+            if group not in self.groups:
+                raise TableError(NOT_FOUND, f"no multicast group {group} to delete")
+            del self.groups[group]
+            return
+        if len(set(replicas)) != len(replicas):
+            raise TableError(INVALID_ARGUMENT, f"multicast group {group}: a replica twice")
+        if kind == "INSERT" and group in self.groups:
+            raise TableError(ALREADY_EXISTS, f"multicast group {group} exists; MODIFY changes it")
+        if kind == "MODIFY" and group not in self.groups:
+            raise TableError(NOT_FOUND, f"no multicast group {group} to modify")
+        if kind not in ("INSERT", "MODIFY"):
+            raise TableError(INVALID_ARGUMENT, f"unknown update type {kind!r}")
+        self.groups[group] = replicas
+
+    def read_groups(self) -> dict[int, list[tuple[int, int]]]:
+        with self.lock:
+            return {g: list(r) for g, r in sorted(self.groups.items())}
+
+    # -- counters -------------------------------------------------------------------------------
+    def _packets(self, name: str) -> np.ndarray:
+        arrays = {P4.COUNTER_STATS: self.model.stats, P4.COUNTER_JOB_STATS: self.model.job_stats,
+                  P4.COUNTER_FWD_STATS: self.fwd_stats}
+        if name not in arrays:
+            raise TableError(INVALID_ARGUMENT, f"no counter {name!r} in homagg's P4Info")
+        return arrays[name]
+
+    def read_counter(self, name: str) -> list[tuple[int, int]]:
+        """(packets, bytes) of every cell, by index (the STATS counter's EPOCH_STORE included)."""
+        with self.lock:
+            packets, nbytes = self._packets(name), self.counter_bytes[name]
+            return [(int(p), int(b)) for p, b in zip(packets, nbytes)]
+
+    def write_counter(self, name: str, index: int | None, packets: int, nbytes: int) -> None:
+        """Set one cell (``index``), or every cell (None)."""
+        with self.lock:
+            cells, cbytes = self._packets(name), self.counter_bytes[name]
+            if index is not None and not 0 <= index < len(cells):
+                raise TableError(OUT_OF_RANGE, f"counter {name} has no index {index} "
+                                               f"(size {len(cells)})")
+            if max(packets, nbytes) >= 2**63:
+                raise TableError(OUT_OF_RANGE, f"counter {name}: value beyond 2**63 - 1")
+            where = slice(None) if index is None else index
+            cells[where], cbytes[where] = packets, nbytes
+
+    # -- the job table drives the model -----------------------------------------------------------
+    def _job_rows(self) -> dict[int, list[tuple[Match, Entry]]]:
+        by_job: dict[int, list[tuple[Match, Entry]]] = {}
+        for key, e in self.tables[P4.TABLE_JOB_WORKERS].items():
+            if e.action == P4.ACTION_SET_WORKER:
+                by_job.setdefault(e.params["job"], []).append((key, e))
+        return by_job
+
+    def _describe(self, job_id: int, rows: list[tuple[Match, Entry]]) -> JobEntry:
+        """The job its entries describe (whole or not)."""
+        latest = max(rows, key=lambda r: r[1].seq)[1].params
+        rows = sorted(rows, key=lambda r: r[1].params["worker"])
+        results = []
+        dst = self.tables[P4.TABLE_RESULT_DST]
+        for _port, rid in self.groups.get(latest["mcast_group"], []):
+            e = dst.get((job_id, rid))
+            if e is not None and e.action == P4.ACTION_SET_RESULT_DST:
+                results.append((int_ip(e.params["ip"]), e.params["port"]))
+        return JobEntry(job_id, [(int_ip(k[0]), k[1]) for k, _ in rows], latest["epoch"],
+                        latest["region_base"], latest["region_size"],
+                        [e.params["port"] for _, e in rows], results)
+
+    def _job_from(self, job_id: int, rows: list[tuple[Match, Entry]]) -> JobEntry | None:
+        counts = {e.params["workers"] for _, e in rows}
+        ids = sorted(e.params["worker"] for _, e in rows)
+        if len(counts) != 1 or ids != list(range(counts.pop())):
+            log.debug("job %d incomplete in the job table (workers %s); not active", job_id, ids)
+            return None
+        if job_id >= wire.MAX_JOBS or len(ids) > wire.MAX_WORKERS:
+            log.warning("job %d with %d workers is beyond this switch (%d jobs, %d workers); "
+                        "not active", job_id, len(ids), wire.MAX_JOBS, wire.MAX_WORKERS)
+            return None
+        job = self._describe(job_id, rows)
+        if job.base + job.size > self.slots:
+            log.warning("job %d: region %d+%d runs past the %d slots; cut to fit", job_id,
+                        job.base, job.size, self.slots)
+            job.size = max(0, self.slots - job.base)
+        return job
+
+    def _sync_jobs(self) -> None:
+        """Make the model's jobs what the tables say (module docstring)."""
+        active = [j for job_id, rows in self._job_rows().items()
+                  if (j := self._job_from(job_id, rows)) is not None]
+        m = self.model
+        for old in list(m.jobs):
+            m.uninstall(old)
+        for job in active:
+            m.install(job)
 
     def _next_epoch(self) -> int:
-        self._epoch = self._epoch % 0xFFFF + 1
-        return self._epoch
+        """As the controller does it: the STATS counter's EPOCH_STORE cell, 1..65535."""
+        stats = self.model.stats
+        epoch = int(stats[wire.EPOCH_STORE]) % 0xFFFF + 1
+        stats[wire.EPOCH_STORE] = epoch
+        return epoch
+
+    # -- what the controller does, for jobs from a config file, SIGHUP and tests ---------------
+    def add_job(self, job_id: int, workers: list[Address], slots: int,
+                ports: list[int] | None = None) -> JobEntry:
+        """Install a job: region first-fit, a new epoch, result addressing, its multicast group
+        and job table entries, zeroed job counters (controller.jobs.add_job's writes)."""
+        if not 0 <= job_id < wire.MAX_JOBS:
+            raise JobError(f"job id {job_id} is outside 0-{wire.MAX_JOBS - 1}")
+        if not 1 <= len(workers) <= wire.MAX_WORKERS:
+            raise JobError(f"job {job_id}: {len(workers)} workers; 1 to {wire.MAX_WORKERS} allowed")
+        keys = [(ip_int(ip), port) for ip, port in workers]
+        ports = list(ports) if ports is not None else [0] * len(workers)
+        with self.lock:
+            installed = {j: self._describe(j, rows) for j, rows in self._job_rows().items()}
+            if job_id in installed:
+                raise JobError(f"job {job_id} is already installed")
+            senders = self.tables[P4.TABLE_JOB_WORKERS]
+            for (ip, port), key in zip(workers, keys):
+                if key in senders:
+                    raise JobError(f"{ip}:{port} already sends for job "
+                                   f"{senders[key].params.get('job', '(none)')}")
+            base = allocate_region(slots, [range(j.base, j.base + j.size)
+                                           for j in installed.values()], self.slots)
+            epoch, group = self._next_epoch(), mcast_group(job_id)
+            for w, (ip, port) in enumerate(workers):
+                rkey = {"job": job_id, "rid": w + wire.RID_WORKER_OFFSET}
+                dst = {"mac": 0, "ip": ip_int(ip), "port": port}
+                exists = self._key(P4.TABLE_RESULT_DST, rkey) in self.tables[P4.TABLE_RESULT_DST]
+                self._write_entry("MODIFY" if exists else "INSERT", P4.TABLE_RESULT_DST, rkey,
+                                  P4.ACTION_SET_RESULT_DST, dst)
+            self._write_group("MODIFY" if group in self.groups else "INSERT", group,
+                              [(ports[w], w + wire.RID_WORKER_OFFSET) for w in range(len(keys))])
+            for w, key in enumerate(keys):
+                self._write_entry("INSERT", P4.TABLE_JOB_WORKERS,
+                                  {"src_addr": key[0], "src_port": key[1]}, P4.ACTION_SET_WORKER,
+                                  {"job": job_id, "worker": w, "workers": len(keys),
+                                   "epoch": epoch, "region_base": base, "region_size": slots,
+                                   "mcast_group": group, "port": ports[w]})
+            self._sync_jobs()
+            self.model.clear_job_stats(job_id)
+            return self.model.jobs[job_id]
 
     def remove_job(self, job_id: int) -> JobEntry:
         with self.lock:
-            if job_id not in self.model.jobs:
+            rows = self._job_rows().get(job_id)
+            if not rows:
                 raise JobError(f"job {job_id} is not installed")
-            return self.model.uninstall(job_id)
+            job = self.model.jobs.get(job_id) or self._describe(job_id, rows)
+            group = max(rows, key=lambda r: r[1].seq)[1].params["mcast_group"]
+            for key, e in rows:
+                del self.tables[P4.TABLE_JOB_WORKERS][key]
+                self.tables[P4.TABLE_RESULT_DST].pop(
+                    (job_id, e.params["worker"] + wire.RID_WORKER_OFFSET), None)
+            self.groups.pop(group, None)
+            self._sync_jobs()
+            return job
 
     def reset_job(self, job_id: int) -> int:
+        """A new epoch (every slot of the region empty to the data plane), zeroed job counters."""
         with self.lock:
-            if job_id not in self.model.jobs:
+            rows = self._job_rows().get(job_id)
+            if not rows:
                 raise JobError(f"job {job_id} is not installed")
-            job = self.model.jobs[job_id]
-            job.epoch = self._next_epoch()
+            epoch = self._next_epoch()
+            for key, e in rows:
+                self._write_entry("MODIFY", P4.TABLE_JOB_WORKERS,
+                                  {"src_addr": key[0], "src_port": key[1]}, e.action,
+                                  {**e.params, "epoch": epoch})
+            self._sync_jobs()
             self.model.clear_job_stats(job_id)
-            return job.epoch
+            return epoch
 
     def read_stats(self) -> dict:
         with self.lock:
@@ -157,37 +452,76 @@ class SoftSwitchServer:
         self.stop()
 
 
-def main(argv=None) -> int:
-    from homagg.netconfig import ConfigError, load
+DEFAULT_GRPC = "127.0.0.1:9559"  # netconfig.SwitchSpec's default: where homagg-ctl looks
 
-    ap = argparse.ArgumentParser(prog="homagg-softswitch", description=__doc__,
+
+def _p4runtime(a, cfg, sw: SoftSwitch):
+    """The P4Runtime server a's options ask for, started; None if --grpc none. A default
+    address that cannot be served is a warning (the UDP aggregator runs on); an explicit one
+    is an error."""
+    addr = a.grpc or (cfg.switch.grpc if cfg else DEFAULT_GRPC)
+    if addr.lower() == "none":
+        return None
+    device = a.device_id if a.device_id is not None else (cfg.switch.device_id if cfg else 1)
+    try:
+        from homagg.targets.p4runtime_server import P4RuntimeServer
+
+        return P4RuntimeServer(sw, addr, device).start()
+    except (ImportError, HomaggError) as e:
+        if isinstance(e, ImportError):
+            e = HomaggError(f"grpcio or p4runtime missing ({e}); pip install 'homagg[controller]'")
+        if a.grpc:
+            raise e from None
+        log.warning("P4Runtime not served: %s (--grpc HOST:PORT to choose, --grpc none to "
+                    "silence)", e)
+        return None
+
+
+def main(argv=None) -> int:
+    from homagg.netconfig import load
+
+    ap = argparse.ArgumentParser(prog="homagg-softswitch",
+                                 description=(__doc__ or "").split("\nHow the tables")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", "-c", type=Path, required=True, help="TOML: switch and jobs")
-    ap.add_argument("--bind", help="address to listen on (default: the config's switch ip)")
+    ap.add_argument("--config", "-c", type=Path,
+                    help="TOML: the switch's addresses, and jobs to install at start")
+    ap.add_argument("--bind", help="address for homagg packets (default: the config's switch "
+                                   "ip, else 0.0.0.0)")
     ap.add_argument("--port", type=int, default=wire.HOMAGG_UDP_PORT_MIN)
+    ap.add_argument("--grpc", metavar="HOST:PORT",
+                    help="serve P4Runtime here (default: the config's [switch] grpc, else "
+                         f"{DEFAULT_GRPC}); 'none': do not")
+    ap.add_argument("--device-id", type=int,
+                    help="P4Runtime device id (default: the config's, else 1)")
     ap.add_argument("--stats-file", type=Path, help="write counters as JSON here every 0.2 s")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     a = ap.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     try:
-        cfg = load(a.config)
+        cfg = load(a.config) if a.config else None
         sw = SoftSwitch()
-        for j in cfg.jobs:
-            job = sw.add_job(j.id, [(w.ip, w.udp_port) for w in j.workers], j.slots)
+        for j in cfg.jobs if cfg else ():
+            job = sw.add_job(j.id, [(w.ip, w.udp_port) for w in j.workers], j.slots,
+                             [w.switch_port for w in j.workers])
             log.info("job %d: %d workers, slots %d-%d", j.id, len(j.workers), job.base,
                      job.base + job.size - 1)
-        server = SoftSwitchServer(sw, (a.bind or cfg.switch.ip, a.port))
-    except (ConfigError, OSError, RuntimeError) as e:
+        server = SoftSwitchServer(sw, (a.bind or (cfg.switch.ip if cfg else "0.0.0.0"), a.port))
+        p4rt = _p4runtime(a, cfg, sw)
+    except (HomaggError, OSError, RuntimeError) as e:
         print(f"homagg-softswitch: error: {e}", file=sys.stderr)
         return 1
 
-    def reset_all(*_):
+    def reset_all():
         for job_id in list(sw.jobs):
             log.info("job %d reset: epoch %d", job_id, sw.reset_job(job_id))
 
     signal.signal(signal.SIGTERM, lambda *_: server._stop.set())
-    signal.signal(signal.SIGHUP, reset_all)  # the operator's "reset": every job starts afresh
+    # The operator's "reset": every job starts afresh. In a thread of its own: the handler
+    # runs in the main thread, which may hold the switch's lock (the stats file) when it fires.
+    signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=reset_all).start())
     log.info("software aggregator listening on %s:%d", *server.address)
+    if p4rt is not None:
+        log.info("P4Runtime on %s (device id %d)", p4rt.address, p4rt.device_id)
     server.start()
     thread = server._thread
     assert thread is not None
@@ -200,6 +534,8 @@ def main(argv=None) -> int:
         pass
     finally:
         server.stop()
+        if p4rt is not None:
+            p4rt.stop()
         if a.stats_file:
             a.stats_file.write_text(json.dumps(sw.read_stats(), indent=1))
     return 0

@@ -1,0 +1,629 @@
+"""P4Runtime for the software aggregator: homagg-ctl drives it as it drives bmv2.
+
+``P4RuntimeServer`` serves (grpcio, the p4runtime package's p4.v1 messages) the part of
+P4Runtime that homagg's controller uses, in front of a ``SoftSwitch``, so the controller keeps
+one code path (``P4RuntimeSwitch``) for both targets. What the tables mean to the data plane is
+``homagg.targets.soft``'s business; this module is the protocol, modelled on bmv2's server
+(p4lang/PI):
+
+- StreamChannel: arbitration only. The client with the highest election id is the primary;
+  a client gets a MasterArbitrationUpdate (status OK when primary, ALREADY_EXISTS when backup)
+  when it arbitrates, and every client gets one when the primary changes; an election id
+  already held, or another device id, ends the stream with an error. Writes need the primary's
+  election id (PERMISSION_DENIED otherwise). Packet-out and digests are not served.
+- The pipeline: the software aggregator *is* homagg's pipeline, so GetForwardingPipelineConfig
+  answers with homagg's P4Info from the start. SetForwardingPipelineConfig takes a P4Info only
+  if its tables, actions and counters (names, ids, match fields, parameters, sizes) are
+  homagg's, and refuses any other with INVALID_ARGUMENT naming what differs; the device config
+  (bmv2 JSON, or none) is kept, not interpreted. Committing is loading the pipeline: empty
+  tables and groups, zero counters and slot memory, as on bmv2. RECONCILE_AND_COMMIT keeps the
+  state.
+- Write: table entries of the five tables (INSERT, MODIFY, DELETE), counter cells (MODIFY; no
+  index: every cell), multicast groups (INSERT, MODIFY, DELETE). Updates apply one by one
+  (CONTINUE_ON_ERROR). If any fails, the RPC ends with UNKNOWN and, in grpc-status-details-bin,
+  a google.rpc.Status holding one p4.v1.Error per update, OK for those that applied: PI's
+  format, which p4runtime-shell's P4RuntimeWriteException reads. Codes: ALREADY_EXISTS (insert
+  of an existing entry or group), NOT_FOUND (modify or delete of a missing one),
+  INVALID_ARGUMENT (unknown table, field, action, parameter, counter; a value wider than its
+  field; a missing exact field or parameter), RESOURCE_EXHAUSTED (a full table), OUT_OF_RANGE
+  (a counter index), UNIMPLEMENTED (other entities).
+- Read: table entries (one table, or all with table id 0; one entry when the match is given),
+  counter cells (one counter or all; every index, or the one given), multicast groups (all
+  with group id 0, or one). Values come back in P4Runtime's canonical (shortest) byte form.
+
+Why the P4Info is shipped (``homagg/_p4info.txtpb``: p4c's own output, refreshed by
+``homagg-ctl build`` next to ``homagg/_p4consts.py``, and held to the same names and ids by
+tests/test_p4runtime_server.py) rather than synthesized from ``_p4consts``: every P4Runtime
+client then sees exactly the P4Info bmv2 serves (match kinds, action scopes, counter units,
+register types, annotations), the interactive p4runtime-shell included, which needs more than
+``_p4consts`` holds; and the pipeline check compares against the compiler's output, not a
+reconstruction of it. No p4c is needed to serve it.
+
+Every request is logged at debug level (logger ``homagg.p4runtime``); the controller keeps its
+own request log.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import text_format
+from google.rpc import code_pb2, status_pb2
+from p4.config.v1 import p4info_pb2
+from p4.v1 import p4runtime_pb2 as pb
+from p4.v1 import p4runtime_pb2_grpc
+
+from homagg import _p4consts as P4
+from homagg.errors import HomaggError
+from homagg.targets.soft import P4INFO_FILE, SoftSwitch, TableError
+
+log = logging.getLogger("homagg.p4runtime")
+
+API_VERSION = "1.4.1"  # the p4runtime package homagg's controller is built with
+
+_TABLES_BY_ID = {t["id"]: name for name, t in P4.TABLES.items()}
+_ACTIONS_BY_ID = {a["id"]: name for name, a in P4.ACTIONS.items()}
+_COUNTERS_BY_ID = {c["id"]: name for name, c in P4.COUNTERS.items()}
+
+
+class P4RuntimeServerError(HomaggError):
+    """The P4Runtime server cannot start (address in use, P4Info missing)."""
+
+
+# -- P4Info ------------------------------------------------------------------------------------
+
+
+def load_p4info(path: Path = P4INFO_FILE):
+    """homagg's P4Info message, from the file shipped in the package."""
+    info = p4info_pb2.P4Info()
+    try:
+        text_format.Parse(path.read_text(), info)
+    except (OSError, text_format.ParseError) as e:
+        raise P4RuntimeServerError(f"homagg's P4Info is unreadable ({e}); reinstall homagg, or "
+                                   "run homagg-ctl build in a checkout") from None
+    return info
+
+
+def pipeline_names(info) -> dict[str, dict[str, Any]]:
+    """The tables, actions and counters of a P4Info, in ``homagg._p4consts``' shape."""
+    match_kind = p4info_pb2.MatchField.MatchType.Name
+    return {
+        "table": {t.preamble.name: {"id": t.preamble.id,
+                                    "keys": {k.name: {"id": k.id, "bits": k.bitwidth,
+                                                      "match": match_kind(k.match_type).lower()}
+                                             for k in t.match_fields},
+                                    "actions": [a.id for a in t.action_refs], "size": t.size}
+                  for t in info.tables},
+        "action": {a.preamble.name: {"id": a.preamble.id,
+                                     "params": {p.name: {"id": p.id, "bits": p.bitwidth}
+                                                for p in a.params}}
+                   for a in info.actions},
+        "counter": {c.preamble.name: {"id": c.preamble.id, "size": c.size}
+                    for c in info.counters},
+    }
+
+
+def pipeline_differences(info) -> list[str]:
+    """What in a P4Info is not homagg's pipeline (empty: it is)."""
+    ours = {"table": P4.TABLES, "action": P4.ACTIONS, "counter": P4.COUNTERS}
+    theirs = pipeline_names(info)
+    out = []
+    for kind, mine in ours.items():
+        for name in sorted(set(mine) | set(theirs[kind])):
+            if name not in theirs[kind]:
+                out.append(f"no {kind} {name}")
+            elif name not in mine:
+                out.append(f"{kind} {name} is not homagg's")
+            elif theirs[kind][name] != mine[name]:
+                out.append(f"{kind} {name} differs")
+    return out
+
+
+# -- values ------------------------------------------------------------------------------------
+
+
+def _int(value: bytes, bits: int, what: str) -> int:
+    if not value:
+        raise TableError(code_pb2.INVALID_ARGUMENT, f"{what}: empty value")
+    v = int.from_bytes(value, "big")
+    if v >> bits:
+        raise TableError(code_pb2.INVALID_ARGUMENT, f"{what}: {v:#x} does not fit in {bits} bits")
+    return v
+
+
+def _bytes(value: int) -> bytes:
+    """P4Runtime's canonical binary string: the shortest, at least one byte."""
+    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+
+
+@dataclass
+class _ParsedEntry:
+    table: str
+    match: dict[str, Any]
+    action: str | None = None
+    params: dict[str, int] | None = None
+
+
+def _parse_entry(te, need_action: bool) -> _ParsedEntry:
+    """A p4.v1.TableEntry in P4Info names, every id and width checked; its action only when
+    ``need_action`` (a delete or a read goes by the match alone, as on bmv2)."""
+    bad = code_pb2.INVALID_ARGUMENT
+    table = _TABLES_BY_ID.get(te.table_id)
+    if table is None:
+        raise TableError(bad, f"no table id {te.table_id} in homagg's P4Info")
+    if te.is_default_action:
+        raise TableError(code_pb2.UNIMPLEMENTED, f"{table}: the default action is fixed here")
+    if te.priority:
+        raise TableError(bad, f"{table}: exact and lpm tables take no priority")
+    t = P4.TABLES[table]
+    keys = {k["id"]: (name, k) for name, k in t["keys"].items()}
+    match: dict[str, Any] = {}
+    for fm in te.match:
+        if fm.field_id not in keys:
+            raise TableError(bad, f"{table}: no match field id {fm.field_id}")
+        name, k = keys[fm.field_id]
+        if name in match:
+            raise TableError(bad, f"{table}: match field {name} given twice")
+        kind = fm.WhichOneof("field_match_type")
+        if kind != k["match"]:
+            raise TableError(bad, f"{table}: match field {name} is {k['match']}, not {kind}")
+        if kind == "lpm":
+            plen = fm.lpm.prefix_len
+            v = _int(fm.lpm.value, k["bits"], f"{table}.{name}")
+            if not 0 < plen <= k["bits"] or v & ((1 << (k["bits"] - plen)) - 1):
+                raise TableError(bad, f"{table}.{name}: {v:#x}/{plen} is not a prefix")
+            match[name] = (v, plen)
+        else:
+            match[name] = _int(fm.exact.value, k["bits"], f"{table}.{name}")
+    for name, k in t["keys"].items():
+        if name not in match:
+            if k["match"] != "lpm":
+                raise TableError(bad, f"{table}: exact match field {name} missing")
+            match[name] = (0, 0)  # an omitted lpm field: the wildcard
+    out = _ParsedEntry(table, match)
+    if not need_action:
+        return out
+    kind = te.action.WhichOneof("type") if te.HasField("action") else None
+    if kind is None:
+        raise TableError(bad, f"{table}: no action")
+    if kind != "action":
+        raise TableError(bad, f"{table}: {kind} needs an action profile; this table has none")
+    a = te.action.action
+    action = _ACTIONS_BY_ID.get(a.action_id)
+    if action is None or a.action_id not in t["actions"]:
+        raise TableError(bad, f"{table}: action id {a.action_id} is not one of this table's")
+    pdefs = {p["id"]: (name, p) for name, p in P4.ACTIONS[action]["params"].items()}
+    params: dict[str, int] = {}
+    for p in a.params:
+        if p.param_id not in pdefs:
+            raise TableError(bad, f"{action}: no parameter id {p.param_id}")
+        name, pd = pdefs[p.param_id]
+        if name in params:
+            raise TableError(bad, f"{action}: parameter {name} given twice")
+        params[name] = _int(p.value, pd["bits"], f"{action}({name})")
+    missing = [n for n, _ in pdefs.values() if n not in params]
+    if missing:
+        raise TableError(bad, f"{action}: parameter(s) {', '.join(missing)} missing")
+    out.action, out.params = action, params
+    return out
+
+
+def _entry_pb(table: str, match: dict[str, Any], action: str, params: dict[str, int]):
+    t = P4.TABLES[table]
+    te = pb.TableEntry(table_id=t["id"])
+    for name, k in t["keys"].items():
+        v = match[name]
+        if k["match"] == "lpm":
+            if v[1] == 0:
+                continue  # the wildcard is the absent field
+            te.match.add(field_id=k["id"]).lpm.CopyFrom(
+                pb.FieldMatch.LPM(value=_bytes(v[0]), prefix_len=v[1]))
+        else:
+            te.match.add(field_id=k["id"]).exact.value = _bytes(v)
+    a = P4.ACTIONS[action]
+    te.action.action.action_id = a["id"]
+    for name, p in a["params"].items():
+        te.action.action.params.add(param_id=p["id"], value=_bytes(params[name]))
+    return te
+
+
+# -- the service -------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One StreamChannel: its election id once it arbitrated, and what goes out on it."""
+
+    out: queue.Queue = field(default_factory=queue.Queue)
+    election: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class _End:
+    """Ends a stream with this status."""
+
+    code: Any
+    message: str
+
+
+class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
+    def __init__(self, switch: SoftSwitch, device_id: int):
+        self.sw = switch
+        self.device_id = device_id
+        self.p4info = load_p4info()
+        self.device_config = b""
+        self.cookie: Any = None
+        self._saved: Any = None  # a verified config waiting for COMMIT
+        self._lock = threading.Lock()
+        self._streams: list[_Stream] = []
+
+    # -- arbitration ---------------------------------------------------------------------------
+    def _primary(self) -> _Stream | None:
+        held = [s for s in self._streams if s.election is not None]
+        return max(held, key=lambda s: s.election or (0, 0)) if held else None
+
+    def _notify(self, s: _Stream) -> None:
+        primary = self._primary()
+        assert primary is not None and primary.election is not None
+        msg = pb.StreamMessageResponse()
+        arb = msg.arbitration
+        arb.device_id = self.device_id
+        arb.election_id.high, arb.election_id.low = primary.election
+        if s is primary:
+            arb.status.code, arb.status.message = code_pb2.OK, "primary"
+        else:
+            arb.status.code, arb.status.message = code_pb2.ALREADY_EXISTS, "backup"
+        s.out.put(msg)
+
+    def _arbitrate(self, s: _Stream, arb) -> None:
+        if arb.device_id != self.device_id:
+            s.out.put(_End(grpc.StatusCode.NOT_FOUND, f"no device {arb.device_id} here (this "
+                                                      f"is device {self.device_id})"))
+            return
+        if arb.HasField("role") and (arb.role.name or arb.role.id):
+            s.out.put(_End(grpc.StatusCode.UNIMPLEMENTED, "roles are not served"))
+            return
+        election = (arb.election_id.high, arb.election_id.low)
+        with self._lock:
+            if any(o is not s and o.election == election for o in self._streams):
+                s.out.put(_End(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"election id {election} is held by another client"))
+                return
+            before = self._primary()
+            s.election = election
+            if s not in self._streams:
+                self._streams.append(s)
+            if self._primary() is not before:
+                for o in self._streams:
+                    self._notify(o)
+            else:
+                self._notify(s)
+        log.debug("arbitration: election id %s, %s", election,
+                  "primary" if self._primary() is s else "backup")
+
+    def _leave(self, s: _Stream) -> None:
+        with self._lock:
+            if s not in self._streams:
+                return
+            was = self._primary()
+            self._streams.remove(s)
+            if was is s and self._primary() is not None:
+                for o in self._streams:
+                    self._notify(o)
+
+    def _may_write(self, request, context) -> bool:
+        """PI's rule: with clients connected, only the primary writes; without, only a request
+        that names no election id."""
+        with self._lock:
+            primary = self._primary()
+            given = (request.election_id.high, request.election_id.low) \
+                if request.HasField("election_id") else None
+            if primary is None and given is None:
+                return True
+            if primary is not None and primary.election == (given or (0, 0)):
+                return True
+        context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                      f"not the primary client (election id {given})")
+        return False
+
+    def _check_device(self, request, context) -> None:
+        if request.device_id != self.device_id:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no device {request.device_id} here "
+                                                     f"(this is device {self.device_id})")
+
+    def StreamChannel(self, request_iterator, context):
+        s = _Stream()
+        context.add_callback(lambda: s.out.put(None))
+
+        def pump():
+            try:
+                for req in request_iterator:
+                    kind = req.WhichOneof("update")
+                    if kind == "arbitration":
+                        self._arbitrate(s, req.arbitration)
+                    else:
+                        log.debug("stream message %s ignored (not served)", kind)
+            except Exception as e:  # the client went away
+                log.debug("stream closed: %s", e)
+            finally:
+                self._leave(s)
+                s.out.put(None)
+
+        threading.Thread(target=pump, name="p4runtime-stream", daemon=True).start()
+        while True:
+            msg = s.out.get()
+            if msg is None:
+                return
+            if isinstance(msg, _End):
+                self._leave(s)
+                context.abort(msg.code, msg.message)
+            yield msg
+
+    # -- pipeline ------------------------------------------------------------------------------
+    def SetForwardingPipelineConfig(self, request, context):
+        log.debug("SetForwardingPipelineConfig: action %s, p4info with %d tables, %d bytes of "
+                  "device config", pb.SetForwardingPipelineConfigRequest.Action.Name(
+                      request.action), len(request.config.p4info.tables),
+                  len(request.config.p4_device_config))
+        self._check_device(request, context)
+        self._may_write(request, context)
+        A = pb.SetForwardingPipelineConfigRequest
+        action = request.action
+        if action == A.COMMIT:
+            if self._saved is None:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no saved pipeline to commit")
+            self._adopt(self._saved, reset=True)
+            self._saved = None
+            return pb.SetForwardingPipelineConfigResponse()
+        if action not in (A.VERIFY, A.VERIFY_AND_SAVE, A.VERIFY_AND_COMMIT,
+                          A.RECONCILE_AND_COMMIT):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no pipeline action given")
+        diff = pipeline_differences(request.config.p4info)
+        if diff:
+            more = f" (+{len(diff) - 3} more)" if len(diff) > 3 else ""
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "the software aggregator runs homagg's pipeline only, and this P4Info "
+                          f"is another: {'; '.join(diff[:3])}{more}")
+        if action == A.VERIFY_AND_SAVE:
+            self._saved = request.config
+        elif action in (A.VERIFY_AND_COMMIT, A.RECONCILE_AND_COMMIT):
+            self._adopt(request.config, reset=action == A.VERIFY_AND_COMMIT)
+        return pb.SetForwardingPipelineConfigResponse()
+
+    def _adopt(self, config, reset: bool) -> None:
+        p4info = p4info_pb2.P4Info()
+        p4info.CopyFrom(config.p4info)
+        self.p4info = p4info
+        self.device_config = bytes(config.p4_device_config)
+        self.cookie = config.cookie if config.HasField("cookie") else None
+        if reset:
+            self.sw.reset_pipeline()
+        log.info("pipeline %s (%d bytes of device config, not interpreted)",
+                 "loaded: tables, groups, counters and slots emptied" if reset else "reconciled",
+                 len(self.device_config))
+
+    def GetForwardingPipelineConfig(self, request, context):
+        log.debug("GetForwardingPipelineConfig: %s", request.response_type)
+        self._check_device(request, context)
+        R = pb.GetForwardingPipelineConfigRequest
+        rep = pb.GetForwardingPipelineConfigResponse()
+        kind = request.response_type
+        if kind in (R.ALL, R.P4INFO_AND_COOKIE):
+            rep.config.p4info.CopyFrom(self.p4info)
+        if kind in (R.ALL, R.DEVICE_CONFIG_AND_COOKIE):
+            rep.config.p4_device_config = self.device_config
+        if self.cookie is not None:
+            rep.config.cookie.CopyFrom(self.cookie)
+        return rep
+
+    def Capabilities(self, request, context):
+        return pb.CapabilitiesResponse(p4runtime_api_version=API_VERSION)
+
+    # -- write ---------------------------------------------------------------------------------
+    def Write(self, request, context):
+        log.debug("Write\n%s", request)
+        self._check_device(request, context)
+        if request.role or request.role_id:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "roles are not served")
+        self._may_write(request, context)
+        if request.atomicity != pb.WriteRequest.CONTINUE_ON_ERROR:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "only CONTINUE_ON_ERROR atomicity")
+        results = [self._update(u) for u in request.updates]
+        failed = [(i, c, m) for i, (c, m) in enumerate(results) if c != code_pb2.OK]
+        if not failed:
+            return pb.WriteResponse()
+        status = status_pb2.Status(code=code_pb2.UNKNOWN,
+                                   message=f"{len(failed)} of {len(results)} update(s) failed")
+        for c, m in results:
+            status.details.add().Pack(pb.Error(canonical_code=c, message=m))
+        context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
+        context.set_code(grpc.StatusCode.UNKNOWN)
+        context.set_details(status.message)
+        return pb.WriteResponse()
+
+    def _update(self, u) -> tuple[int, str]:
+        kind = pb.Update.Type.Name(u.type)
+        which = u.entity.WhichOneof("entity")
+        try:
+            if kind == "UNSPECIFIED":
+                raise TableError(code_pb2.INVALID_ARGUMENT, "update type unspecified")
+            if which == "table_entry":
+                e = _parse_entry(u.entity.table_entry, need_action=kind != "DELETE")
+                self.sw.write_entry(kind, e.table, e.match, e.action, e.params)
+            elif which == "counter_entry":
+                self._write_counter(kind, u.entity.counter_entry)
+            elif which == "packet_replication_engine_entry":
+                self._write_group(kind, u.entity.packet_replication_engine_entry)
+            else:
+                raise TableError(code_pb2.UNIMPLEMENTED,
+                                 f"{which or 'an empty entity'}: not served by the software "
+                                 "aggregator")
+        except TableError as e:
+            log.debug("%s %s refused: %s", kind, which, e)
+            return e.code, str(e)
+        except Exception as e:  # a bug here must not take the server down
+            log.exception("%s %s failed", kind, which)
+            return code_pb2.INTERNAL, f"{type(e).__name__}: {e}"
+        return code_pb2.OK, ""
+
+    def _write_counter(self, kind: str, ce) -> None:
+        name = _COUNTERS_BY_ID.get(ce.counter_id)
+        if name is None:
+            raise TableError(code_pb2.INVALID_ARGUMENT,
+                             f"no counter id {ce.counter_id} in homagg's P4Info")
+        if kind != "MODIFY":
+            raise TableError(code_pb2.INVALID_ARGUMENT, f"counter {name}: cells are modified, "
+                                                        f"not {kind.lower()}ed")
+        index = ce.index.index if ce.HasField("index") else None
+        self.sw.write_counter(name, index, ce.data.packet_count, ce.data.byte_count)
+
+    def _write_group(self, kind: str, pre) -> None:
+        if pre.WhichOneof("type") != "multicast_group_entry":
+            raise TableError(code_pb2.UNIMPLEMENTED, "clone sessions are not served")
+        mg = pre.multicast_group_entry
+        replicas = []
+        for r in mg.replicas:
+            port = r.egress_port if r.WhichOneof("port_kind") != "port" else \
+                int.from_bytes(r.port, "big")
+            replicas.append((port, r.instance))
+        self.sw.write_group(kind, mg.multicast_group_id, replicas)
+
+    # -- read ----------------------------------------------------------------------------------
+    def Read(self, request, context):
+        log.debug("Read\n%s", request)
+        self._check_device(request, context)
+        rep = pb.ReadResponse()
+        for ent in request.entities:
+            which = ent.WhichOneof("entity")
+            try:
+                if which == "table_entry":
+                    rep.entities.extend(self._read_tables(ent.table_entry))
+                elif which == "counter_entry":
+                    rep.entities.extend(self._read_counters(ent.counter_entry))
+                elif which == "packet_replication_engine_entry":
+                    rep.entities.extend(self._read_groups(ent.packet_replication_engine_entry))
+                else:
+                    raise TableError(code_pb2.UNIMPLEMENTED, f"{which or 'an empty entity'}: "
+                                                             "not served by the software "
+                                                             "aggregator")
+            except TableError as e:
+                context.abort(_status_code(e.code), str(e))
+        yield rep
+
+    def _read_tables(self, te) -> list:
+        if te.table_id == 0:
+            tables = list(P4.TABLES)
+        elif te.table_id in _TABLES_BY_ID:
+            tables = [_TABLES_BY_ID[te.table_id]]
+        else:
+            raise TableError(code_pb2.INVALID_ARGUMENT, f"no table id {te.table_id} in homagg's "
+                                                        "P4Info")
+        want = _parse_entry(te, need_action=False).match if te.match else None
+        out = []
+        for table in tables:
+            for match, action, params in self.sw.read_entries(table):
+                if want is None or match == want:
+                    out.append(pb.Entity(table_entry=_entry_pb(table, match, action, params)))
+        return out
+
+    def _read_counters(self, ce) -> list:
+        if ce.counter_id == 0:
+            names = list(P4.COUNTERS)
+        elif ce.counter_id in _COUNTERS_BY_ID:
+            names = [_COUNTERS_BY_ID[ce.counter_id]]
+        else:
+            raise TableError(code_pb2.INVALID_ARGUMENT,
+                             f"no counter id {ce.counter_id} in homagg's P4Info")
+        out = []
+        for name in names:
+            cells = self.sw.read_counter(name)
+            indexes: range | list[int] = range(len(cells))
+            if ce.HasField("index"):
+                if not 0 <= ce.index.index < len(cells):
+                    raise TableError(code_pb2.OUT_OF_RANGE, f"counter {name} has no index "
+                                                            f"{ce.index.index}")
+                indexes = [ce.index.index]
+            for i in indexes:
+                e = pb.Entity()
+                e.counter_entry.counter_id = P4.COUNTERS[name]["id"]
+                e.counter_entry.index.index = i
+                e.counter_entry.data.packet_count, e.counter_entry.data.byte_count = cells[i]
+                out.append(e)
+        return out
+
+    def _read_groups(self, pre) -> list:
+        if pre.WhichOneof("type") != "multicast_group_entry":
+            raise TableError(code_pb2.UNIMPLEMENTED, "clone sessions are not served")
+        want = pre.multicast_group_entry.multicast_group_id
+        out = []
+        for group, replicas in self.sw.read_groups().items():
+            if want in (0, group):
+                e = pb.Entity()
+                mg = e.packet_replication_engine_entry.multicast_group_entry
+                mg.multicast_group_id = group
+                for port, rid in replicas:
+                    mg.replicas.add(egress_port=port, instance=rid)
+                out.append(e)
+        return out
+
+
+def _status_code(code: int) -> grpc.StatusCode:
+    """The grpc.StatusCode of a google.rpc code number."""
+    for sc in grpc.StatusCode:
+        if sc.value[0] == code:
+            return sc
+    return grpc.StatusCode.UNKNOWN
+
+
+# -- the server --------------------------------------------------------------------------------
+
+
+class P4RuntimeServer:
+    """A SoftSwitch on P4Runtime: ``start()`` serves in grpcio's threads, ``stop()`` ends."""
+
+    def __init__(self, switch: SoftSwitch, address: str = "127.0.0.1:9559", device_id: int = 1,
+                 threads: int = 32):
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise P4RuntimeServerError(f"P4Runtime address {address!r}: expected HOST:PORT")
+        self.switch = switch
+        self.device_id = device_id
+        self.address = address
+        self._threads = threads
+        self._service = _Service(switch, device_id)
+        self._server: Any = None
+
+    def start(self) -> P4RuntimeServer:
+        server = grpc.server(futures.ThreadPoolExecutor(self._threads, "p4runtime"),
+                             options=[("grpc.so_reuseport", 0)])
+        p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(self._service, server)
+        try:
+            port = server.add_insecure_port(self.address)
+        except RuntimeError:
+            port = 0
+        if not port:
+            raise P4RuntimeServerError(f"cannot serve P4Runtime at {self.address} (in use, or "
+                                       "not an address of this host)")
+        server.start()
+        self.address = f"{self.address.rpartition(':')[0]}:{port}"
+        self._server = server
+        log.debug("serving P4Runtime at %s, device id %d", self.address, self.device_id)
+        return self
+
+    def stop(self, grace: float | None = 0.5) -> None:
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+
+    def __enter__(self) -> P4RuntimeServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
