@@ -93,16 +93,22 @@ def worker_index(scan, index, ored):
 
 def one_worker(x, shift, index, ored, agg, mode, seed, resid_agg=None):
     """Everything worker 0 computes for one all-reduce, given what the switch sends back: the
-    same calls as ``Agent.allreduce_detailed`` (less the network)."""
+    same calls as ``Agent.allreduce_detailed`` (less the network), block scales included (here
+    every block's agreed shift is ``shift``: the same words and sums, the same per-block code
+    path)."""
     scan = codec.Scan.of(x)
-    scan.max_exponent()
+    scan.finite()
+    e = scan.max_exponent()
     n = scan.n
+    B = codec.DEFAULT_BLOCK
+    codec.block_words(scan.idx, scan.raw, n, B, e)
+    block_shifts = np.full(codec.block_count(n, B), shift, np.int64)
     union_words, index_words = worker_index(scan, index, ored)
     codec.choose_mode(n, codec.union_size(union_words, n), index_words=index_words)
-    s = scan.quantize(shift)
+    s = scan.quantize(block_shifts[scan.idx // B])
     if mode == "union":  # U is never listed: ranks and the output come from the bitmap
         codec.encode_union(s, union_words)
-        return codec.decode_union(union_words, n, agg, shift, x.dtype)
+        return codec.decode_union_blocks(union_words, n, agg, block_shifts, B, x.dtype)
     union = codec.union_indices(union_words, n)
     codec.encode_values(s, union, mode, seed)
     peeled = codec.decode_values(agg, union, mode, seed)
@@ -112,7 +118,8 @@ def one_worker(x, shift, index, ored, agg, mode, seed, resid_agg=None):
         codec.residual_values(s, union[left])
         values = values.copy()
         values[left] = resid_agg
-    return codec.assemble(n, union, values, shift, x.dtype)
+    return codec.scale_blocks(codec.assemble(n, union, values, 0, np.float64), block_shifts,
+                              B, x.dtype)
 
 
 def supports(rng, n, densities, workers, rows_of, row_fraction):

@@ -2,10 +2,13 @@
 
 ``allreduce`` (the Agent: negotiation, modes, rescaling) over ``transport`` (the slot pool,
 retransmission, deadline, with ``rto``'s timeout), configured by ``config``; ``codec`` holds
-the encodings; ``torch_hook`` plugs the agent into DDP.
+the encodings; ``torch_hook`` plugs the agent into DDP; ``simulate`` runs the whole all-reduce
+in memory (``simulate_allreduce``).
 """
 
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentConfig, AgentError, AggregationTimeout
+from homagg.host_agent.simulate import MemoryJob, simulate_allreduce
 
-__all__ = ["Agent", "AgentConfig", "AgentError", "AggregationTimeout"]
+__all__ = ["Agent", "AgentConfig", "AgentError", "AggregationTimeout", "MemoryJob",
+           "simulate_allreduce"]

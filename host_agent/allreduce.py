@@ -5,7 +5,9 @@
     total = agent.allreduce(grad)          # fp32 in, fp32 out: the exact sum of quantized values
 
 Per tensor (DESIGN.md section 1): one OR round carrying the job's scale negotiation (a one-hot
-exponent per worker: the OR gives the max) and the index of the non-zeros: the flat bitmap, or
+exponent per worker: the OR gives the max; bit 0 of those words says "I have a NaN or an Inf";
+then, dense or flat, one word per block of ``AgentConfig.block`` elements, the block's offset
+below the tensor max: ``codec.blocks``) and the index of the non-zeros: the flat bitmap, or
 the top level of the hierarchical one, whose two further OR rounds follow (``codec.index``;
 ``AgentConfig.index`` and ``codec.choose_index`` pick one per tensor, from the tensor's
 previous union size when its ``key`` has been seen). Then the values, as the byte count
@@ -13,7 +15,17 @@ decides (``codec.choose_mode``): dense, on the union, or sketch + residual. A te
 dense under ``auto`` skips the index next time (same ``key``). Every round goes through the
 agent's ``Transport`` (slots, retransmission, deadline). An overflow flagged by the switch
 makes every worker (they all see the same flag) redo the value rounds with a smaller scale:
-never a wrapped sum. Every decision (index, mode, skipped rounds) comes from what the switch
+never a wrapped sum (every block's shift goes down together).
+
+Scales are per block (block floating point, ``codec.blocks``): block k's shift is the tensor
+shift plus the job's offset for k. With the hierarchical index the block words ride in the mid
+round instead, only for the blocks the union's top level touches (an empty tensor sends none).
+
+Non-finite values: a worker whose tensor holds a NaN or an Inf sets the flag in round 1; if the
+OR has it, every worker stops after round 1 (no index or value round, no timeout) and returns
+NaN for the whole tensor (``Result.nonfinite``): the positions are not known to the other
+workers without another round, and what AMP's ``GradScaler`` needs is a non-finite value on
+every worker. Every decision (index, mode, skipped rounds) comes from what the switch
 returned or from such earlier results, so every worker takes the same one without a message.
 """
 
@@ -27,6 +39,7 @@ import numpy as np
 from homagg import wire
 from homagg.host_agent import codec
 from homagg.host_agent.codec import AUTO, Mode
+from homagg.host_agent.codec.index import BLOCK as INDEX_BLOCK
 from homagg.host_agent.config import AgentConfig, AgentError
 from homagg.host_agent.transport import SwitchOverflow, Transport
 
@@ -47,10 +60,18 @@ class Counters:
 
 @dataclass
 class Result:
-    """One all-reduce: the float sum, and the exact integers behind it."""
+    """One all-reduce: the float sum, and the exact integers behind it.
+
+    The scale is per block of ``block`` elements (``codec.blocks``): ``block_shifts[k]`` for
+    elements k*block .. (k+1)*block - 1, ``tensor_shift`` plus the block's agreed offset (after
+    any rescale). ``shift`` is the per-element array (``codec.quantize`` takes it): the sum is,
+    bit for bit, the integer sum of ``codec.quantize(x_w, shift)`` over workers w.
+    ``nonfinite``: some worker had a NaN or Inf; ``out`` is then NaN everywhere, and there are
+    no integers (``ints`` raises).
+    """
 
     out: np.ndarray
-    shift: int
+    tensor_shift: int
     mode: Mode
     n: int
     union_words: np.ndarray | None  # ORed non-zero bitmap the values are on (None: dense)
@@ -58,9 +79,18 @@ class Result:
                                # words; sketch: int64), or dense int64
     wire_bytes: int            # homagg payload bytes this worker sent (retransmissions too)
     rounds: dict = field(default_factory=dict)  # words sent per round: index ("bitmap" or
-                               # "index-top/mid/leaf", without the exponent words), values
+                               # "index-top/mid/leaf", without the exponent and block words),
+                               # values
     _union: np.ndarray | None = field(default=None, repr=False, compare=False)
     index: str | None = None   # "flat" or "hier"; None: no index round (dense remembered)
+    block_shifts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    block: int = codec.DEFAULT_BLOCK
+    nonfinite: bool = False
+
+    @property
+    def shift(self) -> np.ndarray:
+        """The per-element shift (int64, n): element i is in units of 2**-shift[i]."""
+        return codec.element_shifts(self.block_shifts, self.block, self.n)
 
     @property
     def union(self) -> np.ndarray | None:
@@ -73,6 +103,8 @@ class Result:
 
     def ints(self) -> np.ndarray:
         """The exact integer sum as a dense int64 array."""
+        if self.nonfinite:
+            raise codec.CodecError("a worker had non-finite values: no integer sum")
         if self.union_words is None:
             return self.values.astype(np.int64)
         full = np.zeros(self.n, np.int64)
@@ -80,27 +112,56 @@ class Result:
         return full
 
 
-def _exponent_words(e: int | None) -> np.ndarray:
+#: Bit 0 of the exponent words (e = -EXP_BIAS, below any float32 exponent): "I have a NaN or
+#: an Inf". The OR tells every worker in round 1.
+NONFINITE_BIT = 0
+
+
+def _exponent_words(e: int | None, nonfinite: bool = False) -> np.ndarray:
     """A worker's max exponent e as one bit (e + EXP_BIAS) of EXP_WORDS words; the OR of every
-    worker's gives the job's max (``_max_exponent``)."""
+    worker's gives the job's max (``_max_exponent``). Bit 0 is the non-finite flag (an e that
+    low is raised to -EXP_BIAS + 1: a coarser scale, never a finer one)."""
     onehot = np.zeros(wire.EXP_WORDS, np.uint32)
+    bits = [NONFINITE_BIT] if nonfinite else []
     if e is not None:
-        b = e + wire.EXP_BIAS
-        onehot[b // 32] = np.uint32(1 << (31 - b % 32))
+        bits.append(max(e + wire.EXP_BIAS, NONFINITE_BIT + 1))
+    for b in bits:
+        onehot[b // 32] |= np.uint32(1 << (31 - b % 32))
     return onehot
 
 
 def _max_exponent(words: np.ndarray) -> int | None:
     bits = np.unpackbits(words.astype(">u4").view(np.uint8))
-    hits = np.flatnonzero(bits)
-    return None if hits.size == 0 else int(hits[-1]) - wire.EXP_BIAS
+    hits = np.flatnonzero(bits[NONFINITE_BIT + 1:])
+    return None if hits.size == 0 else int(hits[-1]) + NONFINITE_BIT + 1 - wire.EXP_BIAS
+
+
+def _nonfinite(words: np.ndarray) -> bool:
+    return bool(np.unpackbits(words.astype(">u4").view(np.uint8))[NONFINITE_BIT])
+
+
+def _blocks_touched(top_blocks: np.ndarray, n: int, block: int) -> np.ndarray:
+    """Scale blocks (sorted int64) overlapping the hierarchy's union blocks (128 elements)."""
+    nb = codec.block_count(n, block)
+    span = INDEX_BLOCK
+    lo = top_blocks * span // block
+    hi = (np.minimum(top_blocks * span + span, n) - 1) // block
+    mark = np.zeros(nb + 1, np.int64)
+    np.add.at(mark, lo, 1)
+    np.add.at(mark, hi + 1, -1)
+    return np.flatnonzero(np.cumsum(mark[:nb]) > 0)
 
 
 class Agent:
-    def __init__(self, config: AgentConfig):
+    """``transport``: a factory ``(config, counters) -> transport``, the transport having
+    ``stream(op, words)``, ``close()`` and a ``broken`` attribute; default the UDP
+    ``Transport`` to the switch (``simulate.MemoryTransport``: the switch's arithmetic in
+    memory)."""
+
+    def __init__(self, config: AgentConfig, transport=None):
         self.cfg = config
         self.counters = Counters()
-        self.transport = Transport(config, self.counters)
+        self.transport = (transport or Transport)(config, self.counters)
         self.seed = config.job if config.seed is None else config.seed
         self._last_mode: dict = {}
         self._last_union: dict = {}  # key -> union size u last time (codec.choose_index)
@@ -138,7 +199,8 @@ class Agent:
             raise AgentError(f"{self.cfg.who}: int32 overflow in the sum") from None
 
     def allreduce(self, x: np.ndarray, key=None) -> np.ndarray:
-        """The sum over workers of ``x`` (float), exact on the quantized values."""
+        """The sum over workers of ``x`` (float), exact on the quantized values; NaN
+        everywhere if any worker's ``x`` has a NaN or an Inf."""
         return self.allreduce_detailed(x, key).out.reshape(np.shape(x))
 
     def allreduce_detailed(self, x: np.ndarray, key=None) -> Result:
@@ -150,15 +212,14 @@ class Agent:
         out_dtype = x.dtype
         flat = x.reshape(-1)
         n = flat.size
+        B = cfg.block
         before = self.counters.bytes_sent
-        try:
-            scan = codec.Scan.of(flat)
-            e = scan.max_exponent()
-        except codec.CodecError as err:
-            # Every worker must still take part in the round, or its peers hang: say so loudly.
-            raise AgentError(f"{cfg.who}: {err}; this worker stops, and its peers will "
-                             "time out on this tensor") from None
-        onehot = _exponent_words(e)
+        scan = codec.Scan.of(flat)
+        finite = scan.finite()
+        # A NaN or Inf: flag it in round 1 (every worker then returns NaN), no scales.
+        e = scan.max_exponent() if finite else None
+        onehot = _exponent_words(e, nonfinite=not finite)
+        blocks = codec.block_words(scan.idx, scan.raw, n, B, e)
 
         mode = codec.as_mode(cfg.mode, auto=True)
         if mode == AUTO and key is not None and self._last_mode.get(key) == Mode.DENSE:
@@ -167,12 +228,27 @@ class Agent:
         index_rounds: dict[str, int] = {}
         u = 0
         if mode == Mode.DENSE:
-            agg = self.transport.stream(wire.OP_OR, onehot).view(np.uint32)
+            agg = self.transport.stream(wire.OP_OR, np.concatenate([onehot, blocks])
+                                        ).view(np.uint32)
             union_words = None
+            block_agg = agg[wire.EXP_WORDS:]
         else:
             index = codec.choose_index(cfg.index, n, self._last_union.get(key)
                                        if key is not None else None)
-            agg, union_words, index_rounds = self._index_rounds(scan, onehot, index)
+            agg, union_words, index_rounds, block_agg = self._index_rounds(scan, onehot, blocks,
+                                                                           index)
+        if _nonfinite(agg[:wire.EXP_WORDS]):
+            # Every worker saw the flag in round 1: no further round, on any of them.
+            log.info("%s: non-finite values in the job's tensor: NaN", cfg.who)
+            return Result(np.full(n, np.nan, out_dtype), 0, Mode(mode if mode != AUTO
+                                                                  else Mode.DENSE),
+                          n, None, np.zeros(0, np.int64), self.counters.bytes_sent - before,
+                          dict(index_rounds), index=index,
+                          block_shifts=np.zeros(codec.block_count(n, B), np.int64), block=B,
+                          nonfinite=True)
+        assert union_words is not None or mode == Mode.DENSE
+        if mode != Mode.DENSE:
+            assert union_words is not None
             u = codec.union_size(union_words, n)
             if key is not None:
                 self._last_union[key] = u
@@ -186,11 +262,13 @@ class Agent:
         if key is not None:
             self._last_mode[key] = mode
         e_all = _max_exponent(agg[:wire.EXP_WORDS])
+        offsets = codec.block_offsets(block_agg)
         shift = codec.shift_for(e_all, cfg.workers, cfg.headroom) + cfg.shift_bias
         rounds = {}
         for _attempt in range(cfg.max_rescales + 1):
+            block_shifts = shift + offsets
             try:
-                values, rounds = self._value_rounds(flat, scan, shift, mode, union_words,
+                values, rounds = self._value_rounds(flat, scan, block_shifts, mode, union_words,
                                                     union)
                 break
             except SwitchOverflow:
@@ -199,47 +277,69 @@ class Agent:
                 shift -= 4
             except codec.CodecError as err:  # e.g. a local value out of int32 at this scale
                 self.transport.broken = str(err)
-                raise AgentError(f"{cfg.who}: {err}; peers will time out on this "
-                                 "tensor") from None
+                fail = AgentError(f"{cfg.who}: {err}; peers will time out on this tensor")
+                fail.index = err.index  # type: ignore[attr-defined]
+                raise fail from None
         else:
             raise AgentError(f"{cfg.who}: int32 overflow persists after "
                              f"{cfg.max_rescales} rescales")
+        # Each element rounded once, from its exact value * 2**-(its block's shift).
         if union_words is None:
-            out = np.ldexp(values.astype(np.float64), -shift).astype(out_dtype)
+            out = codec.scale_blocks(values, block_shifts, B, out_dtype)
         elif mode == Mode.UNION:
-            out = codec.decode_union(union_words, n, values, shift, out_dtype)
+            out = codec.decode_union_blocks(union_words, n, values, block_shifts, B, out_dtype)
         else:
             assert union is not None  # mode sketch
-            out = codec.assemble(n, union, values, shift, out_dtype)
+            out = codec.scale_blocks(codec.assemble(n, union, values, 0, np.float64),
+                                     block_shifts, B, out_dtype)
         return Result(out, shift, Mode(mode), n, union_words, values,
                       self.counters.bytes_sent - before, {**index_rounds, **rounds}, union,
-                      index=index)
+                      index=index, block_shifts=block_shifts, block=B)
 
-    def _index_rounds(self, scan, onehot, index):
-        """Round 1 (exponent words and the flat bitmap or the top level) and, for ``hier``, the
-        mid and leaf rounds: (round 1's ORed words, the flat union bitmap, words per index
-        round)."""
+    def _index_rounds(self, scan, onehot, blocks, index):
+        """Round 1 (exponent words, and the flat bitmap after the block words, or the top
+        level) and, for ``hier``, the mid round (with the block words of the scale blocks the
+        union's blocks touch) and the leaf round: (round 1's ORed words, the flat union
+        bitmap, words per index round, the ORed block words). Round 1 flagging a non-finite
+        value anywhere ends it there (union bitmap None)."""
         stream = self.transport.stream
+        E = wire.EXP_WORDS
         if index == codec.FLAT:
-            agg = stream(wire.OP_OR, np.concatenate([onehot, scan.words])).view(np.uint32)
-            union_words = agg[wire.EXP_WORDS:]
-            return agg, union_words, {codec.ROUND_FLAT: union_words.size}
+            agg = stream(wire.OP_OR, np.concatenate([onehot, blocks, scan.words])
+                         ).view(np.uint32)
+            union_words = agg[E + blocks.size:]
+            return agg, union_words, {codec.ROUND_FLAT: union_words.size}, agg[E:E + blocks.size]
         levels = codec.Levels.of(scan.words, scan.n)
         agg = stream(wire.OP_OR, np.concatenate([onehot, levels.top])).view(np.uint32)
-        union_words, sent = codec.hier_rounds(
-            [levels], agg[wire.EXP_WORDS:],
-            lambda words: stream(wire.OP_OR, words[0]).view(np.uint32))
-        return agg, union_words, sent
+        if _nonfinite(agg[:E]):
+            return agg, None, {codec.ROUND_TOP: levels.top.size}, None
+        block_agg = np.zeros(blocks.size, np.uint32)
+        first = [True]
 
-    def _value_rounds(self, flat, scan, shift, mode, union_words, union):
+        def or_round(words):
+            if not first[0]:
+                return stream(wire.OP_OR, words[0]).view(np.uint32)
+            first[0] = False  # the mid round: the touched scale blocks' words ride along
+            touched = _blocks_touched(codec.union_blocks(agg[E:], scan.n), scan.n,
+                                      self.cfg.block)
+            got = stream(wire.OP_OR, np.concatenate([words[0], blocks[touched]])
+                         ).view(np.uint32)
+            block_agg[touched] = got[words[0].size:]
+            return got[:words[0].size]
+
+        union_words, sent = codec.hier_rounds([levels], agg[E:], or_round)
+        return agg, union_words, sent, block_agg
+
+    def _value_rounds(self, flat, scan, block_shifts, mode, union_words, union):
         """The value round (and the residual): exact sums, on the union (int32 words from the
         switch in mode union, int64 for the sketch) or dense (int64). An empty union (every
         worker sees it) sends nothing."""
         stream = self.transport.stream
+        B = self.cfg.block
         if mode == Mode.DENSE or union_words is None:
-            q = codec.quantize(flat, shift)
+            q = codec.quantize(flat, codec.element_shifts(block_shifts, B, flat.size))
             return stream(wire.OP_ADD, q).astype(np.int64), {"dense": q.size}
-        s = scan.quantize(shift)
+        s = scan.quantize(block_shifts[scan.idx // B])
         if mode == Mode.UNION:  # straight from the bitmap: U is never listed
             words = codec.encode_union(s, union_words)
             if not words.size:  # an empty union, on every worker: nothing to send

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from homagg import wire
 from homagg.errors import HomaggError
 from homagg.faults import FaultSpec
-from homagg.host_agent.codec import AUTO, DEFAULT_HEADROOM, INDEXES, CodecError, as_index, as_mode
+from homagg.host_agent.codec import (
+    AUTO,
+    DEFAULT_BLOCK,
+    DEFAULT_HEADROOM,
+    INDEXES,
+    CodecError,
+    as_index,
+    as_mode,
+)
 
 
 class AgentError(HomaggError):
@@ -45,6 +53,7 @@ class AgentConfig:
     mode: str = AUTO             # auto | dense | union | sketch (a codec.Mode or its name)
     index: str = AUTO            # auto | flat | hier: the non-zeros' index (codec.index)
     headroom: int = DEFAULT_HEADROOM
+    block: int = DEFAULT_BLOCK   # elements per scale block (codec.blocks); same on every worker
     max_rescales: int = 6
     # Fault injection, for tests and demos: loss/duplication/reordering at this agent's socket
     # (where the kernel has no netem), and a scale finer than negotiated by this many bits
@@ -62,6 +71,8 @@ class AgentConfig:
             as_mode(self.mode, auto=True)
         except CodecError:
             raise AgentError(f"mode {self.mode!r}: auto, dense, union or sketch") from None
+        if self.block < 1:
+            raise AgentError(f"block {self.block}: elements per scale block, >= 1")
         try:
             as_index(self.index)
         except CodecError:

@@ -13,7 +13,14 @@ import pytest
 
 from homagg import wire
 from homagg.faults import FaultSpec
-from homagg.host_agent import Agent, AgentConfig, AgentError, AggregationTimeout, codec
+from homagg.host_agent import (
+    Agent,
+    AgentConfig,
+    AgentError,
+    AggregationTimeout,
+    codec,
+    simulate_allreduce,
+)
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
 
 _switch_ips = itertools.count(2)
@@ -79,6 +86,11 @@ def make_job():
         j.close()
 
 
+def fresh_bytes(agent):
+    """Bytes an agent sent, less its retransmissions (timing-dependent on a loaded host)."""
+    return agent.counters.bytes_sent - agent.counters.retransmissions * wire.PACKET_BYTES
+
+
 def sparse_tensors(rng, workers, n, density):
     xs = []
     for _ in range(workers):
@@ -89,11 +101,26 @@ def sparse_tensors(rng, workers, n, density):
     return xs
 
 
+def block_offsets(xs, block=codec.DEFAULT_BLOCK):
+    """The per-block offsets the job's negotiation must agree on (codec.blocks)."""
+    ored = np.zeros(codec.block_count(xs[0].size, block), np.uint32)
+    for x in xs:
+        s = codec.Scan.of(x)
+        ored |= codec.block_words(s.idx, s.raw, s.n, block, s.max_exponent())
+    return codec.block_offsets(ored)
+
+
 def assert_exact(results, xs):
+    """Every worker's sum is, bit for bit, the integer sum of the inputs quantized at the
+    agreed per-block shifts (the tensor shift plus the negotiated block offsets)."""
     shift = results[0].shift
+    assert shift.shape == (xs[0].size,)
+    np.testing.assert_array_equal(results[0].block_shifts - results[0].tensor_shift,
+                                  block_offsets(xs))
     expect = np.sum([codec.quantize(x, shift).astype(np.int64) for x in xs], axis=0)
     for r in results:
-        assert r.shift == shift
+        assert r.tensor_shift == results[0].tensor_shift
+        np.testing.assert_array_equal(r.shift, shift)
         np.testing.assert_array_equal(r.ints(), expect)
         np.testing.assert_array_equal(r.out, np.ldexp(expect.astype(np.float64), -shift)
                                       .astype(np.float32))
@@ -146,12 +173,12 @@ def test_dense_tensors_go_dense_and_remember_it(make_job):
     xs = [rng.standard_normal(5000).astype(np.float32) for _ in range(2)]
     res, _ = job.run(lambda a, w: a.allreduce_detailed(xs[w], key="w1"))
     assert res[0].mode == "dense"
-    sent = [a.counters.bytes_sent for a in job.agents]
+    sent = [fresh_bytes(a) for a in job.agents]
     res, _ = job.run(lambda a, w: a.allreduce_detailed(xs[w], key="w1"))
     assert_exact(res, xs)
     # second time: no bitmap round (one exponent packet + dense values)
     dense_packets = -(-5000 // wire.WORDS_PER_PACKET) + 1
-    assert job.agents[0].counters.bytes_sent - sent[0] == dense_packets * wire.PACKET_BYTES
+    assert fresh_bytes(job.agents[0]) - sent[0] == dense_packets * wire.PACKET_BYTES
 
 
 def test_all_zero_tensors(make_job):
@@ -173,7 +200,8 @@ def test_overflow_is_rescaled_never_wrapped(make_job, monkeypatch, mode):
     res, err = job.run(lambda a, w: a.allreduce_detailed(x))
     assert not any(err), err
     assert all(a.counters.rescales == 1 for a in job.agents)
-    assert res[0].shift == real(codec.max_exponent(x), 4) + 7 - 4
+    assert res[0].tensor_shift == real(codec.max_exponent(x), 4) + 7 - 4
+    assert (res[0].shift == res[0].tensor_shift).all()  # one binade: every block's offset 0
     assert_exact(res, [x] * 4)
     np.testing.assert_array_equal(res[0].out, 4 * x)
 
@@ -202,12 +230,38 @@ def test_missing_switch_is_a_clear_error(make_job):
         a.close()
 
 
-def test_nan_is_refused_with_its_index(make_job):
-    job = make_job(1)
-    x = np.ones(10, np.float32)
-    x[4] = np.nan
-    with pytest.raises(AgentError, match="index 4"):
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("mode,index", [("auto", "flat"), ("auto", "hier"), ("dense", "auto"),
+                                        ("union", "hier"), ("sketch", "flat")])
+def test_non_finite_on_one_worker_is_nan_on_every_worker_in_one_round(make_job, mode, index,
+                                                                       bad):
+    # deadline 5 s: a worker that stopped would make its peers time out; none may
+    job = make_job(3, mode=mode, index=index)
+    xs = sparse_tensors(np.random.default_rng(7), 3, 9_000, 0.01)
+    xs[1][4321] = bad
+    t0 = time.monotonic()
+    res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+    assert not any(err), err
+    assert time.monotonic() - t0 < 2.0
+    for r in res:
+        assert r.nonfinite and r.out.shape == (9_000,) and np.isnan(r.out).all()
+    assert all(a.counters.rounds == 1 for a in job.agents)  # round 1 only, no value round
+    with pytest.raises(codec.CodecError, match="non-finite"):
+        res[0].ints()
+    # the agents stay usable: the next tensor is exact again
+    ys = sparse_tensors(np.random.default_rng(8), 3, 9_000, 0.01)
+    res, err = job.run(lambda a, w: a.allreduce_detailed(ys[w]))
+    assert not any(err), err
+    assert_exact(res, ys)
+
+
+def test_a_value_out_of_range_names_its_index(make_job):
+    job = make_job(1, mode="union", shift_bias=6)  # 6 bits finer than the headroom allows
+    x = np.zeros(1000, np.float32)
+    x[[10, 100, 200]] = [0.25, 3.0, 1.0]  # one scale block: 3.0 alone leaves int32
+    with pytest.raises(AgentError, match="index 100") as info:
         job.agents[0].allreduce(x)
+    assert info.value.index == 100
 
 
 def test_foreign_datagrams_are_ignored(make_job):
@@ -351,12 +405,12 @@ def test_dense_memory_still_skips_the_index_with_the_hierarchy(make_job):
     xs = [rng.standard_normal(5000).astype(np.float32) for _ in range(2)]
     res, _ = job.run(lambda a, w: a.allreduce_detailed(xs[w], key="w1"))
     assert res[0].mode == "dense" and res[0].index == "hier"
-    sent = [a.counters.bytes_sent for a in job.agents]
+    sent = [fresh_bytes(a) for a in job.agents]
     res, _ = job.run(lambda a, w: a.allreduce_detailed(xs[w], key="w1"))
     assert_exact(res, xs)
     assert res[0].index is None
     dense_packets = -(-5000 // wire.WORDS_PER_PACKET) + 1
-    assert job.agents[0].counters.bytes_sent - sent[0] == dense_packets * wire.PACKET_BYTES
+    assert fresh_bytes(job.agents[0]) - sent[0] == dense_packets * wire.PACKET_BYTES
 
 
 def test_bad_index_is_refused():
@@ -392,3 +446,44 @@ def test_issue16_supports_are_exact_through_the_software_target(make_job, suppor
     assert all(r.index == "hier" and r.mode == "union" for r in res)
     sim = codec.simulate([codec.quantize(x, res[0].shift) for x in xs], 1, index="hier")
     assert {k: 4 * v for k, v in res[0].rounds.items()} == sim.bytes_per_worker
+
+
+# --- the in-memory simulator: the same agents, the switch's arithmetic, no sockets ----------
+
+
+def multi_scale_tensors(rng, workers, n, density):
+    xs = sparse_tensors(rng, workers, n, density)
+    for x in xs:
+        x *= (10.0 ** rng.integers(-9, 2, n)).astype(np.float32)
+    return xs
+
+
+@pytest.mark.parametrize("case", ["union-hier", "sketch-flat", "dense-rescale", "auto-nan"])
+def test_simulate_allreduce_is_bit_identical_to_agents_over_sockets(make_job, case):
+    rng = np.random.default_rng(19)
+    mode, rest = case.split("-")
+    kw = {"mode": mode}
+    if rest in ("hier", "flat"):
+        kw["index"] = rest
+    xs = multi_scale_tensors(rng, 4, 30_001, 0.02)
+    if rest == "rescale":  # 7 bits too fine: two workers' sum overflows, in both halves
+        kw["shift_bias"] = 7
+        x = np.full(30_001, -3.0, np.float32)
+        x[15_000:] = -3e-5
+        xs = [x] * 4
+    if rest == "nan":
+        xs[2][17] = np.nan
+    job = make_job(4, **kw)
+    res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+    assert not any(err), err
+    sim = simulate_allreduce(xs, **kw)
+    for w, (r, s) in enumerate(zip(res, sim.results)):
+        np.testing.assert_array_equal(r.out, s.out)  # NaN == NaN here
+        assert r.out.tobytes() == s.out.tobytes()
+        np.testing.assert_array_equal(r.block_shifts, s.block_shifts)
+        assert (r.mode, r.index, r.rounds, r.nonfinite) == (s.mode, s.index, s.rounds,
+                                                            s.nonfinite)
+        assert fresh_bytes(job.agents[w]) == s.wire_bytes
+        assert job.agents[w].counters.rescales == (1 if rest == "rescale" else 0)
+    if rest != "nan":
+        assert_exact(res, xs)

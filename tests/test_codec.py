@@ -512,3 +512,74 @@ def test_union_mode_from_the_bitmap_is_the_exact_sum(jit, monkeypatch):
         out = codec.decode_union(words, n, agg, shift)
         np.testing.assert_array_equal(
             out, np.ldexp(exact.astype(np.float64), -shift).astype(np.float32))
+
+
+# --------------------------------------------------------------------------------------------
+# Block floating point (codec.blocks)
+# --------------------------------------------------------------------------------------------
+
+
+def test_block_words_are_one_hot_offsets_from_the_tensor_max():
+    x = np.zeros(1000, np.float32)
+    x[3] = 5.0        # block 0: the tensor max, e = 3: offset 0
+    x[300] = 0.3      # block 1: e = -1: offset 4
+    x[700] = 1e-30    # block 2: e = -99: offset clamped to 31
+    s = codec.Scan.of(x)
+    e = s.max_exponent()
+    words = codec.block_words(s.idx, s.raw, s.n, 256, e)
+    assert words.tolist() == [1, 1 << 4, 1 << 31, 0]
+    assert codec.block_offsets(words).tolist() == [0, 4, 31, 0]
+    # the OR's lowest set bit is the largest block max over workers
+    other = np.array([1 << 7, 1 << 2, 0, 1 << 9], np.uint32)
+    assert codec.block_offsets(words | other).tolist() == [0, 2, 31, 9]
+
+
+def test_agreed_block_shifts_keep_the_headroom_bound_per_element():
+    # |q| <= 2**(e + s) for every element at its block's shift: shift_for's headroom holds
+    # per element, so any counter of <= headroom elements per worker cannot overflow
+    rng = np.random.default_rng(30)
+    xs = [(rng.standard_normal(5000) * 10.0 ** rng.integers(-20, 5, 5000)).astype(np.float32)
+          for _ in range(3)]
+    xs[2] *= np.float32(1e-3)  # a worker with a smaller max: offsets only coarser
+    shifts = codec.agreed_shifts(xs, block=128)
+    e = max(codec.max_exponent(x) for x in xs)
+    s = codec.shift_for(e, 3)
+    assert (shifts >= s).all() and (shifts <= s + codec.MAX_OFFSET).all()
+    per = codec.element_shifts(shifts, 128, 5000)
+    for x in xs:
+        assert np.abs(codec.quantize(x, per).astype(np.int64)).max() <= 2 ** (e + s)
+
+
+def test_quantize_takes_per_element_shifts_and_names_the_bad_index():
+    x = np.array([1.0, 1.0, 1.0], np.float32)
+    np.testing.assert_array_equal(codec.quantize(x, np.array([0, 3, 30])), [1, 8, 2 ** 30])
+    with pytest.raises(CodecError, match="index 2") as info:
+        codec.quantize(x, np.array([0, 3, 31]))
+    assert info.value.index == 2
+
+
+def test_scale_blocks_rounds_once_from_the_exact_value():
+    v = np.array([3, 2 ** 40 + 1, -7, 5, 1], np.float64)
+    out = codec.scale_blocks(v, np.array([1, 60, -2]), 2)
+    expect = np.ldexp(v, -np.array([1, 1, 60, 60, -2])).astype(np.float32)
+    np.testing.assert_array_equal(out, expect)
+
+
+@pytest.mark.parametrize("jit", [False, pytest.param(True, marks=needs_jit)])
+@pytest.mark.parametrize("n", [1, 31, 33, 999, 4096, 70_001])
+@pytest.mark.parametrize("block", [32, 256, 100])
+def test_decode_union_blocks_is_the_two_pass_reference(monkeypatch, jit, n, block):
+    monkeypatch.setattr(kernels, "active", kernels.JIT if jit else kernels.REF)
+    rng = np.random.default_rng(n)
+    x = np.zeros(n, np.float32)
+    idx = rng.choice(n, max(1, n // 7), replace=False)
+    x[idx] = rng.standard_normal(idx.size)
+    scan = codec.Scan.of(x)
+    values = codec.encode_union(scan.quantize(20), scan.words)
+    shifts = rng.integers(-5, 60, codec.block_count(n, block))
+    got = codec.decode_union_blocks(scan.words, n, values, shifts, block)
+    exact = np.zeros(n, np.int64)
+    exact[scan.idx] = values
+    want = np.ldexp(exact.astype(np.float64), -codec.element_shifts(shifts, block, n))
+    assert got.tobytes() == want.astype(np.float32).tobytes()
+    assert codec.scale_blocks(exact, shifts, block).tobytes() == got.tobytes()

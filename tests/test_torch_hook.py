@@ -54,7 +54,14 @@ def worker(rank, world, ports, tcp_port, out_dir):
     model = make_model()
     ref = make_model()
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    ddp.register_comm_hook(state=agent, hook=homagg_hook)
+    pid = {id(p): k for k, p in enumerate(model.parameters())}
+    orders: list = []
+
+    def hook(state, bucket):  # records the bucket's layout: which parameters, in what order
+        orders.append([pid[id(p)] for p in bucket.parameters()])
+        return homagg_hook(state, bucket)
+
+    ddp.register_comm_hook(state=agent, hook=hook)
     results = []
     for step in range(3):
         # what every worker computes locally, from identical parameters
@@ -64,7 +71,7 @@ def worker(rank, world, ports, tcp_port, out_dir):
         idx, y = batch(rank, step)
         torch.nn.functional.mse_loss(ddp(idx), y).backward()
         got = [p.grad.detach().clone() for p in model.parameters()]
-        results.append((got, per_worker))
+        results.append((got, per_worker, orders[-1]))
         with torch.no_grad():
             for p in model.parameters():
                 p -= 0.1 * p.grad
@@ -85,14 +92,107 @@ def test_ddp_hook_gives_the_exact_mean(tmp_path):
         server.stop()
     r0 = torch.load(tmp_path / "rank0.pt")
     r1 = torch.load(tmp_path / "rank1.pt")
-    for step, ((got0, per_worker), (got1, _)) in enumerate(zip(r0, r1)):
+    for step, ((got0, per_worker, order), (got1, _, _)) in enumerate(zip(r0, r1)):
         for k, (g0, g1) in enumerate(zip(got0, got1)):
             assert torch.equal(g0, g1), f"step {step}: workers disagree on parameter {k}"
-        # One bucket holds every parameter, so one shift for all; quantization is elementwise.
-        flat = [np.concatenate([g.reshape(-1).numpy() for g in grads]) for grads in per_worker]
-        shift = codec.shift_for(max(codec.max_exponent(f) for f in flat), world)
-        for k, g in enumerate(got0):
-            exact = sum(codec.quantize(w[k].reshape(-1).numpy(), shift).astype(np.int64)
-                        for w in per_worker)
-            mean = np.ldexp(exact.astype(np.float64), -shift).astype(np.float32) / np.float32(world)
-            np.testing.assert_array_equal(g.reshape(-1).numpy(), mean)
+        # One bucket holds every parameter (in ``order``): its per-block shifts are what the
+        # workers' buckets negotiate (codec.agreed_shifts); quantization is elementwise.
+        assert sorted(order) == list(range(len(got0)))
+        flat = [np.concatenate([grads[k].reshape(-1).numpy() for k in order])
+                for grads in per_worker]
+        shift = codec.element_shifts(codec.agreed_shifts(flat), codec.DEFAULT_BLOCK,
+                                     flat[0].size)
+        exact = sum(codec.quantize(f, shift).astype(np.int64) for f in flat)
+        mean = np.ldexp(exact.astype(np.float64), -shift).astype(np.float32) / np.float32(world)
+        start = 0
+        for k in order:
+            g = got0[k].reshape(-1).numpy()
+            np.testing.assert_array_equal(g, mean[start:start + g.size])
+            start += g.size
+
+
+def scaler_worker(rank, world, ports, tcp_port, out_dir):
+    from homagg.host_agent import Agent, AgentConfig
+    from homagg.host_agent.torch_hook import HookState, homagg_hook
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{tcp_port}", rank=rank,
+                            world_size=world)
+    agent = Agent(AgentConfig(2, rank, world, SWITCH, ("127.0.0.1", ports[rank]), slots=16,
+                              timeout=0.01, deadline=20))
+    model = make_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(state=HookState.of(agent, model), hook=homagg_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    log = []
+    for step in range(3):
+        before = [p.detach().clone() for p in model.parameters()]
+        scale = scaler.get_scale()
+        opt.zero_grad()
+        idx, y = batch(rank, step)
+        if step == 1 and rank == 1:
+            y[3] = float("inf")  # an overflowed loss on one rank only
+        scaler.scale(torch.nn.functional.mse_loss(ddp(idx), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        changed = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        log.append((scale, scaler.get_scale(), changed,
+                    [p.detach().clone() for p in model.parameters()]))
+    torch.save(log, f"{out_dir}/rank{rank}.pt")
+    agent.close()
+    dist.destroy_process_group()
+
+
+def test_ddp_grad_scaler_skips_the_step_on_every_rank_after_an_inf_on_one(tmp_path):
+    world = 2
+    ports = [free_port() for _ in range(world)]
+    server = SoftSwitchServer(SoftSwitch(), SWITCH).start()
+    server.switch.add_job(2, [("127.0.0.1", p) for p in ports], 16)
+    try:
+        mp.spawn(scaler_worker, args=(world, ports, free_port(socket.SOCK_STREAM),
+                                      str(tmp_path)), nprocs=world, join=True)
+    finally:
+        server.stop()
+    logs = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for step in range(3):
+        for r in range(world):
+            before, after, changed, _ = logs[r][step]
+            if step == 1:  # inf on rank 1: every rank sees non-finite grads and skips
+                assert not changed and after == before / 2, (r, step)
+            else:
+                assert changed and after == before, (r, step)
+        for p0, p1 in zip(logs[0][step][3], logs[1][step][3]):
+            assert torch.equal(p0, p1)
+
+
+class FakeBucket:
+    """What homagg_hook reads of a GradBucket."""
+
+    def __init__(self, params):
+        self.params = params
+
+    def index(self):
+        return 0
+
+    def parameters(self):
+        return self.params
+
+    def buffer(self):
+        return torch.cat([p.grad.reshape(-1) for p in self.params])
+
+
+def test_hook_errors_name_the_parameter_and_its_index():
+    from homagg.host_agent import AgentError, MemoryJob
+    from homagg.host_agent.torch_hook import HookState, homagg_hook
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 5), torch.nn.Linear(5, 60))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    params = list(model.parameters())  # 10 + 5 + 300 + 60 elements
+    params[2].grad[3, 1] = 3.0         # bucket offset 15 + 16 = 31, in scale block 0
+    params[0].grad[0, 0] = 0.25
+    agent = MemoryJob(1, mode="union", shift_bias=6).agents[0]  # 6 bits too fine: 3.0 leaves
+    with pytest.raises(AgentError, match=r"parameter 1\.weight \(#2 of bucket 0, shape "
+                                         r"\(60, 5\)\), index 16") as info:
+        homagg_hook(HookState.of(agent, model), FakeBucket(params))
+    assert "bucket offset 31" in str(info.value)

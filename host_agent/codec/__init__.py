@@ -3,7 +3,8 @@
 A switch can only add int32 words and OR 32-bit words, so every encoding here is *linear*: the
 switch's combination of the workers' encodings is the encoding of the sum. Per tensor:
 
-0. quantize fp32 to int32 with a power-of-two scale shared by the job (``shift_for``);
+0. quantize fp32 to int32 with power-of-two scales shared by the job: one per block of 256
+   elements (``blocks``: block floating point), under the tensor's headroom (``shift_for``);
 1. the index, ORed into the union support U (``index``): round 1 carries each worker's flat
    non-zero bitmap (n/32 words), or the top level of a hierarchical bitmap (128 -> 8 -> 1
    elements) whose two further OR rounds carry only what the union's level above has set, so
@@ -31,14 +32,26 @@ worker's non-zeros by popcounts of the ORed bitmap, and ``decode_union`` writes 
 one pass over that bitmap (``union_indices`` + ``assemble`` remain, for the sketch and as the
 reference). ``Scan.of`` reads the tensor once for bitmap, positions and values.
 
-The modules, by concern: ``quantization`` (the scale), ``scan`` (a worker's tensor, round 1's
-bitmaps), ``index`` (flat or hierarchical index, and the choice between them), ``sketch``
+The modules, by concern: ``quantization`` (the scale), ``blocks`` (per-block scales),
+``scan`` (a worker's tensor, round 1's bitmaps), ``index`` (flat or hierarchical index, and
+the choice between them), ``sketch``
 (count sketch and peeling), ``modes`` (``Mode``, the byte-count choice),
 ``union`` (a worker's rounds 2 and 3), ``simulation`` (the whole job in memory), ``kernels``
 (numba or numpy: ``_jit`` and ``_ref``), ``errors``. This package re-exports their public names.
 """
 
 from homagg.host_agent.codec import kernels
+from homagg.host_agent.codec.blocks import (
+    DEFAULT_BLOCK,
+    MAX_OFFSET,
+    agreed_shifts,
+    block_count,
+    block_offsets,
+    block_words,
+    decode_union_blocks,
+    element_shifts,
+    scale_blocks,
+)
 from homagg.host_agent.codec.errors import AggregationOverflow, CodecError
 from homagg.host_agent.codec.index import (
     FLAT,
@@ -100,7 +113,9 @@ from homagg.host_agent.codec.union import (
 )
 
 __all__ = [
-    "AUTO", "DEFAULT_HEADROOM", "DEFAULT_RATIO", "FLAT", "HIER", "INDEXES", "INT32_MAX",
+    "AUTO", "DEFAULT_BLOCK", "DEFAULT_HEADROOM", "MAX_OFFSET", "agreed_shifts", "block_count",
+    "block_offsets", "block_words", "decode_union_blocks", "element_shifts", "scale_blocks",
+    "DEFAULT_RATIO", "FLAT", "HIER", "INDEXES", "INT32_MAX",
     "INT32_MIN", "K_HASHES", "MODES", "ROUND_FLAT", "ROUND_LEAF", "ROUND_MID", "ROUND_TOP",
     "SKETCH_SLACK", "AggregationOverflow", "CodecError", "Levels", "Mode", "PeelResult", "Scan",
     "SimResult", "Sparse", "as_index", "as_mode", "assemble", "bitmap", "bitmap_words",

@@ -71,13 +71,25 @@ def decode_union(words: np.ndarray, n: int, values: np.ndarray, shift: int, dtyp
             and values.dtype in (np.int32, np.int64)):
         out = np.empty(n, dt)
         if _k_decode_union(out, words, np.ascontiguousarray(values),
-                           math.ldexp(1.0, -shift)) != values.size:
+                           np.array([math.ldexp(1.0, -shift)]), 0) != values.size:
             return None
         return out
     union = set_bits(words, n)
     if union.size != values.size:
         return None
     return assemble(n, union, values, shift, dtype)
+
+
+def decode_union_scaled(words: np.ndarray, n: int, values: np.ndarray,
+                        word_scales: np.ndarray, dtype) -> np.ndarray | None:
+    dt = np.dtype(dtype)
+    if dt in (np.float32, np.float64) and values.dtype in (np.int32, np.int64):
+        out = np.empty(n, dt)
+        if _k_decode_union(out, words, np.ascontiguousarray(values),
+                           np.ascontiguousarray(word_scales, np.float64), 1) != values.size:
+            return None
+        return out
+    return _ref.decode_union_scaled(words, n, values, word_scales, dtype)
 
 
 def subblocks(mid: np.ndarray, blocks: np.ndarray) -> np.ndarray:
@@ -340,6 +352,20 @@ def _k_peel(union, s1, s2, values, resolved, state, res, bits, frontier, nxt, bc
     return rounds
 
 
+def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype) -> np.ndarray:
+    out = np.empty(values.size, dtype)
+    if np.dtype(dtype) in (np.float32, np.float64):
+        _k_scale_blocks(out, values, scales, block)
+        return out
+    return _ref.scale_blocks(values, scales, block, dtype)
+
+
+@_njit
+def _k_scale_blocks(out, values, scales, block):
+    for i in range(values.size):
+        out[i] = np.float64(values[i]) * scales[i // block]
+
+
 @_njit
 def _k_assemble(out, union, values, scale):
     for r in range(union.size):
@@ -467,9 +493,10 @@ def _k_encode_union(words, n, idx, val):
 
 
 @_njit
-def _k_decode_union(out, words, values, scale):
-    """Write the dense sum in one pass: 0 off the union, values[rank] * scale on it. Returns
-    the number of union positions (< n), or -1 if values is shorter than that.
+def _k_decode_union(out, words, values, scales, stride):
+    """Write the dense sum in one pass: 0 off the union, values[rank] * scale on it, the scale
+    of word i being scales[i * stride] (stride 0: one scale). Returns the number of union
+    positions (< n), or -1 if values is shorter than that.
 
     Per word: zero its 32 outputs, then write its first four set bits unconditionally (a
     sentinel bit 32 makes a missing one land on the next word's first output, which that
@@ -483,6 +510,7 @@ def _k_decode_union(out, words, values, scale):
     i = 0
     while i < nfull - 1 and r + 32 <= u:
         base = i * 32
+        scale = scales[i * stride]
         for j in range(32):
             out[base + j] = 0
         w = _k_brev8(np.int64(words[i]))
@@ -507,6 +535,7 @@ def _k_decode_union(out, words, values, scale):
     nw = (n + 31) // 32
     while i < nw:
         base = i * 32
+        scale = scales[i * stride]
         lim = min(32, n - base)
         for j in range(lim):
             out[base + j] = 0

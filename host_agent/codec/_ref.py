@@ -79,6 +79,18 @@ def decode_union(words: np.ndarray, n: int, values: np.ndarray, shift: int, dtyp
     return assemble(n, union, values, shift, dtype)
 
 
+def decode_union_scaled(words: np.ndarray, n: int, values: np.ndarray,
+                        word_scales: np.ndarray, dtype) -> np.ndarray | None:
+    """``decode_union`` with a scale per bitmap word (32 elements): values (per union rank)
+    times the scale of their word, rounded once to dtype; None on a union size mismatch."""
+    union = set_bits(words, n)
+    if union.size != values.size:
+        return None
+    out = np.zeros(n, dtype)
+    out[union] = values.astype(np.float64) * np.asarray(word_scales, np.float64)[union // 32]
+    return out
+
+
 def subblocks(mid: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     """Sorted int64 sub-block numbers (element // 8) set in a hierarchical index's mid level:
     bit 16r + s of contiguous uint32 ``mid`` is sub-block s of block ``blocks[r]`` (sorted
@@ -167,4 +179,19 @@ def assemble(n: int, union: np.ndarray, values: np.ndarray, shift: int, dtype) -
     """Dense float tensor: each value rounded once, from the exact values * 2**-shift."""
     out = np.zeros(n, dtype)
     out[union] = np.ldexp(values.astype(np.float64), -shift)
+    return out
+
+
+def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype) -> np.ndarray:
+    """Integer-valued ``values`` (float64 or int) times ``scales[i // block]`` (powers of two:
+    exact), rounded once to ``dtype``."""
+    values = np.asarray(values, np.float64)
+    n = values.size
+    out = np.empty(n, dtype)
+    full = n // block
+    if full:
+        out[:full * block] = (values[:full * block].reshape(full, block)
+                              * scales[:full, None]).reshape(-1)
+    if n > full * block:
+        out[full * block:] = values[full * block:] * scales[full]
     return out

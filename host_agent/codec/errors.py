@@ -8,7 +8,12 @@ from homagg.errors import HomaggError
 
 
 class CodecError(HomaggError, ValueError):
-    """Input the codec refuses (NaN/Inf, wrong shape or dtype, inconsistent workers)."""
+    """Input the codec refuses (NaN/Inf, wrong shape or dtype, inconsistent workers);
+    ``index``: the element at fault, when there is one."""
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.index = index
 
 
 class AggregationOverflow(HomaggError, ArithmeticError):

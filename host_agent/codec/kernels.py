@@ -12,12 +12,16 @@ reference: the tests run both and compare them bit for bit, selecting one with `
     union_size(words, n)                      -> int
     encode_union(words, n, idx, val)          -> int32 values by union rank, None if not in it
     decode_union(words, n, values, shift, dt) -> dense float tensor, None on a size mismatch
+    decode_union_scaled(words, n, values, word_scales, dt)
+                                              -> the same, one scale per bitmap word
     subblocks(mid, blocks)                    -> int64 sub-blocks set in a hierarchical index's
                                                  mid level (``index``), 16 bits per block
     hashes(idx, part, s1, s2)                 -> (positions, signs), each (3, len)
     sketch_encode(idx, val, m, s1, s2)        -> m counters (unbounded)
     peel(counters, union, s1, s2)             -> (values, resolved, rounds)
     assemble(n, union, values, shift, dt)     -> dense float tensor
+    scale_blocks(values, scales, block, dt)   -> integer values times their block's scale,
+                                                 rounded once to dt (``blocks``)
 
 ``words`` are contiguous uint32 and long enough for n (the codec checks both first).
 """

@@ -51,19 +51,26 @@ def shift_for(max_exp: int | None, workers: int, headroom: int = DEFAULT_HEADROO
     return budget - max_exp
 
 
-def quantize(x: np.ndarray, shift: int) -> np.ndarray:
-    """fp32/fp64 -> int32 fixed point rint(x * 2**shift); NaN/Inf and out-of-range raise."""
+def quantize(x: np.ndarray, shift) -> np.ndarray:
+    """fp32/fp64 -> int32 fixed point rint(x * 2**shift); NaN/Inf and out-of-range raise.
+
+    ``shift``: an int, or an int array broadcast against x (per-element shifts, e.g. a
+    ``Result.shift`` with block scales). A CodecError for a value names its ``index``."""
     x = np.asarray(x)
     if not np.issubdtype(x.dtype, np.floating):
         raise CodecError(f"quantize wants a floating-point tensor, got {x.dtype}")
     q = np.rint(np.ldexp(x.astype(np.float64, copy=False), shift))
     if not np.isfinite(q).all():
         bad = int(np.flatnonzero(~np.isfinite(q))[0])
-        raise CodecError(f"tensor has a non-finite value ({x.flat[bad]}) at index {bad}")
+        raise CodecError(f"tensor has a non-finite value ({x.flat[bad]}) at index {bad}",
+                         index=bad)
     if q.size and (q.max() > INT32_MAX or q.min() < INT32_MIN):
-        raise CodecError(f"value out of int32 range at shift {shift}: use shift_for()")
+        bad = int(np.flatnonzero((q > INT32_MAX) | (q < INT32_MIN))[0])
+        at = int(np.broadcast_to(shift, q.shape).flat[bad])
+        raise CodecError(f"value {x.flat[bad]} at index {bad} is out of int32 range at "
+                         f"shift {at}: use shift_for()", index=bad)
     return q.astype(np.int32)
 
 
-def dequantize(q: np.ndarray, shift: int, dtype=np.float32) -> np.ndarray:
+def dequantize(q: np.ndarray, shift, dtype=np.float32) -> np.ndarray:
     return np.ldexp(np.asarray(q, dtype=np.float64), -shift).astype(dtype)

@@ -77,10 +77,24 @@ class Scan:
             return max_exponent(self.raw)
         except CodecError:
             bad = int(self.idx[np.flatnonzero(~np.isfinite(self.raw))[0]])
-            raise CodecError(f"tensor has a non-finite value at index {bad}") from None
+            raise CodecError(f"tensor has a non-finite value at index {bad}",
+                             index=bad) from None
 
-    def quantize(self, shift: int) -> Sparse:
-        return Sparse(self.n, self.idx, quantize(self.raw, shift), self.words)
+    def finite(self) -> bool:
+        """No NaN or Inf among the values (O(nnz))."""
+        return bool(np.isfinite(self.raw).all())
+
+    def quantize(self, shift) -> Sparse:
+        """The non-zeros at ``shift``: an int, or one shift per non-zero (as ``raw``). A value
+        out of range raises CodecError whose ``index`` is its position in the tensor."""
+        try:
+            return Sparse(self.n, self.idx, quantize(self.raw, shift), self.words)
+        except CodecError as err:
+            if err.index is None:
+                raise
+            at = int(self.idx[err.index])
+            raise CodecError(str(err).replace(f"index {err.index}", f"index {at}", 1),
+                             index=at) from None
 
 
 # --------------------------------------------------------------------------------------------
