@@ -38,6 +38,7 @@ class Job:
         self.epoch = installed.epoch
         self.region = range(installed.base, installed.base + installed.size)
         self.hosts = list(workers)
+        self.refusals: dict[int, list[wire.Packet]] = {}  # FLAG_REFUSED notices, per worker
 
     def send(self, worker, slot, seq, words, op=wire.OP_ADD, phase=0, host=None, **kw):
         flags = kw.pop("flags", 0) | (wire.FLAG_PHASE if phase else 0)
@@ -46,8 +47,25 @@ class Job:
         self.t.send(self.hosts[worker] if host is None else host, payload, **kw)
 
     def results(self, workers=None, timeout=1.0, count=1):
+        """Up to ``count`` results (or status replies) per worker; a refusal notice
+        (FLAG_REFUSED: the switch dropped one of the worker's packets) is kept apart."""
         workers = range(len(self.hosts)) if workers is None else workers
-        return {w: self.t.recv(self.hosts[w], timeout, count) for w in workers}
+        out = {}
+        for w in workers:
+            got: list[wire.Packet] = []
+            deadline = time.monotonic() + timeout
+            while len(got) < count and time.monotonic() < deadline:
+                for p in self.t.recv(self.hosts[w], max(0.0, deadline - time.monotonic()),
+                                     count - len(got)):
+                    (self.refusals.setdefault(w, []) if p.flags & wire.FLAG_REFUSED
+                     else got).append(p)
+            out[w] = got
+        return out
+
+    def refused(self, w, timeout=0.5) -> list[str]:
+        """The DROP_* reasons of the refusal notices worker ``w`` got (waiting ``timeout``)."""
+        self.results([w], timeout, count=1_000_000)
+        return [wire.STATS[int(p.words[-1])] for p in self.refusals.pop(w, [])]
 
 
 @pytest.fixture
@@ -254,6 +272,9 @@ def test_bad_packet_is_dropped_counted_and_harmless(target, job, case):
     slot = kw.pop("slot", 0)
     j.send(0, slot, 1, full(1000), **kw)
     expect_counter(target, reason, before + 1)
+    # a registered sender is told why (its agent names the reason); any other is not answered
+    refusable = reason in ("DROP_WRONG_IDENTITY", "DROP_BAD_SLOT")
+    assert j.refused(0) == ([reason] if refusable else [])
     _still_exact(j)
 
 
@@ -275,6 +296,7 @@ def test_round_tag_mismatch_is_dropped(target, job):
     before = counter(target, "DROP_SEQ_MISMATCH")
     j.send(1, 0, 6, full(1))
     expect_counter(target, "DROP_SEQ_MISMATCH", before + 1)
+    assert j.refused(1) == ["DROP_SEQ_MISMATCH"]
     j.send(1, 0, 5, full(2))
     for _w, rs in j.results().items():
         assert (rs[0].words == 3).all()
@@ -290,6 +312,7 @@ def test_delayed_packet_of_a_finished_round_is_stale(target, job):
     before = counter(target, "DROP_STALE")
     j.send(1, 0, 1, full(50), phase=0)  # round 1, delayed in the network
     expect_counter(target, "DROP_STALE", before + 1)
+    assert j.refused(1) == ["DROP_STALE"]
     j.send(1, 0, 3, full(1), phase=0)
     for _w, rs in j.results().items():
         assert (rs[0].words == 2).all() and rs[0].seq == 3
@@ -304,6 +327,7 @@ def test_old_round_cannot_restart_an_idle_copy(target, job):
     before = counter(target, "DROP_STALE")
     j.send(0, 0, 1, full(9), phase=0)  # copy 0 is empty now, but round 1 is history
     expect_counter(target, "DROP_STALE", before + 1)
+    assert j.refused(0) == ["DROP_STALE"]
 
 
 def test_reset_job_starts_afresh_with_seq_from_one(target, job):
@@ -331,3 +355,4 @@ def test_two_jobs_do_not_touch_each_others_slots(target, job):
     ga, gb = a.results(), b.results()
     assert all((rs[0].words == 3).all() for rs in ga.values())
     assert all((rs[0].words == 30).all() for rs in gb.values())
+    assert b.refused(0) == ["DROP_WRONG_IDENTITY"]  # host 2 is b's worker 0: it is told

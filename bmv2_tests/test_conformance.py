@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -44,12 +44,14 @@ class Pkt:
     worker: int | None = None  # header worker id (default: the host's own)
     version: int = wire.HOMAGG_VERSION
     size: int = wire.PACKET_BYTES   # payload bytes (truncate or pad)
+    gen: int = 0               # the run's generation (join.p4)
 
     def payload(self, job: int) -> bytes:
         flags = self.flags | (wire.FLAG_PHASE if self.phase else 0)
         words = np.full(K, self.value, np.int64).astype(np.uint32)
         p = wire.pack(self.op, job, self.host if self.worker is None else self.worker,
-                      self.slot, self.seq, words, flags=flags, version=self.version)
+                      self.slot, self.seq, words, flags=flags, version=self.version,
+                      gen=self.gen)
         return p[:self.size] if self.size <= len(p) else p + bytes(self.size - len(p))
 
 
@@ -59,6 +61,7 @@ class Reply:
     flags: int
     value: int | None = None          # every word equals this (results)
     status: tuple[int, int] | None = None  # (contributors bitmap, count) (status replies)
+    refused: str | None = None        # the DROP_* reason a FLAG_REFUSED reply carries
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,16 @@ class Case:
     also: tuple[str, ...] = field(default=())  # further counters the probe moves
 
 R, S, T, OVF = wire.FLAG_RESULT, wire.FLAG_STATUS, wire.FLAG_RETRANS, wire.FLAG_OVERFLOW
-P = wire.FLAG_PHASE
+P, F = wire.FLAG_PHASE, wire.FLAG_REFUSED
 ALL = tuple(range(WORKERS))
+
+
+def J(host: int, nonce: int) -> Pkt:
+    """A join (OP_JOIN): a run's first packet, its seq the agent's nonce."""
+    return Pkt(host, seq=nonce, value=0, op=wire.OP_JOIN)
+
+
+JOINED = (J(0, 11), J(1, 12), J(2, 13))  # one run's complete join
 
 CASES = [
     Case("first contribution is absorbed", (), Pkt(0), "STAT_ACCEPTED"),
@@ -110,6 +121,31 @@ CASES = [
           Pkt(1, seq=6, phase=1), Pkt(2, seq=6, phase=1)), Pkt(0, seq=3), "DROP_STALE"),
     Case("a finished round is stale for a worker that moved on",
          (Pkt(0), Pkt(1), Pkt(2), Pkt(0, seq=2, phase=1)), Pkt(0, seq=1), "DROP_STALE"),
+    Case("a join is absorbed until the last worker's, then multicast",
+         JOINED[:2], JOINED[2], "STAT_ACCEPTED", tuple(Reply(h, R, 0) for h in ALL),
+         ("STAT_COMPLETED",)),
+    Case("a retransmitted join of a complete join: the reply again, by unicast",
+         JOINED, J(1, 12), "STAT_RETRANS_REPLY", (Reply(1, R | T, 0),)),
+    Case("a retransmitted pending join: status names who joined",
+         (J(0, 11), J(2, 13)), J(0, 11), "STAT_DUP_PENDING", (Reply(0, R | S, status=(0b101, 2)),)),
+    Case("a new run's join after a complete one starts the next join",
+         JOINED, J(0, 21), "STAT_ACCEPTED"),
+    Case("a join that a newer run's join replaced is stale",
+         JOINED + (J(1, 22),), J(0, 11), "DROP_STALE"),
+    Case("a worker restarting during a pending join is counted once",
+         (J(0, 11), J(1, 12), J(0, 31)), J(2, 13), "STAT_ACCEPTED",
+         tuple(Reply(h, R, 0) for h in ALL), ("STAT_COMPLETED",)),
+    Case("a newer run's round on a finished copy starts afresh (no old result)",
+         (Pkt(0), Pkt(1), Pkt(2)), Pkt(1, gen=1, value=9), "STAT_ACCEPTED"),
+    Case("a newer run's round replaces an unfinished one of an earlier run",
+         (Pkt(0, value=5), Pkt(1, value=5)), Pkt(2, gen=1, value=3), "STAT_ACCEPTED"),
+    Case("a newer run's rounds add up from scratch",
+         (Pkt(0, value=5), Pkt(1, value=5), Pkt(0, gen=1, value=1), Pkt(1, gen=1, value=2)),
+         Pkt(2, gen=1, value=3), "STAT_ACCEPTED", tuple(Reply(h, R, 6) for h in ALL),
+         ("STAT_COMPLETED",)),
+    Case("a packet of an earlier run is stale", (Pkt(0, gen=2),), Pkt(1, gen=1), "DROP_STALE"),
+    Case("generations compare in serial arithmetic (255 < 0)", (Pkt(0, gen=255),),
+         Pkt(1, gen=0), "STAT_ACCEPTED"),
     Case("a host outside the job", (), Pkt(3, worker=0), "DROP_UNKNOWN_SENDER"),
     Case("a header worker id that is not the sender's", (), Pkt(0, worker=1),
          "DROP_WRONG_IDENTITY"),
@@ -120,6 +156,12 @@ CASES = [
     Case("a truncated packet", (), Pkt(0, size=wire.PACKET_BYTES - 4), "DROP_MALFORMED"),
     Case("an overlong packet", (), Pkt(0, size=wire.PACKET_BYTES + 4), "DROP_BAD_LENGTH"),
 ]
+# A registered sender's packet dropped for one of these is answered (FLAG_REFUSED, the reason
+# in the last word) so that its agent can say why; every other drop is silent.
+REFUSED = {"DROP_STALE", "DROP_SEQ_MISMATCH", "DROP_WRONG_IDENTITY", "DROP_BAD_SLOT"}
+CASES = [replace(c, replies=(Reply(c.probe.host, R | F | (P if c.probe.phase else 0),
+                                   refused=c.counter),))
+         if c.counter in REFUSED else c for c in CASES]
 
 
 # -- targets ------------------------------------------------------------------------------
@@ -283,6 +325,8 @@ def test_rule(target, case):
         if r.value is not None:
             expected_words = np.full(K, r.value, np.int64).astype(np.uint32).view(np.int32)
             np.testing.assert_array_equal(pkt.words, expected_words)
+        if r.refused is not None:
+            assert pkt.words[-1] == wire.STAT_INDEX[r.refused] and not pkt.words[:-1].any()
         if r.status is not None:
             assert pkt.status == r.status
             assert not pkt.words[:wire.STATUS_WORD].any()

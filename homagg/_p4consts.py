@@ -29,11 +29,13 @@ HOMAGG_UDP_PORT_MAX = 48879
 HOMAGG_VERSION = 1
 OP_ADD = 1
 OP_OR = 2
+OP_JOIN = 3
 FLAG_RESULT = 128
 FLAG_OVERFLOW = 64
 FLAG_PHASE = 32
 FLAG_RETRANS = 16
 FLAG_STATUS = 8
+FLAG_REFUSED = 4
 WORDS_PER_PACKET = 64
 STATUS_WORD = 61
 HOMAGG_HDR_BYTES = 12
@@ -68,17 +70,28 @@ JOB_STAT_RETRANS = 2
 JOB_STAT_DROPPED = 3
 NO_DROP = 255
 RID_WORKER_OFFSET = 1
-SLOT_COPY_BITS = 128
-SEEN_HI = 127
-SEEN_LO = 64
-COUNT_HI = 63
-COUNT_LO = 56
-TAG_HI = 55
-TAG_LO = 24
-OP_HI = 23
-OP_LO = 20
-EPOCH_HI = 19
-EPOCH_LO = 4
+SLOT_COPY_BITS = 136
+SEEN_HI = 135
+SEEN_LO = 72
+COUNT_HI = 71
+COUNT_LO = 64
+TAG_HI = 63
+TAG_LO = 32
+OP_HI = 31
+OP_LO = 28
+EPOCH_HI = 27
+EPOCH_LO = 12
+GEN_HI = 11
+GEN_LO = 4
+JOIN_BITS = 96
+JOIN_SEEN_HI = 95
+JOIN_SEEN_LO = 32
+JOIN_COUNT_HI = 31
+JOIN_COUNT_LO = 24
+JOIN_GEN_HI = 23
+JOIN_GEN_LO = 16
+JOIN_EPOCH_HI = 15
+JOIN_EPOCH_LO = 0
 WORDS_BITS = 2048
 ETHERTYPE_IPV4 = 2048
 ETHERTYPE_ARP = 2054
@@ -111,7 +124,7 @@ JOB_STATS: dict[int, str] = {0: 'JOB_STAT_ACCEPTED',
  3: 'JOB_STAT_DROPPED'}
 
 # ---- header homagg_h: (field, bits), first on the wire first ----
-HEADER_FIELDS: tuple[tuple[str, int], ...] = (('version', 4), ('op', 4), ('flags', 8), ('job', 16), ('worker', 8), ('reserved', 8), ('slot', 16), ('seq', 32))
+HEADER_FIELDS: tuple[tuple[str, int], ...] = (('version', 4), ('op', 4), ('flags', 8), ('job', 16), ('worker', 8), ('gen', 8), ('slot', 16), ('seq', 32))
 
 # ---- serializable enums: name -> member -> value ----
 ENUMS: dict[str, dict[str, int]] = {'Verdict': {'ACCEPT': 0,
@@ -155,6 +168,8 @@ ACTION_DROP_REPLICA = 'HomaggEgress.result_addressing.drop_replica'
 COUNTER_FWD_STATS = 'HomaggIngress.forwarding.fwd_stats'
 COUNTER_STATS = 'HomaggIngress.aggregation.stats'
 COUNTER_JOB_STATS = 'HomaggIngress.aggregation.job_stats'
+REGISTER_JOIN_STATE = 'HomaggIngress.aggregation.join.join_state'
+REGISTER_JOIN_NONCE = 'HomaggIngress.aggregation.join.join_nonce'
 REGISTER_SLOT_STATE = 'HomaggIngress.aggregation.slot_state.slot_state'
 REGISTER_SLOT_WORDS = 'HomaggIngress.aggregation.words.slot_words'
 REGISTER_SLOT_OVERFLOW = 'HomaggIngress.aggregation.words.slot_overflow'
@@ -247,7 +262,9 @@ ACTIONS: dict[str, dict] = {'NoAction': {'id': 21257015, 'params': {}},
 COUNTERS: dict[str, dict] = {'HomaggIngress.forwarding.fwd_stats': {'id': 305495350, 'size': 4},
  'HomaggIngress.aggregation.stats': {'id': 312638953, 'size': 32},
  'HomaggIngress.aggregation.job_stats': {'id': 303283064, 'size': 256}}
-REGISTERS: dict[str, dict] = {'HomaggIngress.aggregation.slot_state.slot_state': {'id': 383259923,
+REGISTERS: dict[str, dict] = {'HomaggIngress.aggregation.join.join_state': {'id': 374104814, 'size': 64},
+ 'HomaggIngress.aggregation.join.join_nonce': {'id': 381645099, 'size': 4096},
+ 'HomaggIngress.aggregation.slot_state.slot_state': {'id': 383259923,
                                                      'size': 1024},
  'HomaggIngress.aggregation.words.slot_words': {'id': 382945324, 'size': 2048},
  'HomaggIngress.aggregation.words.slot_overflow': {'id': 377154927,

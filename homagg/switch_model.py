@@ -1,7 +1,8 @@
 """The switch's rules, once, in Python: state and a packet in; verdict, counters and replies out.
 
 This is p4/homagg.p4's aggregation pipeline as a pure model (no sockets, no clock): admission
-(include/control/admission.p4), the slot state machine (slot_state.p4), the words and the
+(include/control/admission.p4), the join (join.p4), the slot state machine (slot_state.p4), the
+words and the
 round's overflow bit (words.p4, with lanes.p4's int32 lane arithmetic) and the replies
 (reply.p4). The software aggregator (``homagg.targets.soft``) is this model on a UDP socket;
 the codec's in-memory simulator adds words with ``lane_add``/``lane_or``; and one table-driven
@@ -43,6 +44,12 @@ def newer(seq: int, tag: int) -> bool:
     """seq is after tag in serial arithmetic: (int<32>)(seq - tag) > 0."""
     d = (seq - tag) & 0xFFFFFFFF
     return 0 < d < 0x80000000
+
+
+def newer_gen(gen: int, than: int) -> bool:
+    """A run generation after another, in 8-bit serial arithmetic: (int<8>)(gen - than) > 0."""
+    d = (gen - than) & 0xFF
+    return 0 < d < 0x80
 
 
 Address = tuple[str, int]
@@ -87,6 +94,7 @@ class SlotMemory:
         self.tag = np.zeros(n, np.uint32)
         self.op = np.zeros(n, np.uint8)
         self.epoch = np.zeros(n, np.uint32)
+        self.gen = np.zeros(n, np.uint8)
         self.overflow = np.zeros(n, bool)
         self.words = np.zeros((n, K), np.int32)
 
@@ -101,6 +109,9 @@ class SwitchModel:
         self.job_stats = np.zeros(wire.JOB_STATS_SIZE, np.int64)
         self.senders: dict[Address, tuple[JobEntry, int]] = {}
         self.jobs: dict[int, JobEntry] = {}
+        # join.p4's registers: per job id [seen, count, gen, epoch]; per (job, worker) nonce
+        self.join_state: dict[int, list[int]] = {}
+        self.join_nonce: dict[tuple[int, int], int] = {}
 
     # -- the control plane's writes ------------------------------------------------------------
     def install(self, job: JobEntry) -> None:
@@ -140,7 +151,7 @@ class SwitchModel:
         if h[_VERSION] != _VERSION_VALUE:
             return self._drop(_BAD_VERSION)
         op = h[_OP]
-        if op != _OP_ADD and op != _OP_OR:
+        if op != _OP_ADD and op != _OP_OR and op != _OP_JOIN:
             return self._drop(_BAD_OP)
         flags = h[_FLAGS]
         if flags & _FLAG_RESULT:
@@ -152,13 +163,16 @@ class SwitchModel:
         if port is not None and job.ports is not None and port != job.ports[worker]:
             return self._drop(_SPOOFED, job)
         if h[_JOB] != job.id or h[_WORKER] != worker:
-            return self._drop(_WRONG_IDENTITY, job)
+            return self._refuse(_WRONG_IDENTITY, job, data, src, flags)
         slot = h[_SLOT]
         if slot >= job.size:
-            return self._drop(_BAD_SLOT, job)
+            return self._refuse(_BAD_SLOT, job, data, src, flags)
 
+        if op == _OP_JOIN:
+            return self._join(data, src, h, job, worker)
         m = self.mem
         seq = h[_SEQ]
+        gen = h[_GEN]
         idx = 2 * (job.base + slot) + (1 if flags & _FLAG_PHASE else 0)
         me = 1 << worker
         seen, count, tag = int(m.seen[idx]), int(m.count[idx]), int(m.tag[idx])
@@ -169,6 +183,11 @@ class SwitchModel:
         verdict = _V_ACCEPT
         if m.epoch[idx] != job.epoch:
             first = True
+        elif m.gen[idx] != gen:  # another run's state: an earlier one's is empty to us
+            if newer_gen(gen, int(m.gen[idx])):
+                first = True
+            else:
+                verdict = _V_STALE
         elif seen & me:
             if count == workers and tag == seq:
                 verdict = _V_RETRANS_REPLY
@@ -192,7 +211,7 @@ class SwitchModel:
             words = np.frombuffer(data, ">i4", K, _WORDS_AT).astype(np.int32)
             seen, count = (me, 1) if first else (seen | me, count + 1)
             m.seen[idx], m.count[idx], m.tag[idx] = seen, count, seq
-            m.op[idx], m.epoch[idx] = op, job.epoch
+            m.op[idx], m.epoch[idx], m.gen[idx] = op, job.epoch, gen
             m.seen[idx ^ 1] &= np.uint64(~me & 0xFFFFFFFFFFFFFFFF)
             # words.p4
             if first:
@@ -233,10 +252,71 @@ class SwitchModel:
             rflags = _FLAG_RESULT | _FLAG_STATUS | (flags & _FLAG_PHASE)
             return Outcome("STAT_DUP_PENDING", _V[verdict],
                            [(_reply(data, rflags, wire.status_words(seen, count)), src)])
-        name = "DROP_SEQ_MISMATCH" if verdict == _V_SEQ_MISMATCH else "DROP_STALE"
-        stats[wire.STAT_INDEX[name]] += 1
-        jstats[kinds + wire.JOB_STAT_DROPPED] += 1
-        return Outcome(name, _V[verdict])
+        out = self._refuse(_SEQ_MISMATCH if verdict == _V_SEQ_MISMATCH else _STALE, job, data,
+                           src, flags)
+        out.verdict = _V[verdict]
+        return out
+
+    def _join(self, data: bytes, src: Address, h, job: JobEntry, worker: int) -> Outcome:
+        """join.p4: a new run's barrier; the reply carries the run's generation."""
+        st = self.join_state.setdefault(job.id, [0, 0, 0, 0])
+        seen, count, gen, epoch = st
+        same_epoch = epoch == job.epoch
+        if not same_epoch:
+            seen, count = 0, 0
+        me = 1 << worker
+        nonce = h[_SEQ]
+        workers = len(job.workers)
+        kinds = wire.JOB_STATS_PER_JOB * job.id
+        jstats, stats = self.job_stats, self.stats
+        flags = h[_FLAGS]
+        if same_epoch and self.join_nonce.get((job.id, worker), 0) == nonce:
+            if not seen & me:
+                verdict = _V_STALE
+            elif count == workers:
+                stats[_RETRANS_REPLY] += 1
+                jstats[kinds + wire.JOB_STAT_RETRANS] += 1
+                rflags = _FLAG_RESULT | _FLAG_RETRANS | (flags & _FLAG_PHASE)
+                return Outcome("STAT_RETRANS_REPLY", _V[_V_RETRANS_REPLY],
+                               [(_reply(data, rflags, None, gen), src)])
+            else:
+                stats[_DUP_PENDING] += 1
+                jstats[kinds + wire.JOB_STAT_RETRANS] += 1
+                rflags = _FLAG_RESULT | _FLAG_STATUS | (flags & _FLAG_PHASE)
+                return Outcome("STAT_DUP_PENDING", _V[_V_DUP_PENDING],
+                               [(_reply(data, rflags, wire.status_words(seen, count), gen),
+                                 src)])
+            out = self._refuse(_STALE, job, data, src, flags, gen)
+            out.verdict = _V[verdict]
+            return out
+        self.join_nonce[(job.id, worker)] = nonce
+        if count == workers or count == 0:  # the first of a new run: the next generation
+            seen, count, gen = me, 1, (gen + 1) & 0xFF
+        elif not seen & me:
+            seen, count = seen | me, count + 1
+        # else: this worker's process restarted during a join it is counted in
+        st[:] = [seen, count, gen, job.epoch]
+        stats[_ACCEPTED] += 1
+        jstats[kinds + wire.JOB_STAT_ACCEPTED] += 1
+        out = Outcome("STAT_ACCEPTED", _V[_V_ACCEPT])
+        if count == workers:
+            stats[_COMPLETED] += 1
+            jstats[kinds + wire.JOB_STAT_COMPLETED] += 1
+            pkt = _reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, gen)
+            dsts = job.workers if job.results is None else job.results
+            out.replies = [(pkt, a) for a in dsts]
+        return out
+
+    def _refuse(self, index: int, job: JobEntry, data: bytes, src: Address, flags: int,
+                gen: int | None = None) -> Outcome:
+        """A registered sender's packet dropped (reply.p4): counted, and answered with
+        FLAG_REFUSED and the reason in the last word, so the agent can say why."""
+        out = self._drop(index, job)
+        words = np.zeros(K, np.int32)
+        words[-1] = index
+        out.replies = [(_reply(data, _FLAG_RESULT | _FLAG_REFUSED | (flags & _FLAG_PHASE), words,
+                               gen), src)]
+        return out
 
     def _drop(self, index: int, job: JobEntry | None = None) -> Outcome:
         self.stats[index] += 1
@@ -245,10 +325,15 @@ class SwitchModel:
         return Outcome(wire.STATS[index])
 
 
-def _reply(data: bytes, flags: int, words: np.ndarray) -> bytes:
-    """The switch echoes the packet's header (worker and reserved included) with new flags."""
+def _reply(data: bytes, flags: int, words: np.ndarray | None, gen: int | None = None) -> bytes:
+    """The switch echoes the packet's header (worker included) with new flags, and the gen
+    the join hands out; ``words`` None: the packet's own (a join's reply)."""
     hdr = bytearray(data[:_WORDS_AT])
     hdr[_FLAGS_AT] = flags
+    if gen is not None:
+        hdr[_GEN_AT] = gen
+    if words is None:
+        return bytes(hdr) + data[_WORDS_AT:]
     return bytes(hdr) + np.asarray(words, ">i4").tobytes()
 
 
@@ -262,14 +347,16 @@ _MALFORMED, _BAD_LENGTH, _BAD_VERSION, _BAD_OP = (_S[n] for n in (
 _FORGED_RESULT, _UNKNOWN_SENDER, _SPOOFED = (_S[n] for n in (
     "DROP_FORGED_RESULT", "DROP_UNKNOWN_SENDER", "DROP_SPOOFED"))
 _WRONG_IDENTITY, _BAD_SLOT = _S["DROP_WRONG_IDENTITY"], _S["DROP_BAD_SLOT"]
+_STALE, _SEQ_MISMATCH = _S["DROP_STALE"], _S["DROP_SEQ_MISMATCH"]
 _F = wire.FIELD
-_VERSION, _OP, _FLAGS, _JOB, _WORKER, _SLOT, _SEQ = (_F[n] for n in (
-    "version", "op", "flags", "job", "worker", "slot", "seq"))
+_VERSION, _OP, _FLAGS, _JOB, _WORKER, _SLOT, _SEQ, _GEN = (_F[n] for n in (
+    "version", "op", "flags", "job", "worker", "slot", "seq", "gen"))
 _PACKET_BYTES = wire.PACKET_BYTES
-_WORDS_AT, _FLAGS_AT = wire.OFFSETS["words"], wire.OFFSETS["flags"]
-_VERSION_VALUE, _OP_ADD, _OP_OR = wire.HOMAGG_VERSION, wire.OP_ADD, wire.OP_OR
+_WORDS_AT, _FLAGS_AT, _GEN_AT = (wire.OFFSETS[n] for n in ("words", "flags", "gen"))
+_VERSION_VALUE, _OP_ADD, _OP_OR, _OP_JOIN = (wire.HOMAGG_VERSION, wire.OP_ADD, wire.OP_OR,
+                                             wire.OP_JOIN)
 _FLAG_RESULT, _FLAG_PHASE, _FLAG_OVERFLOW = wire.FLAG_RESULT, wire.FLAG_PHASE, wire.FLAG_OVERFLOW
-_FLAG_RETRANS, _FLAG_STATUS = wire.FLAG_RETRANS, wire.FLAG_STATUS
+_FLAG_RETRANS, _FLAG_STATUS, _FLAG_REFUSED = wire.FLAG_RETRANS, wire.FLAG_STATUS, wire.FLAG_REFUSED
 # Verdicts as plain ints in the per-packet path (enum attribute access is slow), and back.
 _V = {int(v): v for v in Verdict}
 _V_ACCEPT, _V_RETRANS_REPLY, _V_DUP_PENDING, _V_SEQ_MISMATCH, _V_STALE = (int(Verdict[n]) for n in (

@@ -28,6 +28,7 @@ from homagg._p4consts import (
     HOMAGG_HDR_BYTES,
     HOMAGG_VERSION,
     OP_ADD,
+    OP_JOIN,
     OP_OR,
     STATS,
     STATUS_WORD,
@@ -35,7 +36,7 @@ from homagg._p4consts import (
 )
 from homagg.errors import HomaggError
 
-OPS = {OP_ADD: "add", OP_OR: "or"}
+OPS = {OP_ADD: "add", OP_OR: "or", OP_JOIN: "join"}
 PACKET_BYTES = HOMAGG_HDR_BYTES + 4 * WORDS_PER_PACKET  # the UDP payload
 STAT_INDEX = {v: k for k, v in STATS.items()}
 VERDICTS: dict[str, int] = ENUMS["Verdict"]
@@ -125,6 +126,7 @@ class Packet:
     seq: int
     words: np.ndarray  # int32, WORDS_PER_PACKET of them
     version: int = HOMAGG_VERSION
+    gen: int = 0       # the run's generation (join.p4)
 
     @property
     def phase(self) -> int:
@@ -147,10 +149,10 @@ class Packet:
 
 
 def header(*, version: int = HOMAGG_VERSION, op: int, flags: int = 0, job: int, worker: int,
-           slot: int, seq: int, reserved: int = 0) -> bytes:
+           slot: int, seq: int, gen: int = 0) -> bytes:
     """The header's bytes from its P4 fields (sub-byte fields packed as the P4 header does)."""
     given = {"version": version, "op": op, "flags": flags, "job": job, "worker": worker,
-             "slot": slot, "seq": seq & 0xFFFFFFFF, "reserved": reserved}
+             "slot": slot, "seq": seq & 0xFFFFFFFF, "gen": gen}
     values = []
     for _, _, subs in BYTE_FIELDS:
         v = 0
@@ -161,7 +163,7 @@ def header(*, version: int = HOMAGG_VERSION, op: int, flags: int = 0, job: int, 
 
 
 def pack(op: int, job: int, worker: int, slot: int, seq: int, words, flags: int = 0,
-         version: int = HOMAGG_VERSION) -> bytes:
+         version: int = HOMAGG_VERSION, gen: int = 0) -> bytes:
     """One homagg UDP payload. ``words``: up to WORDS_PER_PACKET int32 (or uint32 bit sets);
     fewer are zero-padded (zero is neutral for both ADD and OR)."""
     w = np.asarray(words)
@@ -170,7 +172,7 @@ def pack(op: int, job: int, worker: int, slot: int, seq: int, words, flags: int 
     body = np.zeros(WORDS_PER_PACKET, ">i4")
     body[: w.size] = w.astype(np.uint32).view(np.int32) if w.dtype.kind == "u" else w
     return header(version=version, op=op, flags=flags, job=job, worker=worker, slot=slot,
-                  seq=seq) + body.tobytes()
+                  seq=seq, gen=gen) + body.tobytes()
 
 
 def fields(buf: bytes) -> dict[str, int]:
@@ -194,7 +196,7 @@ def unpack(buf: bytes) -> Packet:
         raise WireError(f"unknown homagg op {f['op']}")
     words = np.frombuffer(buf, ">i4", WORDS_PER_PACKET, HOMAGG_HDR_BYTES).astype(np.int32)
     return Packet(f["op"], f["flags"], f["job"], f["worker"], f["slot"], f["seq"], words,
-                  f["version"])
+                  f["version"], f["gen"])
 
 
 def status_words(seen: int, count: int) -> np.ndarray:

@@ -56,6 +56,9 @@ class Counters:
     rounds: int = 0
     rescales: int = 0
     seconds: float = 0.0
+    # The run's join (transport: one packet per run, its retransmissions included), apart from
+    # the rounds' packets and bytes above, which are per tensor.
+    join_packets: int = 0
 
 
 @dataclass

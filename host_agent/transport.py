@@ -9,12 +9,19 @@ contributors, so a dead peer is named in the error, after ``deadline`` seconds o
 An overflow flagged by the switch is reported once the round is complete (``SwitchOverflow``):
 every worker sees the same flag, so all of them can redo the round at a smaller scale.
 
+A run starts with a join (the switch's join.p4): one OP_JOIN packet carrying a random nonce,
+answered once every worker of the job has joined with the run's generation, which every later
+packet carries. The switch treats slot state of an earlier generation as empty, so chunk
+numbers (and round tags) start at 0 in every run and runs that follow each other on one job
+need no reset; a worker still retransmitting from an earlier run is dropped as stale.
+
 The header is ``homagg.wire``'s (its struct, field list and status words): nothing of the
 protocol is spelt out here.
 """
 
 from __future__ import annotations
 
+import secrets
 import select
 import socket
 import time
@@ -35,7 +42,20 @@ P = wire.PACKET_BYTES
 _WORDS_AT = wire.OFFSETS["words"]
 #: Positions of the header fields a result is matched by, in ``wire.HEADER``'s tuple.
 _FIELD_NAMES = [name for name, _, _ in wire.BYTE_FIELDS]
-_FLAGS, _JOB, _SEQ = (_FIELD_NAMES.index(f) for f in ("flags", "job", "seq"))
+_FLAGS, _JOB, _SEQ, _GEN = (_FIELD_NAMES.index(f) for f in ("flags", "job", "seq", "gen"))
+_VERSION_OP = _FIELD_NAMES.index("version_op")  # version (high nibble) and op (low)
+#: Refusals (FLAG_REFUSED) that mean this agent's settings disagree with the switch's job.
+_CONFIG_ERRORS = {
+    "DROP_WRONG_IDENTITY": "the job table has this address for another job or worker id than "
+                           "this agent's (job {job}, worker {worker}): check the agent's job "
+                           "and worker against the controller's job list",
+    "DROP_BAD_SLOT": "a slot outside the job's region: this agent uses {slots} slots, more "
+                     "than the switch gave the job",
+}
+_DROP_MEANING = {
+    "DROP_STALE": "rounds the switch holds as already finished or older than its own",
+    "DROP_SEQ_MISMATCH": "another round is in progress in the same slot",
+}
 
 
 class SwitchOverflow(Exception):
@@ -64,6 +84,7 @@ class Transport:
             self.sock = ImpairedSocket(sock, cfg.faults)
         self.switch = (socket.gethostbyname(cfg.switch[0]), cfg.switch[1])
         self.chunk = 0        # next global chunk number (identical on every worker)
+        self.gen: int | None = None  # the run's generation, from the join (first stream)
         self.broken: str | None = None
         self.rbuf = bytearray(2048)
         # Retransmission timeout from measured round trips (RFC 6298, Karn: samples only from
@@ -79,7 +100,18 @@ class Transport:
         if self.broken:
             raise AgentError(f"{self.who}: agent unusable after an earlier failure "
                              f"({self.broken}); reset the job and start a new agent")
+        if self.gen is None:
+            self.gen = self.join()
         return _Round(self, op, words).run()
+
+    def join(self) -> int:
+        """The job's barrier at the start of this agent's run: the generation the switch hands
+        out once every worker has joined (retransmitted like any round, with the deadline)."""
+        nonce = secrets.randbits(32) or 1  # 0: a register never written
+        r = _Round(self, wire.OP_JOIN, np.zeros(K, np.int32), join_nonce=nonce)
+        r.run()
+        assert r.gen is not None
+        return r.gen
 
 
 class _Round:
@@ -90,22 +122,24 @@ class _Round:
     round trip is no RTT sample).
     """
 
-    def __init__(self, t: Transport, op: int, words: np.ndarray):
+    def __init__(self, t: Transport, op: int, words: np.ndarray, join_nonce: int | None = None):
         cfg = t.cfg
         self.t, self.cfg, self.counters = t, cfg, t.counters
         self.n = n = words.size
         self.nchunks = nchunks = max(1, -(-n // K))
-        self.g0 = g0 = t.chunk
+        self.join = join_nonce is not None  # the join: one packet, its seq the nonce
+        self.g0 = g0 = 0 if self.join else t.chunk
+        self.gen: int | None = None if self.join else t.gen
         S = cfg.slots
         g = g0 + np.arange(nchunks, dtype=np.int64)
         batch = np.zeros(nchunks, wire.PACKET_DTYPE)
         fixed = wire.HEADER.unpack(wire.header(op=op, job=cfg.job, worker=cfg.worker, slot=0,
-                                               seq=0))
+                                               seq=0, gen=self.gen or 0))
         for name, value in zip(_FIELD_NAMES, fixed):
             batch[name] = value
         batch["flags"] = np.where((g // S) % 2 == 1, wire.FLAG_PHASE, 0)
         batch["slot"] = g % S
-        batch["seq"] = (g + 1) & 0xFFFFFFFF
+        batch["seq"] = (g + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
         padded = np.zeros(nchunks * K, np.int32)  # zero is neutral for ADD and OR
         padded[:n] = words.view(np.int32) if words.dtype == np.uint32 else words
         batch["words"] = padded.reshape(nchunks, K)  # (a reshape of the field would copy)
@@ -123,8 +157,9 @@ class _Round:
         self.next_send = time.monotonic()
         self.last_progress = time.monotonic()
         self.status: dict[int, tuple[int, int]] = {}
+        self.refused: dict[int, str] = {}  # chunk -> the DROP_* reason the switch gave
         self.t_start = time.monotonic()
-        self.seq0 = (g0 + 1) & 0xFFFFFFFF
+        self.seq0 = (g0 + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
 
     def run(self) -> np.ndarray:
         t, end = self.t, self.g0 + self.nchunks
@@ -136,9 +171,11 @@ class _Round:
             now = time.monotonic()
             pending = self.retransmit(pending, now)
             if now - self.last_progress > self.cfg.deadline:
-                t.chunk = end
+                t.chunk = t.chunk if self.join else end
                 t.broken = "timeout"
                 raise self.timeout(pending)
+        if self.join:
+            return self.out[:self.n]
         t.chunk = end
         self.counters.rounds += 1
         self.counters.seconds += time.monotonic() - self.t_start
@@ -157,8 +194,11 @@ class _Round:
             t.broken = str(e)
             raise AgentError(f"{t.who}: cannot send to the switch {t.switch[0]}:{t.switch[1]}: "
                              f"{e}") from None
-        self.counters.packets_sent += 1
-        self.counters.bytes_sent += P
+        if self.join:
+            self.counters.join_packets += 1
+        else:
+            self.counters.packets_sent += 1
+            self.counters.bytes_sent += P
         if self.interval:
             self.next_send = max(self.next_send + self.interval,
                                  time.monotonic() - 4 * self.interval)
@@ -184,7 +224,7 @@ class _Round:
                 self.sent_at[c] = now
                 self.rto[c] = min(self.rto[c] * self.cfg.backoff, self.cfg.max_timeout)
                 self.resent[c] = True
-                self.counters.retransmissions += 1
+                self.counters.retransmissions += not self.join
         return pending
 
     def in_flight(self) -> np.ndarray:
@@ -220,10 +260,24 @@ class _Round:
             return
         head = wire.HEADER.unpack_from(rbuf)
         flags, job, seq = head[_FLAGS], head[_JOB], head[_SEQ]
-        c = (seq - self.seq0) & 0xFFFFFFFF
+        is_join = head[_VERSION_OP] & 0xF == wire.OP_JOIN
+        if self.join:
+            # The join's multicast echoes the header of the packet that completed it (another
+            # worker's nonce): any join result is ours while we wait for one.
+            c = 0 if is_join else self.nchunks
+        else:
+            c = (seq - self.seq0) & 0xFFFFFFFF
+            if is_join or head[_GEN] != self.gen:  # a late join reply; another run's result
+                c = self.nchunks
         if job != cfg.job or not flags & wire.FLAG_RESULT or c >= self.nchunks:
             self.counters.ignored += 1
             return
+        if flags & wire.FLAG_REFUSED:
+            self.refused_by_switch(c, int.from_bytes(rbuf[_WORDS_AT + 4 * (K - 1):
+                                                          _WORDS_AT + 4 * K], "big"))
+            return
+        if self.join and not flags & wire.FLAG_STATUS:
+            self.gen = head[_GEN]
         if flags & wire.FLAG_STATUS:
             # The switch holds our contribution; the round waits for peers, so only
             # a lost result could need us again: resend after the longest timeout.
@@ -246,21 +300,50 @@ class _Round:
         self.last_progress = time.monotonic()
         self.status.pop(c, None)
 
+    def refused_by_switch(self, c: int, reason: int) -> None:
+        """The switch dropped our chunk ``c`` and said why (FLAG_REFUSED). A wrong identity or
+        slot is this agent's configuration: no retransmission can fix it, so fail now. A stale
+        or mismatched round is kept for the timeout's message (a late duplicate's refusal is
+        harmless: the chunk's result may still come)."""
+        t, cfg = self.t, self.cfg
+        name = wire.STATS.get(reason, f"drop reason {reason}")
+        if name in _CONFIG_ERRORS:
+            t.broken = name
+            why = _CONFIG_ERRORS[name].format(job=cfg.job, worker=cfg.worker, slots=cfg.slots)
+            raise AgentError(f"{t.who}: the switch {t.switch[0]}:{t.switch[1]} drops this "
+                             f"worker's packets as {name}: {why}")
+        self.refused[c] = name
+
     # -- giving up -----------------------------------------------------------------------------
     def timeout(self, pending: np.ndarray) -> AggregationTimeout:
         t, cfg, g0 = self.t, self.cfg, self.g0
         S, W = cfg.slots, cfg.workers
         c = int(pending[0]) if len(pending) else 0
         slot = (g0 + c) % S
-        msg = (f"{t.who}: no result for slot {slot} (round tag {(g0 + c + 1) & 0xFFFFFFFF}"
-               f", {len(pending)} chunk(s) outstanding) in {cfg.deadline:.1f} s; ")
+        if self.join:
+            msg = (f"{t.who}: the job's join (start of a run) got no answer in "
+                   f"{cfg.deadline:.1f} s; ")
+        else:
+            msg = (f"{t.who}: no result for slot {slot} (round tag {(g0 + c + 1) & 0xFFFFFFFF}"
+                   f", {len(pending)} chunk(s) outstanding) in {cfg.deadline:.1f} s; ")
         st = self.status.get(c) or (next(iter(self.status.values())) if self.status else None)
-        if st is None:
+        why = self.refused.get(c) or next(iter(self.refused.values()), None)
+        if why is not None:
+            msg += (f"the switch drops this worker's packets as {why} "
+                    f"({_DROP_MEANING.get(why, '')}): is another run of job {cfg.job} still "
+                    "going, or was the job changed under it? (`homagg-ctl reset` starts it "
+                    "afresh)")
+        elif st is None:
             msg += (f"the switch {t.switch[0]}:{t.switch[1]} did not answer at all: is it "
                     f"up, and is this worker's address installed in job {cfg.job}?")
         else:
             seen, count = st
             missing = [w for w in range(W) if not seen >> w & 1]
-            msg += (f"the switch holds {count} of {W} contributions; waiting for worker(s) "
-                    f"{', '.join(map(str, missing))} (dead, or stuck in another round)")
+            if self.join:
+                msg += (f"{count} of {W} workers joined; waiting for worker(s) "
+                        f"{', '.join(map(str, missing))} to start")
+            else:
+                msg += (f"the switch holds {count} of {W} contributions; waiting for "
+                        f"worker(s) {', '.join(map(str, missing))} (dead, or stuck in another "
+                        "round)")
         return AggregationTimeout(msg)

@@ -44,9 +44,18 @@ class Job:
         kw = dict(timeout=0.01, deadline=5.0)
         kw.update(agent_kw)
         per_worker = per_worker or (lambda w: {})
-        self.agents = [Agent(AgentConfig(1, w, workers, (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN),
-                                         ("127.0.0.1", ports[w]), slots, **kw, **per_worker(w)))
-                       for w in range(workers)]
+        self.configs = [AgentConfig(**{
+            "job": 1, "worker": w, "workers": workers,
+            "switch": (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN), "bind": ("127.0.0.1", ports[w]),
+            "slots": slots, **kw, **per_worker(w)}) for w in range(workers)]
+        self.agents = [Agent(c) for c in self.configs]
+
+    def new_run(self):
+        """Every agent stops and a new one starts on the same address (a script run again),
+        with no reset of the switch."""
+        for a in self.agents:
+            a.close()
+        self.agents = [Agent(c) for c in self.configs]
 
     def run(self, fn_per_worker):
         """Run fn(agent, w) on every worker at once; return results or raise the first error."""
@@ -487,3 +496,67 @@ def test_simulate_allreduce_is_bit_identical_to_agents_over_sockets(make_job, ca
         assert job.agents[w].counters.rescales == (1 if rest == "rescale" else 0)
     if rest != "nan":
         assert_exact(res, xs)
+
+
+# -- runs that follow each other (join.p4) --------------------------------------------------
+
+
+def test_runs_that_follow_each_other_need_no_reset(make_job):
+    """Each run joins first and gets a new generation: the switch treats an earlier run's slot
+    state as empty, so new agents on the same job (round tags from 1 again) are exact, whatever
+    the earlier run left (finished rounds on some copies, a few chunks on others)."""
+    job = make_job(4, slots=8)
+    rng = np.random.default_rng(7)
+    stats = job.server.switch.model.stats
+    for run, sizes in enumerate([(20_000, 300), (50,), (3_000, 20_000, 7)]):
+        if run:
+            job.new_run()
+        for n in sizes:
+            xs = sparse_tensors(rng, 4, n, 0.05)
+            res, err = job.run(lambda a, w, xs=xs: a.allreduce_detailed(xs[w]))
+            assert not any(err), err
+            assert_exact(res, xs)
+        assert all(a.transport.gen == run + 1 for a in job.agents)
+    assert stats[wire.STAT_INDEX["DROP_STALE"]] == 0
+    assert stats[wire.STAT_INDEX["DROP_SEQ_MISMATCH"]] == 0
+
+
+def test_a_worker_that_never_starts_is_named_by_the_join(make_job):
+    job = make_job(4, deadline=1.0)
+    x = np.ones(100, np.float32)
+    res, err = job.run(lambda a, w: a.allreduce(x) if w != 2 else None)
+    for w in (0, 1, 3):
+        assert isinstance(err[w], AggregationTimeout)
+        assert "join" in str(err[w]) and "3 of 4 workers joined" in str(err[w])
+        assert "waiting for worker(s) 2 to start" in str(err[w])
+
+
+def test_a_wrong_worker_id_fails_at_once_and_says_why(make_job):
+    # worker 1's address, but the agent claims worker 0: the switch refuses, and says why
+    job = make_job(2, deadline=1.0, per_worker=lambda w: {"worker": 0})
+    t0 = time.monotonic()
+    res, err = job.run(lambda a, w: a.allreduce(np.ones(10, np.float32)) if w == 1 else None)
+    assert isinstance(err[1], AgentError) and not isinstance(err[1], AggregationTimeout)
+    assert "DROP_WRONG_IDENTITY" in str(err[1]) and "job 1, worker 0" in str(err[1])
+    assert time.monotonic() - t0 < 0.9  # no waiting out the deadline
+
+
+def test_more_slots_than_the_job_has_fails_and_says_why(make_job):
+    job = make_job(2, slots=4, deadline=1.0, per_worker=lambda w: {"slots": 8})
+    x = np.ones(8 * wire.WORDS_PER_PACKET, np.int32)
+    res, err = job.run(lambda a, w: a.transport.stream(wire.OP_ADD, x))
+    assert all(isinstance(e, AgentError) and "DROP_BAD_SLOT" in str(e) for e in err), err
+    assert all("uses 8 slots" in str(e) for e in err)
+
+
+def test_packets_the_switch_holds_stale_are_named_in_the_error(make_job):
+    job = make_job(2, deadline=1.0)
+    x = np.ones(100, np.float32)
+    res, err = job.run(lambda a, w: a.allreduce(x))
+    assert not any(err), err
+    job.new_run()
+    for a in job.agents:
+        a.transport.gen = 0  # as if this run skipped the join: older than the switch's state
+    res, err = job.run(lambda a, w: a.allreduce(x))
+    assert all(isinstance(e, AggregationTimeout) for e in err), err
+    assert all("DROP_STALE" in str(e) for e in err)

@@ -46,11 +46,11 @@ def test_port_range_is_one_ternary_block():
 
 def test_header_derives_from_the_p4_field_list():
     assert [f for f, _ in wire.HEADER_FIELDS] == ["version", "op", "flags", "job", "worker",
-                                                  "reserved", "slot", "seq"]
+                                                  "gen", "slot", "seq"]
     bits = sum(w for _, w in wire.HEADER_FIELDS)
     assert bits == 8 * wire.HOMAGG_HDR_BYTES == 8 * wire.HEADER.size
     assert wire.HEADER.format == "!BBHBBHI"
-    assert wire.OFFSETS == {"version_op": 0, "flags": 1, "job": 2, "worker": 4, "reserved": 5,
+    assert wire.OFFSETS == {"version_op": 0, "flags": 1, "job": 2, "worker": 4, "gen": 5,
                             "slot": 6, "seq": 8, "words": 12}
     assert wire.PACKET_DTYPE.names[:-1] == tuple(wire.OFFSETS)[:-1]
 

@@ -18,6 +18,8 @@ const bit<4>  HOMAGG_VERSION      = 1;
 
 const bit<4>  OP_ADD = 1;    /* int32 two's-complement add, overflow flagged */
 const bit<4>  OP_OR  = 2;    /* bitwise OR of 32-bit words (bitmaps) */
+const bit<4>  OP_JOIN = 3;   /* a new run's barrier: the switch hands out its generation
+                                (join.p4); seq carries the joining agent's nonce */
 
 /* flags byte (most significant bit first) */
 const bit<8>  FLAG_RESULT    = 0x80;   /* set by the switch on every result it sends */
@@ -27,6 +29,10 @@ const bit<8>  FLAG_RETRANS   = 0x10;   /* result re-sent by unicast to a retrans
 const bit<8>  FLAG_STATUS    = 0x08;   /* reply to a retransmission of an unfinished round:
                                           words 61-62 = contributors bitmap (high, low),
                                           word 63 = their count; not a result */
+const bit<8>  FLAG_REFUSED   = 0x04;   /* reply to a packet of a registered sender that the
+                                          switch dropped (wrong identity, bad slot, stale,
+                                          round mismatch): word 63 = the DROP_* reason, so the
+                                          agent can say why; not a result */
 
 /* Words per packet (K). 64 x 32 bit = 256 B of payload, 310 B frames: SwitchML's choice, and
  * on bmv2 the per-packet cost (parse, queue, thread hand-offs) dominates the per-word cost, so

@@ -52,7 +52,7 @@ header udp_h {
  * +-------+-------+---------------+-------------------------------+
  * |version|  op   |R|O|P|T|S|zero |            job id             |
  * +-------+-------+---------------+-------------------------------+
- * |   worker id   |   reserved    |        slot (in region)       |
+ * |   worker id   |      gen      |        slot (in region)       |
  * +---------------+---------------+-------------------------------+
  * |                   sequence number (round tag)                 |
  * +---------------------------------------------------------------+
@@ -63,7 +63,9 @@ header udp_h {
  * |                   word WORDS_PER_PACKET - 1                   |
  * +---------------------------------------------------------------+
  *
- *  op:     OP_ADD (int32 add) or OP_OR (bitwise OR)
+ *  op:     OP_ADD (int32 add), OP_OR (bitwise OR), or OP_JOIN (a new run's first packet)
+ *  gen:    the run's generation, handed out by the join (join.p4): a slot copy written by
+ *          an older generation is empty to a newer one, so round tags restart each run
  *  flags:  R result (switch -> host only), O overflow, P phase (which copy of the slot),
  *          T retransmitted result (unicast reply to a duplicate), S status: the round is not
  *          finished yet (reply to a duplicate; words 61-62 contributors bitmap, word 63 count, all others 0)
@@ -78,7 +80,7 @@ header homagg_h {
     bit<8>  flags;
     bit<16> job;        /* job_id_t */
     bit<8>  worker;     /* worker_id_t */
-    bit<8>  reserved;
+    bit<8>  gen;        /* gen_t: the run's generation, from the job's join (join.p4) */
     bit<16> slot;       /* slot_t */
     bit<32> seq;        /* seq_t */
 }
@@ -121,6 +123,7 @@ struct metadata_t {
     worker_bitmap_t seen;           /* contributors so far (status replies) */
     bit<1>          overflowed;     /* some add of this round overflowed (this one included) */
     bit<1>          overflow;       /* some lane of this packet's add overflowed */
+    bit<1>          refuse;         /* tell the sender its packet was dropped, and why */
 }
 
 #endif

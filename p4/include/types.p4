@@ -9,24 +9,39 @@ typedef bit<8>  worker_id_t;     /* < MAX_WORKERS */
 typedef bit<16> slot_t;          /* a slot within the job's region */
 typedef bit<32> seq_t;           /* round tag, compared with serial arithmetic */
 typedef bit<16> epoch_t;         /* job incarnation, handed out by the controller */
+typedef bit<8>  gen_t;           /* run generation, handed out by the join (serial arithmetic) */
 typedef bit<32> slot_index_t;    /* 2 * (region_base + slot) + phase, < SLOT_STATE_SIZE */
 typedef bit<MAX_WORKERS> worker_bitmap_t;
 
-/* A slot copy's bookkeeping, packed (slot_state.p4): seen ++ count ++ tag ++ op ++ epoch ++ 4
- * spare bits, most significant first; a slot's two copies side by side (copy 1 high). */
-#define SLOT_COPY_BITS 128
-#define SEEN_HI 127
-#define SEEN_LO 64
-#define COUNT_HI 63
-#define COUNT_LO 56
-#define TAG_HI 55
-#define TAG_LO 24
-#define OP_HI 23
-#define OP_LO 20
-#define EPOCH_HI 19
-#define EPOCH_LO 4
+/* A slot copy's bookkeeping, packed (slot_state.p4): seen ++ count ++ tag ++ op ++ epoch ++ gen
+ * ++ 4 spare bits, most significant first; a slot's two copies side by side (copy 1 high). */
+#define SLOT_COPY_BITS 136
+#define SEEN_HI 135
+#define SEEN_LO 72
+#define COUNT_HI 71
+#define COUNT_LO 64
+#define TAG_HI 63
+#define TAG_LO 32
+#define OP_HI 31
+#define OP_LO 28
+#define EPOCH_HI 27
+#define EPOCH_LO 12
+#define GEN_HI 11
+#define GEN_LO 4
 typedef bit<SLOT_COPY_BITS> slot_copy_t;
 typedef bit<(2 * SLOT_COPY_BITS)> slot_pair_t;
+
+/* A job's join (join.p4), packed: seen ++ count ++ gen ++ epoch, most significant first. */
+#define JOIN_BITS 96
+#define JOIN_SEEN_HI 95
+#define JOIN_SEEN_LO 32
+#define JOIN_COUNT_HI 31
+#define JOIN_COUNT_LO 24
+#define JOIN_GEN_HI 23
+#define JOIN_GEN_LO 16
+#define JOIN_EPOCH_HI 15
+#define JOIN_EPOCH_LO 0
+typedef bit<JOIN_BITS> join_state_t;
 
 /* What the slot state machine decides for a contribution that passed admission. */
 enum bit<8> Verdict {

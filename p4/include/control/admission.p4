@@ -42,7 +42,8 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
             meta.drop_reason = DROP_BAD_LENGTH;
         } else if (hdr.homagg.version != HOMAGG_VERSION) {
             meta.drop_reason = DROP_BAD_VERSION;
-        } else if (hdr.homagg.op != OP_ADD && hdr.homagg.op != OP_OR) {
+        } else if (hdr.homagg.op != OP_ADD && hdr.homagg.op != OP_OR
+                   && hdr.homagg.op != OP_JOIN) {
             meta.drop_reason = DROP_BAD_OP;
         } else if ((hdr.homagg.flags & FLAG_RESULT) != 0) {
             meta.drop_reason = DROP_FORGED_RESULT;

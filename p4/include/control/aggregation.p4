@@ -5,6 +5,7 @@
 #define HOMAGG_AGGREGATION_P4
 
 #include "admission.p4"
+#include "join.p4"
 #include "slot_state.p4"
 #include "words.p4"
 #include "reply.p4"
@@ -15,6 +16,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
     counter(JOB_STATS_SIZE, CounterType.packets_and_bytes) job_stats;
 
     Admission() admission;
+    Join() join;
     SlotState() slot_state;
     Words() words;
     Reply() reply;
@@ -30,11 +32,22 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             stats.count(meta.drop_reason);
             if (meta.job_known == 1) {
                 job_count(JOB_STAT_DROPPED);
+                /* a registered sender (its address and port are the job table's): a config
+                 * error the agent should name, not wait out */
+                if (meta.drop_reason == DROP_WRONG_IDENTITY
+                        || meta.drop_reason == DROP_BAD_SLOT) {
+                    meta.refuse = 1;
+                    reply.apply(hdr, meta, standard_metadata);
+                }
             }
             return;
         }
-        slot_state.apply(hdr, meta);
-        words.apply(hdr, meta);
+        if (hdr.homagg.op == OP_JOIN) {
+            join.apply(hdr, meta);                    /* its reply carries no words */
+        } else {
+            slot_state.apply(hdr, meta);
+            words.apply(hdr, meta);
+        }
         reply.apply(hdr, meta, standard_metadata);
 
         if (meta.verdict == Verdict.ACCEPT) {

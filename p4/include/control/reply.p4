@@ -1,7 +1,11 @@
 /* homagg: what goes back, by verdict. A completed round is multicast to the job's workers
  * (ResultAddressing addresses each replica in egress); a retransmission of a finished round
  * gets the result by unicast (FLAG_RETRANS); one of an unfinished round gets a status reply
- * naming the contributors so far (FLAG_STATUS), which is how an agent names a dead peer. */
+ * naming the contributors so far (FLAG_STATUS), which is how an agent names a dead peer. A
+ * registered sender's packet dropped as stale, a round mismatch, a wrong identity or a bad
+ * slot is answered with FLAG_REFUSED and the drop reason, so the agent's error can say why
+ * (never an unregistered or spoofed sender: no reply to addresses the switch cannot vouch
+ * for). */
 #ifndef HOMAGG_REPLY_P4
 #define HOMAGG_REPLY_P4
 
@@ -35,7 +39,18 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
     apply {
         bit<8> phase = hdr.homagg.flags & FLAG_PHASE;
         bit<8> overflow = (meta.overflowed == 1) ? FLAG_OVERFLOW : 8w0;
-        if (meta.verdict == Verdict.ACCEPT && meta.complete == 1) {
+        if (meta.refuse == 1 || meta.verdict == Verdict.STALE
+                   || meta.verdict == Verdict.SEQ_MISMATCH) {
+            hdr.homagg.flags = FLAG_RESULT | FLAG_REFUSED | phase;
+            bit<32> reason = meta.drop_reason;
+            if (meta.verdict == Verdict.STALE) {
+                reason = DROP_STALE;
+            } else if (meta.verdict == Verdict.SEQ_MISMATCH) {
+                reason = DROP_SEQ_MISMATCH;
+            }
+            hdr.words.w = (words_t)reason;            /* word 63, the low end (see below) */
+            to_sender();
+        } else if (meta.verdict == Verdict.ACCEPT && meta.complete == 1) {
             hdr.homagg.flags = FLAG_RESULT | phase | overflow;
             from_switch();
             standard_metadata.mcast_grp = meta.mcast_group;

@@ -6,6 +6,9 @@
  *   tag      the round tag (seq) and op its op: every contribution must match
  *   epoch    the job incarnation that wrote the copy: a re-installed job (new epoch)
  *            treats older state as empty, whatever a previous job left there
+ *   gen      the run generation that wrote it (join.p4): a newer run's packet treats it as
+ *            empty, so every run's round tags start at 1; an older run's (a worker of a
+ *            previous run still retransmitting) is stale
  * packed in one slot_copy_t (types.p4), both copies of a slot in one register cell.
 (The words and the round's overflow bit live in words.p4, under the same index.)
  * Shadow copy (as SwitchML): a worker's slot alternates between its two copies. When worker w
@@ -50,10 +53,17 @@ control SlotState(in headers_t hdr, inout metadata_t meta) {
             seq_t tag = cur[TAG_HI:TAG_LO];
             bit<4> op = cur[OP_HI:OP_LO];
             epoch_t epoch = cur[EPOCH_HI:EPOCH_LO];
+            gen_t gen = cur[GEN_HI:GEN_LO];
 
             meta.first = 0;
             if (epoch != meta.epoch) {
                 meta.first = 1;                       /* left by another job incarnation */
+            } else if (gen != hdr.homagg.gen) {
+                if ((int<8>)(hdr.homagg.gen - gen) > 0) {
+                    meta.first = 1;                   /* left by an earlier run */
+                } else {
+                    meta.verdict = Verdict.STALE;     /* from an earlier run */
+                }
             } else if ((seen & me) != 0) {
                 if (count == meta.workers && tag == hdr.homagg.seq) {
                     meta.verdict = Verdict.RETRANS_REPLY;  /* finished: send the result again */
@@ -85,7 +95,8 @@ control SlotState(in headers_t hdr, inout metadata_t meta) {
                     seen = seen | me;
                     count = count + 1;
                 }
-                cur = seen ++ count ++ hdr.homagg.seq ++ hdr.homagg.op ++ meta.epoch ++ 4w0;
+                cur = seen ++ count ++ hdr.homagg.seq ++ hdr.homagg.op ++ meta.epoch ++ hdr.homagg.gen
+                      ++ 4w0;
                 /* This worker has the other copy's result: release its claim there. */
                 other[SEEN_HI:SEEN_LO] = other[SEEN_HI:SEEN_LO] & ~me;
                 if (phase == 0) {

@@ -1,0 +1,79 @@
+/* homagg: the join, a new run's barrier. Every agent of a job starts a run (a process, a
+ * training script) with one OP_JOIN packet whose seq is a random nonce of its own; when every
+ * worker of the job has joined, the result is multicast with the run's generation in the gen
+ * field, and from then on the agents stamp it on every packet (slot_state.p4: a slot copy
+ * written by an older generation is empty to a newer one). So runs that follow each other on
+ * one job need no controller reset, and each run's round tags start at 1.
+ *
+ * Per job (index job id), packed in one join_state_t (types.p4):
+ *   seen, count  the workers that joined this generation so far
+ *   gen          the generation this join hands out (the last one, once complete)
+ *   epoch        the job incarnation that wrote it: a re-installed job starts with no join
+ * and per (job, worker) the nonce of the worker's last join, which tells a retransmission of
+ * that join (the same nonce: it gets the result again, or a status naming who is missing)
+ * from a new run of the worker (a new nonce). A new run's first join after a complete one
+ * starts the next generation; a worker that joins again while a join is pending (its
+ * process restarted) is counted once.
+ *
+ * Touched only by OP_JOIN packets: once per run per worker, so the data path pays nothing. */
+#ifndef HOMAGG_JOIN_P4
+#define HOMAGG_JOIN_P4
+
+control Join(inout headers_t hdr, inout metadata_t meta) {
+    register<join_state_t>(MAX_JOBS) join_state;
+    register<seq_t>(MAX_JOBS * MAX_WORKERS) join_nonce;
+
+    apply {
+        worker_bitmap_t me = (worker_bitmap_t)1 << meta.worker;
+        bit<32> job = (bit<32>)meta.job;
+        bit<32> at = job * MAX_WORKERS + (bit<32>)meta.worker;
+        meta.verdict = Verdict.ACCEPT;
+        meta.complete = 0;
+        meta.first = 0;
+
+        @atomic {
+            join_state_t st;
+            join_state.read(st, job);
+            seq_t last;
+            join_nonce.read(last, at);
+            worker_bitmap_t seen = st[JOIN_SEEN_HI:JOIN_SEEN_LO];
+            bit<8> count = st[JOIN_COUNT_HI:JOIN_COUNT_LO];
+            gen_t gen = st[JOIN_GEN_HI:JOIN_GEN_LO];
+            bool same_epoch = st[JOIN_EPOCH_HI:JOIN_EPOCH_LO] == meta.epoch;
+            if (!same_epoch) {
+                seen = 0;                             /* no join yet in this incarnation */
+                count = 0;
+            }
+            if (same_epoch && last == hdr.homagg.seq) {
+                /* this agent's join again (its reply was lost, or the join is pending) */
+                if ((seen & me) == 0) {
+                    meta.verdict = Verdict.STALE;     /* a newer run's join replaced it */
+                } else if (count == meta.workers) {
+                    meta.verdict = Verdict.RETRANS_REPLY;
+                } else {
+                    meta.verdict = Verdict.DUP_PENDING;
+                }
+            } else {
+                join_nonce.write(at, hdr.homagg.seq);
+                if (count == meta.workers || count == 0) {
+                    seen = me;                        /* the first of a new run */
+                    count = 1;
+                    gen = gen + 1;
+                    meta.first = 1;
+                } else if ((seen & me) == 0) {
+                    seen = seen | me;
+                    count = count + 1;
+                }
+                join_state.write(job, seen ++ count ++ gen ++ meta.epoch);
+                if (count == meta.workers) {
+                    meta.complete = 1;
+                }
+            }
+            hdr.homagg.gen = gen;
+            meta.seen = seen;
+            meta.count = count;
+        }
+    }
+}
+
+#endif
