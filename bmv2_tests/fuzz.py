@@ -54,7 +54,8 @@ def payloads(category: str, a, rng) -> tuple[bytes, str, int]:
     if category == "bad_version":
         return wire.pack(**good, version=int(rng.choice([0, 2, 7, 15]))), src, sport
     if category == "bad_op":
-        return wire.pack(**{**good, "op": int(rng.choice([0, 3, 9, 15]))}), src, sport
+        bad = [op for op in range(16) if op not in wire.OPS]  # OPS: every op the switch takes
+        return wire.pack(**{**good, "op": int(rng.choice(bad))}), src, sport
     if category == "forged_result":
         return wire.pack(**good, flags=wire.FLAG_RESULT), src, sport
     if category == "unknown_sender":

@@ -65,17 +65,18 @@ def test_exec_runs_a_command_on_every_worker_with_its_settings(target, capsys):
     assert (log_dir / "exec-w1.log").read_text().startswith("1 1 2 ")
 
 
-def test_exec_runs_the_agent_on_every_worker(target, capsys):
-    """The agent CLI, started by exec, finds its job from the environment alone."""
+def test_exec_runs_the_agent_on_every_worker_twice_in_a_row(target, capsys):
+    """The agent CLI, started by exec, finds its job from the environment alone; run twice in
+    a row on the same topology, with no reset between (the join: include/control/join.p4)."""
+    agent = ('"$0" -m homagg.host_agent --job $HOMAGG_JOB --worker $HOMAGG_WORKER '
+             '--workers $HOMAGG_WORKERS --switch $HOMAGG_SWITCH --bind $HOMAGG_BIND '
+             '--slots $HOMAGG_SLOTS bench --size 20000 --iterations 2 --check')
     rc = _run(["exec", "--target", target, "--workers", "2", "--log-dir",
                str(LOG_DIR / f"mn-exec-agent-{target}"), "--", "sh", "-c",
-               'exec "$0" -m homagg.host_agent --job $HOMAGG_JOB --worker $HOMAGG_WORKER '
-               '--workers $HOMAGG_WORKERS --switch $HOMAGG_SWITCH --bind $HOMAGG_BIND '
-               '--slots $HOMAGG_SLOTS bench --size 20000 --iterations 2 --check',
-               __import__("sys").executable])
+               f"{agent} && {agent}", __import__("sys").executable])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert out.count("every aggregate exact") == 2
+    assert out.count("every aggregate exact") == 4
 
 
 def test_exec_runs_the_ddp_example_to_identical_replicas(target, capsys):
