@@ -115,6 +115,16 @@ class Result:
         return full
 
 
+@dataclass
+class RowsResult:
+    """A row-sparse all-reduce (``Agent.allreduce_rows``): the union of the workers' rows,
+    the summed rows on it, and the values' all-reduce behind them (its exact integers)."""
+
+    rows: np.ndarray    # int64, sorted: the union
+    values: np.ndarray  # (rows.size, *row shape), the sums
+    result: Result
+
+
 #: Bit 0 of the exponent words (e = -EXP_BIAS, below any float32 exponent): "I have a NaN or
 #: an Inf". The OR tells every worker in round 1.
 NONFINITE_BIT = 0
@@ -205,6 +215,55 @@ class Agent:
         """The sum over workers of ``x`` (float), exact on the quantized values; NaN
         everywhere if any worker's ``x`` has a NaN or an Inf."""
         return self.allreduce_detailed(x, key).out.reshape(np.shape(x))
+
+    def allreduce_rows(self, n_rows: int, rows: np.ndarray, values: np.ndarray, key=None
+                       ) -> RowsResult:
+        """A row-sparse all-reduce (a torch sparse COO gradient, e.g. of an embedding table):
+        this worker's ``values`` (one row of floats per entry of ``rows``: sorted, unique row
+        numbers < ``n_rows``). First the union of every worker's rows, by OR rounds of a row
+        bitmap (flat, or the hierarchical index: ``AgentConfig.index``); then the sum of the
+        values on that union, one ``allreduce_detailed`` of U x (row size) floats, exact on
+        the quantized values as any tensor. Nothing dense as the table is ever made: the
+        bitmap has a bit per row, the values a row per union row."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        values = np.asarray(values)
+        if values.shape[0] != rows.size:
+            raise AgentError(f"{self.cfg.who}: {rows.size} rows but {values.shape[0]} value "
+                             "rows")
+        if rows.size and (rows[0] < 0 or rows[-1] >= n_rows or np.any(np.diff(rows) <= 0)):
+            raise AgentError(f"{self.cfg.who}: rows must be sorted, unique and < {n_rows}")
+        stream = self.transport.stream
+        mine = codec.Sparse(n_rows, rows, np.ones(rows.size, np.int32))
+        rkey = ("rows", key) if key is not None else None
+        index = codec.choose_index(self.cfg.index, n_rows,
+                                   self._last_union.get(rkey) if rkey is not None else None)
+        if index == codec.FLAT:
+            union_words = stream(wire.OP_OR, codec.bitmap(mine)).view(np.uint32)
+        else:
+            levels = codec.Levels.from_sparse(mine)
+            top = stream(wire.OP_OR, levels.top).view(np.uint32)
+            union_words, _ = codec.hier_rounds(
+                [levels], top, lambda words: stream(wire.OP_OR, words[0]).view(np.uint32))
+        union = codec.union_indices(union_words, n_rows)
+        if rkey is not None:
+            self._last_union[rkey] = union.size
+        on_union = np.zeros((union.size,) + values.shape[1:], values.dtype)
+        on_union[codec.ranks_in(union, rows)] = values
+        try:
+            res = self.allreduce_detailed(on_union.reshape(-1),
+                                          ("rows-values", key) if key is not None else None)
+        except AgentError as err:
+            i = getattr(err, "index", None)
+            if i is None:
+                raise
+            # an offset in the union's values: name it in the row-sparse tensor's terms
+            row_size = max(1, int(np.prod(values.shape[1:], dtype=np.int64)))
+            row, col = int(union[i // row_size]), i % row_size
+            fail = AgentError(str(err).replace(f"at index {i}", f"at row {row}, element {col}",
+                                               1))
+            fail.index = row * row_size + col  # type: ignore[attr-defined]
+            raise fail from None
+        return RowsResult(union, res.out.reshape(on_union.shape), res)
 
     def allreduce_detailed(self, x: np.ndarray, key=None) -> Result:
         cfg = self.cfg

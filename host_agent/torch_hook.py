@@ -57,19 +57,48 @@ def homagg_hook(state: Agent | HookState, bucket: torch.distributed.GradBucket
     agent, names = ((state.agent, state.names) if isinstance(state, HookState)
                     else (state, None))
     buf = bucket.buffer()
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    if buf.is_sparse:  # DDP gives a sparse gradient a bucket of its own
+        fut.set_result(_sparse_mean(agent, bucket, buf, names))
+        return fut
     arr = buf.detach().to("cpu", torch.float32).numpy()
     try:
         summed = agent.allreduce(np.ascontiguousarray(arr).reshape(-1),
                                  key=("ddp", bucket.index()))
     except AgentError as err:
-        index = getattr(err, "index", None)
-        if index is None:
-            raise
-        msg = str(err).replace(f"at index {index}", f"at bucket offset {index}", 1)
-        named = AgentError(f"{msg} [{locate(bucket, index, names)}]")
-        named.index = index  # type: ignore[attr-defined]
-        raise named from err
+        raise _named(err, bucket, names) from err
     out = torch.from_numpy(summed).to(buf.device, buf.dtype).div_(agent.cfg.workers)
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(out.reshape(buf.shape))
     return fut
+
+
+def _sparse_mean(agent: Agent, bucket, grad: torch.Tensor, names) -> torch.Tensor:
+    """The mean of a sparse COO gradient (``nn.Embedding(sparse=True)``, ``EmbeddingBag``),
+    sparse again: its rows (the sparse dimensions, flattened) go through
+    ``Agent.allreduce_rows``, so only the rows some worker touched are ever dense."""
+    g = grad.detach().coalesce().to("cpu")
+    sparse_shape = tuple(g.shape[:g.sparse_dim()])
+    n_rows = int(np.prod(sparse_shape, dtype=np.int64))
+    idx = g.indices().numpy()
+    rows = np.ravel_multi_index(tuple(idx), sparse_shape) if idx.size else np.zeros(0, np.int64)
+    values = g.values().to(torch.float32).numpy()
+    try:
+        r = agent.allreduce_rows(n_rows, rows, values, key=("ddp", bucket.index()))
+    except AgentError as err:  # its index is already the parameter's flat index
+        raise _named(err, bucket, names) from err
+    indices = torch.from_numpy(np.stack(np.unravel_index(r.rows, sparse_shape))
+                               if r.rows.size else np.zeros((len(sparse_shape), 0), np.int64))
+    out = torch.from_numpy(np.ascontiguousarray(r.values)).to(grad.dtype)
+    return torch.sparse_coo_tensor(indices, out.div_(agent.cfg.workers), g.shape,
+                                   device=grad.device).coalesce()
+
+
+def _named(err: AgentError, bucket, names) -> AgentError:
+    """``err`` with its bucket offset named as a parameter and an index within it."""
+    index = getattr(err, "index", None)
+    if index is None:
+        return err
+    msg = str(err).replace(f"at index {index}", f"at bucket offset {index}", 1)
+    named = AgentError(f"{msg} [{locate(bucket, index, names)}]")
+    named.index = index  # type: ignore[attr-defined]
+    return named

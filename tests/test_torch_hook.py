@@ -196,3 +196,66 @@ def test_hook_errors_name_the_parameter_and_its_index():
                                          r"\(60, 5\)\), index 16") as info:
         homagg_hook(HookState.of(agent, model), FakeBucket(params))
     assert "bucket offset 31" in str(info.value)
+
+
+def make_sparse_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.EmbeddingBag(5_000, 8, mode="sum", sparse=True),
+                               torch.nn.Linear(8, 1))
+
+
+def sparse_worker(rank, world, ports, tcp_port, out_dir):
+    from homagg.host_agent import Agent, AgentConfig
+    from homagg.host_agent.torch_hook import HookState, homagg_hook
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{tcp_port}", rank=rank,
+                            world_size=world)
+    agent = Agent(AgentConfig(3, rank, world, SWITCH, ("127.0.0.1", ports[rank]), slots=16,
+                              timeout=0.01, deadline=20))
+    model = make_sparse_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(state=HookState.of(agent, model), hook=homagg_hook)
+    results = []
+    for step in range(2):
+        ddp.zero_grad()
+        idx, y = batch(rank, step)
+        idx = idx * 10 + rank  # each rank's own rows, and some shared: a real union
+        torch.nn.functional.mse_loss(ddp(idx), y).backward()
+        g = model[0].weight.grad
+        results.append((g.is_sparse, g.detach().coalesce().clone()))
+    torch.save(results, f"{out_dir}/sparse{rank}.pt")
+    agent.close()
+    dist.destroy_process_group()
+
+
+def test_ddp_sparse_gradients_go_through_the_hook_sparse_and_exact(tmp_path):
+    """nn.EmbeddingBag(sparse=True) under DDP: its gradient bucket is sparse COO; the hook
+    returns the mean as a sparse tensor on the union of the ranks' rows, equal on every rank
+    and equal to the dense mean (the integers behind it are tests/test_sparse.py's)."""
+    world = 2
+    ports = [free_port() for _ in range(world)]
+    server = SoftSwitchServer(SoftSwitch(), SWITCH).start()
+    server.switch.add_job(3, [("127.0.0.1", p) for p in ports], 16)
+    try:
+        mp.spawn(sparse_worker, args=(world, ports, free_port(socket.SOCK_STREAM),
+                                      str(tmp_path)), nprocs=world, join=True)
+    finally:
+        server.stop()
+    r = [torch.load(tmp_path / f"sparse{k}.pt") for k in range(world)]
+    for step in range(2):
+        (s0, g0), (s1, g1) = r[0][step], r[1][step]
+        assert s0 and s1
+        assert torch.equal(g0.indices(), g1.indices()) and torch.equal(g0.values(), g1.values())
+        # the dense mean of the ranks' local gradients, from the same parameters (the
+        # worker loop applies no update)
+        model = make_sparse_model()
+        local = []
+        for k in range(world):
+            model.zero_grad()
+            idx, y = batch(k, step)
+            torch.nn.functional.mse_loss(model(idx * 10 + k), y).backward()
+            local.append(model[0].weight.grad.to_dense())
+        mean = (local[0] + local[1]) / 2
+        rows = torch.nonzero(mean.abs().sum(1)).reshape(-1)
+        assert set(g0.indices()[0].tolist()) >= set(rows.tolist())
+        torch.testing.assert_close(g0.to_dense(), mean, rtol=1e-5, atol=1e-6)
