@@ -1,23 +1,28 @@
 """PyTorch DDP communication hook: gradient buckets all-reduced through homagg.
 
     from homagg.host_agent import Agent, AgentConfig
-    from homagg.host_agent.torch_hook import homagg_hook
+    from homagg.host_agent.torch_hook import HookState, homagg_hook
     agent = Agent(AgentConfig(job=1, worker=rank, workers=world, ...))
-    ddp_model.register_comm_hook(state=agent, hook=homagg_hook)
+    ddp_model.register_comm_hook(state=HookState.of(agent, model), hook=homagg_hook)
 
 That is all a user adds: no patched PyTorch. The hook returns the *mean* over workers, as DDP's
 default all-reduce does; the sum behind it is exact on the quantized gradients. A NaN or Inf in
 any worker's bucket makes the whole bucket NaN on every worker (``Agent.allreduce``), so AMP's
 ``GradScaler`` sees it on every rank and skips the step, as with DDP's own all-reduce.
 
-An error names the parameter and the element within it, not a bucket offset: pass
-``HookState(agent, names)`` as the state (``HookState.of(agent, model)`` takes the names from
-``model.named_parameters()``) to have names; with the bare agent as the state, a parameter is
-named by its place in ``bucket.parameters()`` and its shape. torch is an optional dependency
+Pass ``HookState.of(agent, model)`` as the state for the two things the bare agent cannot do:
+overlap (the agent's own thread sums a bucket while autograd computes the next: ``HookState``)
+and errors that name the parameter and the element within it (from
+``model.named_parameters()``), not a bucket offset. With the bare agent as the state, the hook
+blocks, and a parameter is named by its place in ``bucket.parameters()`` and its shape.
+Sparse COO gradients (``sparse=True`` embeddings) go through ``Agent.allreduce_rows`` and come
+back sparse. torch is an optional dependency
 (the CPU build is enough); only this module imports it. (No ``from __future__ import
 annotations`` here: DDP checks the hook's annotations as objects.)
 """
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,14 +34,40 @@ from homagg.host_agent.config import AgentError
 
 @dataclass
 class HookState:
-    """The hook's state: the agent, and parameter names by ``id(parameter)``."""
+    """The hook's state: the agent, parameter names by ``id(parameter)``, and whether the
+    all-reduce overlaps the backward pass.
+
+    With ``overlap`` (the default), the hook hands the bucket to the agent's own thread (one
+    thread, first in first out) and returns at once a future that thread completes, as
+    torch's built-in hooks do with their process group: autograd computes the next buckets'
+    gradients while this one is on the wire. DDP calls the hook in bucket order on every rank
+    (its reducer launches buckets in index order), so one FIFO thread keeps every worker's
+    agent on the same tensor sequence. An error in that thread reaches DDP through the future
+    (``set_exception``): it is raised where the gradients are waited for, never a hang.
+    """
 
     agent: Agent
     names: dict[int, str] = field(default_factory=dict)
+    overlap: bool = True
+    _thread: ThreadPoolExecutor | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def of(cls, agent: Agent, model: torch.nn.Module) -> "HookState":
-        return cls(agent, {id(p): name for name, p in model.named_parameters()})
+    def of(cls, agent: Agent, model: torch.nn.Module, overlap: bool = True) -> "HookState":
+        return cls(agent, {id(p): name for name, p in model.named_parameters()}, overlap)
+
+    def submit(self, work) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="homagg-agent")
+        self._thread.submit(work)
+
+    def close(self) -> None:
+        """Wait for the buckets in flight, stop the thread (the agent stays open)."""
+        with self._lock:
+            if self._thread is not None:
+                self._thread.shutdown(wait=True)
+                self._thread = None
 
 
 def locate(bucket, index: int, names: dict[int, str] | None = None) -> str:
@@ -54,13 +85,27 @@ def locate(bucket, index: int, names: dict[int, str] | None = None) -> str:
 
 def homagg_hook(state: Agent | HookState, bucket: torch.distributed.GradBucket
                 ) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    if isinstance(state, HookState) and state.overlap:
+        def work() -> None:
+            try:
+                fut.set_result(_mean(state.agent, bucket, state.names))
+            except BaseException as err:  # noqa: BLE001 - DDP raises it where it waits
+                fut.set_exception(err)  # type: ignore[arg-type]  # (torch annotates Tensor)
+
+        state.submit(work)  # DDP keeps the bucket's buffer until the future completes
+        return fut
     agent, names = ((state.agent, state.names) if isinstance(state, HookState)
                     else (state, None))
+    fut.set_result(_mean(agent, bucket, names))
+    return fut
+
+
+def _mean(agent: Agent, bucket, names) -> torch.Tensor:
+    """The bucket's mean over the workers (dense, or sparse for a sparse bucket)."""
     buf = bucket.buffer()
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     if buf.is_sparse:  # DDP gives a sparse gradient a bucket of its own
-        fut.set_result(_sparse_mean(agent, bucket, buf, names))
-        return fut
+        return _sparse_mean(agent, bucket, buf, names)
     arr = buf.detach().to("cpu", torch.float32).numpy()
     try:
         summed = agent.allreduce(np.ascontiguousarray(arr).reshape(-1),
@@ -68,8 +113,7 @@ def homagg_hook(state: Agent | HookState, bucket: torch.distributed.GradBucket
     except AgentError as err:
         raise _named(err, bucket, names) from err
     out = torch.from_numpy(summed).to(buf.device, buf.dtype).div_(agent.cfg.workers)
-    fut.set_result(out.reshape(buf.shape))
-    return fut
+    return out.reshape(buf.shape)
 
 
 def _sparse_mean(agent: Agent, bucket, grad: torch.Tensor, names) -> torch.Tensor:

@@ -43,9 +43,9 @@ def local_grads(model, rank, step):
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
-def worker(rank, world, ports, tcp_port, out_dir):
+def worker(rank, world, ports, tcp_port, out_dir, overlap):
     from homagg.host_agent import Agent, AgentConfig
-    from homagg.host_agent.torch_hook import homagg_hook
+    from homagg.host_agent.torch_hook import HookState, homagg_hook
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{tcp_port}", rank=rank,
                             world_size=world)
@@ -61,7 +61,9 @@ def worker(rank, world, ports, tcp_port, out_dir):
         orders.append([pid[id(p)] for p in bucket.parameters()])
         return homagg_hook(state, bucket)
 
-    ddp.register_comm_hook(state=agent, hook=hook)
+    # the bare agent: the hook blocks; a HookState: the agent's thread completes the futures
+    state = HookState.of(agent, model, overlap=True) if overlap else agent
+    ddp.register_comm_hook(state=state, hook=hook)
     results = []
     for step in range(3):
         # what every worker computes locally, from identical parameters
@@ -80,14 +82,15 @@ def worker(rank, world, ports, tcp_port, out_dir):
     dist.destroy_process_group()
 
 
-def test_ddp_hook_gives_the_exact_mean(tmp_path):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_ddp_hook_gives_the_exact_mean(tmp_path, overlap):
     world = 2
     ports = [free_port() for _ in range(world)]
     server = SoftSwitchServer(SoftSwitch(), SWITCH).start()
     server.switch.add_job(1, [("127.0.0.1", p) for p in ports], 16)
     try:
-        mp.spawn(worker, args=(world, ports, free_port(socket.SOCK_STREAM), str(tmp_path)),
-                 nprocs=world, join=True)
+        mp.spawn(worker, args=(world, ports, free_port(socket.SOCK_STREAM), str(tmp_path),
+                               overlap), nprocs=world, join=True)
     finally:
         server.stop()
     r0 = torch.load(tmp_path / "rank0.pt")
@@ -192,10 +195,12 @@ def test_hook_errors_name_the_parameter_and_its_index():
     params[2].grad[3, 1] = 3.0         # bucket offset 15 + 16 = 31, in scale block 0
     params[0].grad[0, 0] = 0.25
     agent = MemoryJob(1, mode="union", shift_bias=6).agents[0]  # 6 bits too fine: 3.0 leaves
-    with pytest.raises(AgentError, match=r"parameter 1\.weight \(#2 of bucket 0, shape "
-                                         r"\(60, 5\)\), index 16") as info:
-        homagg_hook(HookState.of(agent, model), FakeBucket(params))
-    assert "bucket offset 31" in str(info.value)
+    for overlap in (False, True):  # raised by the hook, or through its future
+        with pytest.raises(AgentError, match=r"parameter 1\.weight \(#2 of bucket 0, shape "
+                                             r"\(60, 5\)\), index 16") as info:
+            homagg_hook(HookState.of(agent, model, overlap=overlap), FakeBucket(params)).wait()
+        assert "bucket offset 31" in str(info.value)
+        agent = MemoryJob(1, mode="union", shift_bias=6).agents[0]  # (the last one broke)
 
 
 def make_sparse_model():
