@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -55,6 +56,10 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=0.5)
     ap.add_argument("--backend", choices=["homagg", "gloo"], default="homagg")
     ap.add_argument("--sparse", action="store_true", help="sparse embedding gradients")
+    ap.add_argument("--mode", default="auto", help="homagg's mode: auto, dense, union, sketch")
+    ap.add_argument("--index", default="auto", help="homagg's index: auto, flat, hier")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="the hook blocks (no agent thread): for comparison")
     a = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -62,19 +67,27 @@ def main() -> int:
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     agent, state = None, None
     if a.backend == "homagg":
-        agent = Agent(AgentConfig.from_env())
-        state = HookState.of(agent, model)  # overlap: the agent's thread sums each bucket
+        agent = Agent(AgentConfig.from_env(mode=a.mode, index=a.index))
+        # overlap: the agent's thread sums each bucket while autograd goes on
+        state = HookState.of(agent, model, overlap=not a.no_overlap)
         ddp.register_comm_hook(state=state, hook=homagg_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=a.lr)
     for step in range(a.steps):
         idx, y = batch(rank, step, a.rows)
+        t0 = time.perf_counter()
         opt.zero_grad()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(ddp(idx), y)
-        loss.backward()
+        loss.backward()  # DDP's all-reduce (the hook) runs here, overlapped with autograd
         opt.step()
+        ms = 1e3 * (time.perf_counter() - t0)  # the step, all-reduce included
         if rank == 0:
-            print(f"step {step:3d} loss {loss.item():.9f}", flush=True)
+            print(f"step {step:3d} loss {loss.item():.9f} ms {ms:.1f}", flush=True)
     print(f"rank {rank}: parameters {digest(model)}", flush=True)
+    if agent is not None:
+        c = agent.counters
+        print(f"rank {rank}: homagg sent {c.packets_sent} packets ({c.bytes_sent} B), "
+              f"{c.retransmissions} retransmitted, {c.rounds} rounds, "
+              f"{c.seconds:.2f} s in rounds", flush=True)
     if state is not None and agent is not None:
         state.close()
         agent.close()

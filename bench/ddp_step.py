@@ -1,0 +1,119 @@
+"""DDP training step time: homagg's hook against plain DDP over gloo (issue 12, item 5a).
+
+examples/ddp_train.py (EmbeddingBag(20000, 32) + MLP, 642k parameters, batches of 64 x 8
+indices) on 4 workers of the Mininet star, started on every worker host at once as
+``homagg-net exec`` does (launcher.net.HomaggNet, worker_env). Per (target, link rate) one
+topology, and in it, one after the other: plain DDP over gloo (ring all-reduce between the
+hosts, through the same switch: a Linux bridge on the soft target, bmv2 forwarding on bmv2),
+homagg's hook (mode auto, overlapped: HookState) and homagg dense (SwitchML-style, every
+value through the switch). A step is rank 0's wall time for zero_grad + forward + backward
+(the all-reduce) + the optimizer step; the table gives the median over steps after the first
+3 (warm-up), and gloo's median over each row's: the speedup (>1: faster than gloo).
+
+    sudo python -m bench.ddp_step                     # soft and bmv2, unshaped and 100 Mbit/s
+    sudo python -m bench.ddp_step --targets soft --rates 0 --steps 15
+
+Needs root and Mininet; the bmv2 rows need bmv2 and p4c and are skipped, with the reason,
+where missing. Figures go to bench/out/ddp_step.json (and .png where matplotlib is
+installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+LOG_DIR = ROOT / "build" / "logs" / "bench-ddp"
+EXAMPLE = ROOT / "examples" / "ddp_train.py"
+VARIANTS = [("gloo", ["--backend", "gloo"]), ("homagg", ["--backend", "homagg"]),
+            ("homagg dense", ["--backend", "homagg", "--mode", "dense"])]
+WARMUP = 3
+
+
+def run_variant(net, args: list[str], steps: int, tag: str) -> list[float]:
+    """The example on every worker host at once; rank 0's step times (ms)."""
+    procs = []
+    for w, h in enumerate(net.worker_hosts()):
+        env = {**os.environ, **net.worker_env(w), "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, str(EXAMPLE), "--steps", str(steps), *args]
+        procs.append(net.popen(h, cmd, net.opts.log_dir / f"{tag}-w{w}.out", env=env,
+                               cwd=str(ROOT)))
+    failed = [w for w, p in enumerate(procs) if p.wait(timeout=600) != 0]
+    if failed:
+        tail = (net.opts.log_dir / f"{tag}-w{failed[0]}.out").read_text()[-800:]
+        raise RuntimeError(f"{tag}: workers {failed} failed:\n{tail}")
+    out = (net.opts.log_dir / f"{tag}-w0.out").read_text()
+    return [float(ms) for ms in re.findall(r"loss \S+ ms (\S+)", out)]
+
+
+def main(argv=None) -> int:
+    from homagg.launcher.net import HomaggNet, NetError, NetOptions, choose_target, preflight
+
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--targets", default="soft,bmv2")
+    ap.add_argument("--rates", default="0,100", help="Mbit/s per worker link; 0: unshaped")
+    ap.add_argument("--steps", type=int, default=20)
+    a = ap.parse_args(argv)
+    preflight()
+    rows = []
+    for target in a.targets.split(","):
+        got, why = choose_target(target)
+        if got != target:
+            print(f"{target}: skipped ({why})")
+            continue
+        for rate in (float(r) for r in a.rates.split(",")):
+            opts = NetOptions(target=target, workers=4, bw=rate or None)
+            opts.log_dir = LOG_DIR / f"{target}-{int(rate)}"
+            opts.log_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                with HomaggNet(opts) as net:
+                    times = {name: run_variant(net, args, a.steps, name.replace(" ", "-"))
+                             for name, args in VARIANTS}
+            except (NetError, RuntimeError) as e:
+                print(f"{target} {rate or 'unshaped'}: failed: {e}")
+                continue
+            med = {n: statistics.median(t[WARMUP:]) for n, t in times.items()}
+            for n, m in med.items():
+                rows.append({"target": target, "rate_mbit": rate, "variant": n,
+                             "ms_per_step": m, "vs_gloo": med["gloo"] / m})
+    links = {0.0: "unshaped"}
+    print(f"\n{'target':7} {'links':>9} {'variant':13} {'ms/step':>8} {'speedup vs gloo':>16}")
+    for r in rows:
+        link = links.get(r["rate_mbit"], f"{r['rate_mbit']:.0f} Mbit/s")
+        print(f"{r['target']:7} {link:>9} {r['variant']:13} {r['ms_per_step']:8.1f} "
+              f"{r['vs_gloo']:15.2f}x")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "ddp_step.json").write_text(json.dumps(rows, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib not installed: no plot)")
+        return 0
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    labels = sorted({(r["target"], r["rate_mbit"]) for r in rows})
+    for k, (name, _) in enumerate(VARIANTS):
+        ys = [next((r["ms_per_step"] for r in rows if (r["target"], r["rate_mbit"]) == lb
+                    and r["variant"] == name), 0) for lb in labels]
+        ax.bar([i + 0.27 * k for i in range(len(labels))], ys, 0.27, label=name)
+    ax.set_xticks([i + 0.27 for i in range(len(labels))],
+                  [f"{t}\n{links.get(r, f'{r:.0f} Mbit/s')}" for t, r in labels])
+    ax.set_ylabel("ms per DDP step (median)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(OUT / "ddp_step.png", dpi=120)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
