@@ -176,3 +176,23 @@ def test_install_add_aggregate_stats_reset_remove(switch, tmp_path, capsys):
     assert ctl(base + ["job", "remove", "7"]) == 1
     assert "job 7 is not installed" in capsys.readouterr().err
     assert "Write" in reqlog.read_text() and "SetForwardingPipelineConfig" in reqlog.read_text()
+
+
+def test_install_again_converges_to_the_config(switch, tmp_path, capsys):
+    """An operator re-running ``install`` (the config's job 7 already there) leaves one job
+    with one replica per worker: every worker gets each result exactly once."""
+    cfg = switch.config(tmp_path / "net.toml")
+    base = ["-c", str(cfg), "--request-log", str(tmp_path / "p4rt.log")]
+    for _ in range(2):
+        assert ctl(base + ["install"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert ctl(base + ["job", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [j["id"] for j in listed] == [7] and len(listed[0]["workers"]) == 3
+    words = np.random.default_rng(1).integers(-(2**29), 2**29, (3, 64)).astype(np.int32)
+    switch.drain()
+    contribute(switch, words)
+    expect_sum(switch, words)
+    for w in range(3):
+        assert not switch.recv(w, 0.5), f"worker {w} got a result twice"
+    assert ctl(base + ["job", "remove", "7"]) == 0

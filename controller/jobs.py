@@ -128,6 +128,8 @@ def install_base(sw: P4RuntimeSwitch, cfg: Config) -> None:
 def list_jobs(sw: P4RuntimeSwitch) -> list[InstalledJob]:
     by_job: dict[int, dict] = {}
     for e in sw.read(P4.TABLE_JOB_WORKERS):
+        if e.action != P4.ACTION_SET_WORKER:  # e.g. a NoAction entry another client wrote:
+            continue                          # it admits nobody, so it is no job's sender
         p = e.params
         j = by_job.setdefault(p["job"], {"senders": [], **p})
         j["senders"].append(Sender(p["worker"], int_ip(e.match["src_addr"]),

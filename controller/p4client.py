@@ -193,6 +193,16 @@ class P4RuntimeSwitch:
         if not pipeline.exists():
             raise SwitchError(f"pipeline missing: {pipeline.bmv2_json} / {pipeline.p4info} "
                               "(run homagg-ctl build)")
+        # bmv2 keeps its packet replication engine's groups across a new pipeline while its
+        # P4Runtime server forgets them: the next install's INSERT would then succeed and add
+        # a second set of replicas (every worker gets each result twice). Delete the groups
+        # the switch knows first, through P4Runtime, so both sides start empty.
+        try:
+            groups = self.read_multicast_groups()
+        except SwitchError:  # no pipeline loaded yet: nothing to delete
+            groups = {}
+        for group in groups:
+            self.delete_multicast_group(group)
         try:
             self.client.set_fwd_pipe_config(str(pipeline.p4info), str(pipeline.bmv2_json))
         except p4runtime.P4RuntimeException as e:

@@ -201,3 +201,14 @@ def test_cli_job_add_needs_a_config(capsys, monkeypatch):
     monkeypatch.setattr("homagg.controller.cli._connect", lambda *a, **k: Dummy())
     assert ctl(["job", "add", "1"]) == 1
     assert "needs --config" in capsys.readouterr().err
+
+
+def test_list_jobs_skips_entries_that_admit_nobody():
+    """A job_workers entry with another action (NoAction, written by another P4Runtime client)
+    is no job's sender: listed jobs ignore it instead of failing on its missing params."""
+    cfg = parse(__import__("tomllib").loads(GOOD))
+    sw = FakeSwitch()
+    jobs.add_job(sw, cfg.job(3))
+    sw.insert(TableEntry(P4.TABLE_JOB_WORKERS, {"src_addr": jobs.ip_int("10.0.0.9"),
+                                                "src_port": 50000}, "NoAction", {}))
+    assert [j.id for j in jobs.list_jobs(sw)] == [3]
