@@ -56,6 +56,36 @@ class CounterValue:
     bytes: int = 0
 
 
+def _write_errors(e: BaseException) -> list[tuple[int, int, str]] | None:
+    """A failed Write's per-update errors (index, canonical code, message), the updates that
+    applied (code OK) left out, from gRPC's grpc-status-details-bin (P4Runtime's format);
+    None if ``e`` carries none (the switch went away, or refused the whole batch)."""
+    from google.rpc import status_pb2
+    from p4.v1 import p4runtime_pb2
+
+    trailing = getattr(e, "trailing_metadata", None)
+    if not callable(trailing):
+        return None
+    status = None
+    for key, value in trailing() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+    if status is None or not status.details:
+        return None
+    errors = []
+    for i, detail in enumerate(status.details):
+        err = p4runtime_pb2.Error()
+        if detail.Unpack(err) and err.canonical_code != 0:
+            errors.append((i, err.canonical_code, err.message))
+    return errors or None
+
+
+def code_pb2_name(code: int) -> str:
+    from google.rpc import code_pb2
+
+    return code_pb2.Code.Name(code) if code in code_pb2.Code.values() else str(code)
+
+
 def _pb():
     try:
         from p4.v1 import p4runtime_pb2
@@ -253,17 +283,22 @@ class P4RuntimeSwitch:
         req = pb.WriteRequest()
         req.updates.extend(updates)
         try:
-            self.client.write(req)
-        except p4runtime.P4RuntimeWriteException as e:
-            codes = [err.canonical_code for _, err in e.errors]
+            # p4runtime-shell's own error parsing (0.0.6) loops forever on a batch where some
+            # updates succeeded (it skips an OK detail without moving on): call the write
+            # undecorated and read the per-update errors here.
+            type(self.client).write.__wrapped__(self.client, req)
+        except Exception as e:  # grpc.RpcError: per-update errors, or the switch went away
+            errors = _write_errors(e)
+            if errors is None:
+                raise SwitchError(f"switch {self.name}: {what} failed: {e}") from None
+            codes = [code for _, code, _ in errors]
             if or_modify and codes and all(c == ALREADY_EXISTS for c in codes):
                 for u in updates:
                     u.type = pb.Update.MODIFY
                 self._write(what, updates)
                 return
-            raise SwitchError(f"switch {self.name}: {what} failed: {str(e).strip()}") from None
-        except Exception as e:  # grpc.RpcError: the switch went away, or refused the batch
-            raise SwitchError(f"switch {self.name}: {what} failed: {e}") from None
+            detail = "; ".join(f"update {i}: {code_pb2_name(c)}, {msg!r}" for i, c, msg in errors)
+            raise SwitchError(f"switch {self.name}: {what} failed: {detail}") from None
 
     def _entry_pb(self, e: TableEntry):
         _, pb = _pb()

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -391,6 +392,30 @@ def test_a_batch_reports_one_error_per_update_as_pi_does(agg):
                          code_pb2.NOT_FOUND, code_pb2.OK]
         assert {e.match["dst_addr"]: e.action for e in c.read(P4.TABLE_LOCAL_IP)} == \
             {1: P4.ACTION_TO_SWITCH, 3: P4.ACTION_NOACTION}
+
+
+def test_a_partly_failing_batch_is_one_clear_error_not_a_hang(agg):
+    """p4runtime-shell 0.0.6's error parser loops forever when some updates of a batch
+    succeeded; the controller reads the per-update errors itself (p4client._write)."""
+    with connect(agg) as c:
+        ok = c._entry_pb(TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": 11}, P4.ACTION_TO_SWITCH))
+        c._write("a batch", [update("INSERT", ok)])
+        fresh = c._entry_pb(TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": 12},
+                                       P4.ACTION_TO_SWITCH))
+        done = threading.Event()
+        caught: list = []
+
+        def write():
+            try:
+                c._write("a batch", [update("INSERT", fresh), update("INSERT", ok)])
+            except SwitchError as e:
+                caught.append(e)
+            done.set()
+
+        threading.Thread(target=write, daemon=True).start()
+        assert done.wait(10), "the write hung"
+        assert len(caught) == 1 and "a batch failed: update 1: ALREADY_EXISTS" in str(caught[0])
+        assert {e.match["dst_addr"] for e in c.read(P4.TABLE_LOCAL_IP)} == {11, 12}
 
 
 def test_reads_one_entry_one_cell_or_everything(agg):
