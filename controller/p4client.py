@@ -80,7 +80,7 @@ def _write_errors(e: BaseException) -> list[tuple[int, int, str]] | None:
     return errors or None
 
 
-def code_pb2_name(code: int) -> str:
+def _code_name(code: int) -> str:
     from google.rpc import code_pb2
 
     return code_pb2.Code.Name(code) if code in code_pb2.Code.values() else str(code)
@@ -279,7 +279,7 @@ class P4RuntimeSwitch:
     # -- writes and reads ------------------------------------------------------------------
     def _write(self, what: str, updates: list, or_modify: bool = False) -> None:
         """One Write; with ``or_modify``, updates refused with ALREADY_EXISTS become MODIFY."""
-        p4runtime, pb = _pb()
+        _, pb = _pb()
         req = pb.WriteRequest()
         req.updates.extend(updates)
         try:
@@ -297,7 +297,7 @@ class P4RuntimeSwitch:
                     u.type = pb.Update.MODIFY
                 self._write(what, updates)
                 return
-            detail = "; ".join(f"update {i}: {code_pb2_name(c)}, {msg!r}" for i, c, msg in errors)
+            detail = "; ".join(f"update {i}: {_code_name(c)}, {msg!r}" for i, c, msg in errors)
             raise SwitchError(f"switch {self.name}: {what} failed: {detail}") from None
 
     def _entry_pb(self, e: TableEntry):

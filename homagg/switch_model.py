@@ -1,13 +1,12 @@
 """The switch's rules, once, in Python: state and a packet in; verdict, counters and replies out.
 
 This is p4/homagg.p4's aggregation pipeline as a pure model (no sockets, no clock): admission
-(include/control/admission.p4), the join (join.p4), the slot state machine (slot_state.p4), the
-words and the
-round's overflow bit (words.p4, with lanes.p4's int32 lane arithmetic) and the replies
-(reply.p4). The software aggregator (``homagg.targets.soft``) is this model on a UDP socket;
-the codec's in-memory simulator adds words with ``lane_add``/``lane_or``; and one table-driven
-conformance suite (bmv2_tests/test_conformance.py) holds the model, the software target and
-bmv2 to the same verdicts, counters, flags and replies.
+(include/control/admission.p4), the join (join.p4), the slot state machine (slot_state.p4),
+the words and the round's overflow bit (words.p4, with lanes.p4's int32 lane arithmetic) and
+the replies (reply.p4). The software aggregator (``homagg.targets.soft``) is this model on a
+UDP socket; the codec's in-memory simulator adds words with ``lane_add``/``lane_or``; and one
+table-driven conformance suite (bmv2_tests/test_conformance.py) holds the model, the software
+target and bmv2 to the same verdicts, counters, flags and replies.
 
 Names of verdicts and counters are the P4 program's (generated constants): a new drop reason
 there is a new counter here without an edit.
@@ -68,6 +67,11 @@ class JobEntry:
     #: where a completed round's result goes, one datagram per entry (the multicast group's
     #: replicas as egress addresses them); None: to every worker's own address
     results: list[Address] | None = None
+
+    @property
+    def result_addresses(self) -> list[Address]:
+        """Where a completed round's (or join's) result goes."""
+        return self.workers if self.results is None else self.results
 
     @property
     def group(self) -> int:
@@ -235,8 +239,7 @@ class SwitchModel:
                     rflags |= _FLAG_OVERFLOW
                     stats[_OVERFLOW] += 1
                 pkt = _reply(data, rflags, result)
-                dsts = job.workers if job.results is None else job.results
-                out.replies = [(pkt, a) for a in dsts]
+                out.replies = [(pkt, a) for a in job.result_addresses]
             return out
         if verdict == _V_RETRANS_REPLY:
             stats[_RETRANS_REPLY] += 1
@@ -303,8 +306,7 @@ class SwitchModel:
             stats[_COMPLETED] += 1
             jstats[kinds + wire.JOB_STAT_COMPLETED] += 1
             pkt = _reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, gen)
-            dsts = job.workers if job.results is None else job.results
-            out.replies = [(pkt, a) for a in dsts]
+            out.replies = [(pkt, a) for a in job.result_addresses]
         return out
 
     def _refuse(self, index: int, job: JobEntry, data: bytes, src: Address, flags: int,
