@@ -38,6 +38,7 @@ import argparse
 import ipaddress
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -529,7 +530,7 @@ def main(argv=None) -> int:
         while thread.is_alive():
             thread.join(0.2)
             if a.stats_file:
-                a.stats_file.write_text(json.dumps(sw.read_stats(), indent=1))
+                _write_stats(a.stats_file, sw)
     except KeyboardInterrupt:
         pass
     finally:
@@ -537,8 +538,16 @@ def main(argv=None) -> int:
         if p4rt is not None:
             p4rt.stop()
         if a.stats_file:
-            a.stats_file.write_text(json.dumps(sw.read_stats(), indent=1))
+            _write_stats(a.stats_file, sw)
     return 0
+
+
+def _write_stats(path: Path, sw: SoftSwitch) -> None:
+    """The counters as JSON, replaced in one rename: a reader (the launcher, a test) polling
+    the file never sees it half written."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(sw.read_stats(), indent=1))
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
