@@ -129,3 +129,48 @@ def test_ddp_example_follows_gloo_to_1e_6_and_runs_twice_in_a_row(target, capsys
     assert len(digests) == 16
     for k in range(1, 4):  # the homagg runs: identical replicas
         assert len(set(digests[4 * k:4 * k + 4])) == 1, digests
+
+
+@pytest.mark.parametrize("workers,jobs,switch_slots", [(8, 4, 32), (16, 8, 64)])
+def test_jobs_past_the_switch_slots_fall_back_and_every_one_is_exact(target, capsys, workers,
+                                                                     jobs, switch_slots):
+    """Jobs of 16 slots on a switch that lends homagg ``switch_slots``: half of them fit, the
+    rest fall back to the software aggregator on host fb. All run at once, each checked bit
+    for bit against its own data (bench mixes the job id into its data); homagg-ctl, given
+    the topology's net.toml, lists where each job lives and counts both places."""
+    from homagg.controller.cli import main as ctl
+    from homagg.launcher.cli import run_agents
+    from homagg.launcher.net import HomaggNet, NetOptions
+
+    log_dir = LOG_DIR / f"mn-fallback-{jobs}-{target}"
+    opts = NetOptions(workers=workers, target=target, jobs=jobs, slots=16,
+                      switch_slots=switch_slots, log_dir=log_dir)
+    with HomaggNet(opts) as net:
+        on_fb = {j for j, pj in net.placed.items() if pj.place.role == "fallback"}
+        assert on_fb == set(range(jobs // 2 + 1, jobs + 1))
+        summaries = run_agents(net, ["bench", "--size", "100000", "--density", "0.02",
+                                     "--iterations", "3", "--check"], echo_worker0=False)
+        assert all(s["checked"] for s in summaries) and len(summaries) == workers
+        cfg = ["-c", str(log_dir / "net.toml"), "--request-log", str(log_dir / "ctl.log")]
+        capsys.readouterr()
+        assert ctl(cfg + ["job", "list"]) == 0
+        listing = capsys.readouterr().out
+        assert ctl(cfg + ["stats", "--json"]) == 0
+        st = json.loads(capsys.readouterr().out)
+        assert ctl(cfg + ["stats"]) == 0
+        stats_text = capsys.readouterr().out
+    (log_dir / "job-list.txt").write_text(listing)
+    (log_dir / "stats.txt").write_text(stats_text)
+    rows = {int(r.split()[0]): r.split() for r in listing.splitlines()[2:]}
+    assert sorted(rows) == list(range(1, jobs + 1))
+    for j, row in rows.items():
+        assert row[1:3] == (["fb", "(fallback)"] if j in on_fb else ["s1", "10.0.0.254"])
+    assert set(st) == {"s1", "fb"}
+    for name, mine in (("s1", set(range(1, jobs + 1)) - on_fb), ("fb", on_fb)):
+        assert set(map(int, st[name]["jobs"])) == mine
+        for j in mine:  # 2 workers x 3 iterations, several rounds each: all completed here
+            assert st[name]["jobs"][str(j)]["JOB_STAT_COMPLETED"]["packets"] >= 3
+        for drop in ("DROP_UNKNOWN_SENDER", "DROP_WRONG_IDENTITY", "DROP_BAD_SLOT"):
+            assert st[name]["switch"][drop] == 0, (name, drop)
+    if target == "bmv2":  # the fallback's traffic crossed the switch as routed IPv4
+        assert sum(st["s1"]["forwarding"].values()) > 0

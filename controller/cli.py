@@ -4,6 +4,7 @@
     homagg-ctl -c net.toml install                load the pipeline, base forwarding, the jobs
     homagg-ctl -c net.toml job add 1              install job 1 from the config
     homagg-ctl -c net.toml job add 2 --slots 32 --worker h1:50001 --worker h2:50001
+    homagg-ctl -c net.toml job add 3 --place fallback   (auto: the switch, else the fallback)
     homagg-ctl -c net.toml job list [--json]
     homagg-ctl -c net.toml job remove 1
     homagg-ctl -c net.toml stats [--json]
@@ -13,6 +14,10 @@ The same commands drive bmv2 and the software aggregator (``homagg-softswitch``,
 P4Runtime): the config's ``[switch] target`` says which. On "soft", install needs no p4c: it
 loads homagg's pipeline by its P4Info alone (shipped in the package; the aggregator checks it
 and starts afresh, as bmv2 does on a new pipeline), and reset leaves registers to the epoch.
+
+With a ``[fallback]`` in the config (a software aggregator), a job the switch has no free slot
+region for is placed there instead, and said so; ``job list`` shows where each job lives and
+where its agents send, ``stats`` covers both, and remove and reset find the job where it is.
 
 Every P4Runtime request goes to a log (``--request-log``, default
 <state dir>/logs/<switch>-p4runtime.log).
@@ -33,10 +38,12 @@ from pathlib import Path
 
 from homagg import paths, wire
 from homagg.controller import jobs as J
+from homagg.controller import placement as P
 from homagg.controller.build import DEFAULT_OUT, Pipeline, build
 from homagg.controller.p4client import P4RuntimeSwitch, SwitchError
 from homagg.errors import HomaggError
 from homagg.netconfig import (
+    PLACES,
     TARGETS,
     Config,
     ConfigError,
@@ -76,7 +83,10 @@ def parser() -> argparse.ArgumentParser:
     ja.add_argument("--worker", action="append", default=[], metavar="HOST[:UDP_PORT]",
                     help="a worker: a host of the config and its UDP port (default "
                          f"{wire.DEFAULT_AGENT_PORT})")
-    jl = job.add_parser("list", help="jobs installed on the switch")
+    ja.add_argument("--place", choices=PLACES,
+                    help="auto (default): the switch while its slots last, else the config's "
+                         "[fallback]; switch; fallback")
+    jl = job.add_parser("list", help="jobs installed on the switch (and the fallback)")
     jl.add_argument("--json", action="store_true")
     jr = job.add_parser("remove", help="remove a job")
     jr.add_argument("id", type=int)
@@ -96,10 +106,6 @@ def _switch_spec(a, cfg: Config | None) -> SwitchSpec:
                                else spec.device_id, target=a.target or spec.target)
 
 
-#: What reset says of registers on the software aggregator.
-SOFT_REGISTERS = "skipped (software aggregator: the new epoch empties the region)"
-
-
 @contextlib.contextmanager
 def _soft_pipeline() -> Iterator[Pipeline]:
     """homagg's pipeline for the software aggregator: the P4Info shipped in the package and no
@@ -114,15 +120,19 @@ def _soft_pipeline() -> Iterator[Pipeline]:
         yield Pipeline(none, P4INFO_FILE)
 
 
-def _connect(a, cfg: Config | None, pipeline: Pipeline | None = None) -> P4RuntimeSwitch:
-    spec = _switch_spec(a, cfg)
+def _connect(a, place: P.Place, addr: str, device_id: int,
+             pipeline: Pipeline | None = None) -> P4RuntimeSwitch:
+    name = place.name
     try:
         high, low = (int(x) for x in a.election_id.split(","))
     except ValueError:
         raise ConfigError(f"--election-id {a.election_id!r}: expected HIGH,LOW") from None
-    logf = a.request_log or paths.log_dir(f"{spec.name}-p4runtime.log")
+    logf = paths.log_dir(f"{name}-p4runtime.log")
+    if a.request_log:  # the switch's log where asked; the fallback's next to it
+        logf = a.request_log if place.role == "switch" else \
+            a.request_log.with_name(f"{name}-p4runtime.log")
     logf.parent.mkdir(parents=True, exist_ok=True)
-    return P4RuntimeSwitch(spec.grpc, spec.device_id, (high, low), logf, spec.name).open(pipeline)
+    return P4RuntimeSwitch(addr, device_id, (high, low), logf, name).open(pipeline)
 
 
 def _need_config(a) -> Config:
@@ -134,8 +144,9 @@ def _need_config(a) -> Config:
 def _job_spec(a, cfg: Config):
     if not a.worker:
         spec = cfg.job(a.id)
-        if a.slots:
-            spec = validate_job(spec.id, list(spec.workers), a.slots)
+        if a.slots or a.place:
+            spec = validate_job(spec.id, list(spec.workers), a.slots or spec.slots,
+                                a.place or spec.place)
         return spec
     workers = []
     for w in a.worker:
@@ -146,12 +157,16 @@ def _job_spec(a, cfg: Config):
         except ValueError:
             raise ConfigError(f"--worker {w!r}: port must be an integer") from None
         workers.append(Worker(h.ip, udp, h.mac, h.port, h.name))
-    return validate_job(a.id, workers, a.slots or 64)
+    return validate_job(a.id, workers, a.slots or 64, a.place or "auto")
 
 
-def _added(j: J.InstalledJob) -> str:
-    return (f"job {j.id}: {j.workers} workers, slots {j.base}-{j.base + j.size - 1}, "
+def _added(pj: P.PlacedJob) -> str:
+    j = pj.job
+    text = (f"job {j.id}: {j.workers} workers, slots {j.base}-{j.base + j.size - 1}, "
             f"epoch {j.epoch}, group {j.group}")
+    if pj.place.role == "fallback":
+        text += f"; on {pj.place.describe()}: {pj.why}; agents send to {pj.place.address}"
+    return text
 
 
 def _table(rows: list[list], header: list[str]) -> str:
@@ -162,70 +177,101 @@ def _table(rows: list[list], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _place_label(pj: P.PlacedJob) -> str:
+    return pj.place.name + ("" if pj.place.role == "switch" else " (fallback)")
+
+
+def _print_stats(fabric: P.Fabric, as_json: bool) -> None:
+    stats = fabric.stats()
+    if as_json:
+        if len(fabric.places()) == 1:
+            print(json.dumps(stats[fabric.switch.name][1].to_json(), indent=2))
+        else:
+            print(json.dumps({name: {"role": p.role, "target": p.target, **st.to_json()}
+                              for name, (p, st) in stats.items()}
+                             | {name: {"unreachable": why}
+                                for name, why in fabric.unreachable.items()}, indent=2))
+        return
+    several = len(fabric.places()) > 1
+    for k, (place, st) in enumerate(stats.values()):
+        if several:
+            print(("\n" if k else "") + f"== {place.role} {place.describe()}")
+        print(_table([[k, v] for k, v in st.switch.items()]
+                     + [[k, v] for k, v in st.forwarding.items()], ["counter", "packets"]))
+        if st.jobs:
+            print()
+            names = list(wire.JOB_STATS.values())
+            print(_table([[j] + [c.packets(n) for n in names] for j, c in st.jobs.items()],
+                         ["job"] + [n.replace("JOB_STAT_", "").lower() for n in names]))
+    for name, why in fabric.unreachable.items():
+        print(f"\n== fallback {name}: unreachable ({why})")
+
+
 def run(a) -> int:
     if a.cmd == "build":
         p = build(a.build_dir, a.force)
         print(f"built {p.bmv2_json} and {p.p4info}")
         return 0
 
-    cfg = load(a.config) if a.config else None
-    if a.cmd == "install":
-        cfg = _need_config(a)
-        if _switch_spec(a, cfg).target == "soft":
-            with _soft_pipeline() as pipeline:
-                sw = _connect(a, cfg, pipeline)
-        else:
-            sw = _connect(a, cfg, build(a.build_dir))
-        with sw:
-            J.install_base(sw, cfg)
+    cfg = load(a.config) if a.config else Config(SwitchSpec())
+    cfg = dataclasses.replace(cfg, switch=_switch_spec(a, cfg))
+    with contextlib.ExitStack() as stack:
+        install = a.cmd == "install"
+        if install:
+            cfg = _need_config(a)
+            cfg = dataclasses.replace(cfg, switch=_switch_spec(a, cfg))
+            soft = stack.enter_context(_soft_pipeline())
+            own = soft if cfg.switch.target == "soft" else build(a.build_dir)
+
+        def connect(place: P.Place, addr: str, device: int) -> P4RuntimeSwitch:
+            pipeline = None
+            if install:  # a fresh pipeline on every place: bmv2's compiled one, or homagg's
+                pipeline = own if place.role == "switch" else soft  # P4Info for soft
+            return _connect(a, place, addr, device, pipeline)
+
+        fabric = stack.enter_context(P.Fabric(cfg, connect))
+        if install:
+            J.install_base(fabric.session(fabric.switch), cfg)
             print(f"pipeline installed on {cfg.switch.name} ({cfg.switch.grpc}); "
                   f"{len(cfg.hosts)} hosts routed")
+            if fabric.fallback is not None and cfg.fallback is not None:
+                fabric.install_fallback_base()
+                print(f"fallback {fabric.fallback.describe()} installed ({cfg.fallback.grpc})")
             if not a.no_jobs:
                 for job in cfg.jobs:
-                    j = J.add_job(sw, job)
-                    print(_added(j))
-        return 0
-
-    with _connect(a, cfg) as sw:
-        if a.cmd == "job" and a.job_cmd == "add":
+                    print(_added(fabric.add(job)))
+        elif a.cmd == "job" and a.job_cmd == "add":
             spec = _job_spec(a, _need_config(a))
-            print(_added(J.add_job(sw, spec)))
+            print(_added(fabric.add(spec)))
         elif a.cmd == "job" and a.job_cmd == "list":
-            installed = J.list_jobs(sw)
+            placed = fabric.list()
+            several = len(fabric.places()) > 1
             if a.json:
-                print(json.dumps([j.to_json() for j in installed], indent=2))
-            elif not installed:
+                print(json.dumps([pj.to_json() for pj in placed], indent=2))
+            elif not placed:
                 print("no jobs installed")
             else:
-                print(_table([[j.id, j.workers, f"{j.base}-{j.base + j.size - 1}", j.epoch,
-                               j.group, " ".join(f"{s.ip}:{s.udp_port}" for s in j.senders)]
-                              for j in installed],
-                             ["job", "workers", "slots", "epoch", "group", "senders"]))
+                print(_table([[pj.job.id] + ([_place_label(pj), pj.place.ip] if several else [])
+                              + [pj.job.workers, f"{pj.job.base}-{pj.job.base + pj.job.size - 1}",
+                                 pj.job.epoch, pj.job.group,
+                                 " ".join(f"{s.ip}:{s.udp_port}" for s in pj.job.senders)]
+                              for pj in placed],
+                             ["job"] + (["on", "send to"] if several else [])
+                             + ["workers", "slots", "epoch", "group", "senders"]))
+            for name, why in fabric.unreachable.items():
+                print(f"homagg-ctl: warning: fallback {name} unreachable, its jobs not shown: "
+                      f"{why}", file=sys.stderr)
         elif a.cmd == "job" and a.job_cmd == "remove":
-            j = J.remove_job(sw, a.id)
-            print(f"job {j.id} removed (slots {j.base}-{j.base + j.size - 1} free)")
+            pj = fabric.remove(a.id)
+            j = pj.job
+            print(f"job {j.id} removed (slots {j.base}-{j.base + j.size - 1} free"
+                  + ("" if pj.place.role == "switch" else f" on {pj.place.name}") + ")")
         elif a.cmd == "stats":
-            st = J.read_stats(sw)
-            if a.json:
-                print(json.dumps(st.to_json(), indent=2))
-            else:
-                print(_table([[k, v] for k, v in st.switch.items()]
-                             + [[k, v] for k, v in st.forwarding.items()],
-                             ["counter", "packets"]))
-                if st.jobs:
-                    print()
-                    names = list(wire.JOB_STATS.values())
-                    print(_table([[j] + [c.packets(n) for n in names]
-                                  for j, c in st.jobs.items()],
-                                 ["job"] + [n.replace("JOB_STAT_", "").lower() for n in names]))
+            _print_stats(fabric, a.json)
         elif a.cmd == "reset":
-            spec = _switch_spec(a, cfg)
-            if spec.target == "soft":
-                res = dataclasses.replace(J.reset_job(sw, a.id, None), registers=SOFT_REGISTERS)
-            else:
-                res = J.reset_job(sw, a.id, spec.thrift_port)
+            res, place = fabric.reset(a.id)
             print(f"job {res.job} reset: epoch {res.epoch}, counters zeroed, registers "
-                  f"{res.registers}")
+                  f"{res.registers}" + ("" if place.role == "switch" else f" (on {place.name})"))
     return 0
 
 

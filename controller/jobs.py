@@ -109,17 +109,24 @@ def mac_int(mac: str) -> int:
 
 
 def install_base(sw: P4RuntimeSwitch, cfg: Config) -> None:
-    """The switch's own address, proxy ARP for it and every host, and /32 routes to hosts."""
+    """The switch's own address, proxy ARP for it and every host, and /32 routes to hosts
+    (and to the fallback aggregator, where it hangs off this switch)."""
     s = cfg.switch
     sw.insert(TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": ip_int(s.ip)}, P4.ACTION_TO_SWITCH),
               or_modify=True)
-    for ip in [s.ip] + [h.ip for h in cfg.hosts]:
-        sw.insert(TableEntry(P4.TABLE_ARP_PROXY, {"tpa": ip_int(ip)}, P4.ACTION_ARP_REPLY,
-                             {"mac": mac_int(s.mac)}), or_modify=True)
-    for h in cfg.hosts:
-        sw.insert(TableEntry(P4.TABLE_IPV4_ROUTE, {"dst_addr": (ip_int(h.ip), 32)},
-                             P4.ACTION_ROUTE, {"port": h.port, "src_mac": mac_int(s.mac),
-                                               "dst_mac": mac_int(h.mac)}), or_modify=True)
+    sw.insert(TableEntry(P4.TABLE_ARP_PROXY, {"tpa": ip_int(s.ip)}, P4.ACTION_ARP_REPLY,
+                         {"mac": mac_int(s.mac)}), or_modify=True)
+    routed = [(h.ip, h.mac, h.port) for h in cfg.hosts]
+    fb = cfg.fallback
+    if fb is not None and fb.port is not None:  # the fallback aggregator hangs off this switch
+        routed.append((fb.ip, fb.mac, fb.port))
+    for ip, mac, port in routed:
+        if ip != s.ip:
+            sw.insert(TableEntry(P4.TABLE_ARP_PROXY, {"tpa": ip_int(ip)}, P4.ACTION_ARP_REPLY,
+                                 {"mac": mac_int(s.mac)}), or_modify=True)
+        sw.insert(TableEntry(P4.TABLE_IPV4_ROUTE, {"dst_addr": (ip_int(ip), 32)},
+                             P4.ACTION_ROUTE, {"port": port, "src_mac": mac_int(s.mac),
+                                               "dst_mac": mac_int(mac)}), or_modify=True)
 
 
 # -- jobs ----------------------------------------------------------------------------------
@@ -162,7 +169,8 @@ def _result_key(job_id: int, worker: int) -> dict:
     return {"job": job_id, "rid": worker + wire.RID_WORKER_OFFSET}
 
 
-def add_job(sw: P4RuntimeSwitch, job: JobSpec) -> InstalledJob:
+def add_job(sw: P4RuntimeSwitch, job: JobSpec, pool: int = wire.SLOTS) -> InstalledJob:
+    """Install ``job`` in the first free region of the switch's first ``pool`` slots."""
     installed = list_jobs(sw)
     if any(j.id == job.id for j in installed):
         raise JobError(f"job {job.id} is already installed (remove it first)")
@@ -171,7 +179,7 @@ def add_job(sw: P4RuntimeSwitch, job: JobSpec) -> InstalledJob:
         if (w.ip, w.udp_port) in senders:
             raise JobError(f"{w.ip}:{w.udp_port} already sends for job "
                            f"{senders[(w.ip, w.udp_port)]}")
-    base = allocate_region(job.slots, [j.region for j in installed])
+    base = allocate_region(job.slots, [j.region for j in installed], pool)
     epoch = next_epoch(sw)
     group = mcast_group(job.id)
     # Egress addressing and the group first: once the job table matches, results can flow.

@@ -163,7 +163,17 @@ class _LoggingStub:
             self._file = None
 
 
-def _reachable(addr: str, timeout: float) -> bool:
+def reachable(addr: str, timeout: float) -> bool:
+    """Whether something accepts connections at a P4Runtime address (HOST:PORT or unix:PATH)."""
+    if addr.startswith("unix:"):  # a server in another network namespace (Mininet's hosts)
+        path = addr[len("unix:"):].removeprefix("//")
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout)
+                s.connect(path)
+            return True
+        except OSError:
+            return False
     host, _, port = addr.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout):
@@ -194,7 +204,7 @@ class P4RuntimeSwitch:
         pipeline (``homagg=False``: any pipeline, e.g. a benchmark's baseline program)."""
         p4runtime, _ = _pb()
         deadline = time.monotonic() + timeout
-        while not _reachable(self.addr, 0.5):
+        while not reachable(self.addr, 0.5):
             if time.monotonic() > deadline:
                 raise SwitchError(f"switch {self.name} unreachable: nothing answers P4Runtime "
                                   f"at {self.addr}")

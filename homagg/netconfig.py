@@ -8,6 +8,16 @@
     thrift_port = 9090             # bmv2 Thrift CLI (optional: register resets; bmv2 only)
     ip = "10.0.0.254"              # the address workers send to
     mac = "00:00:0a:00:00:fe"
+    slots = 256                    # optional: the slots homagg may use here (default: all the
+                                   # switch has, as its P4Info says); jobs past it fall back
+
+    [fallback]                     # optional: a software aggregator (homagg-softswitch) for
+    name = "fb"                    # jobs that do not fit on the switch, or that ask for it
+    ip = "10.0.0.253"              # the address its workers send to instead
+    mac = "00:00:0a:00:00:fd"
+    grpc = "unix:/run/homagg-fb.sock"   # its P4Runtime address (HOST:PORT or unix:PATH)
+    device_id = 1
+    port = 5                       # the switch port it is cabled to (the switch routes to it)
 
     [[hosts]]                      # routed and ARP-proxied by the switch
     name = "h1"
@@ -19,6 +29,7 @@
     id = 1
     slots = 64                     # slot region size (the agents' window)
     workers = [ { host = "h1", udp_port = 50000 }, { host = "h2", udp_port = 50000 } ]
+    place = "auto"                 # auto (the switch, else the fallback), switch or fallback
 
 Every problem is a ConfigError with one line naming the key.
 """
@@ -38,6 +49,8 @@ _MAC = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 #: What runs the switch: bmv2 (``homagg-ctl install`` compiles and pushes the P4 program) or
 #: the software aggregator (it runs homagg's pipeline natively: install needs no p4c).
 TARGETS = ("bmv2", "soft")
+#: Where a job may be placed: ``auto`` is the switch while its slots last, then the fallback.
+PLACES = ("auto", "switch", "fallback")
 
 
 
@@ -64,6 +77,7 @@ class JobSpec:
     id: int
     workers: tuple[Worker, ...]
     slots: int = 64
+    place: str = "auto"  # one of PLACES
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,19 @@ class SwitchSpec:
     ip: str = wire.DEFAULT_SWITCH_IP
     mac: str = wire.DEFAULT_SWITCH_MAC
     target: str = "bmv2"  # one of TARGETS
+    slots: int | None = None  # the slot pool homagg may use; None: the whole register
+
+
+@dataclass(frozen=True)
+class FallbackSpec:
+    """A software aggregator (homagg-softswitch) that takes the jobs the switch cannot."""
+
+    name: str = "fb"
+    ip: str = wire.DEFAULT_FALLBACK_IP
+    mac: str = wire.DEFAULT_FALLBACK_MAC
+    grpc: str = "127.0.0.1:9560"
+    device_id: int = 1
+    port: int | None = None  # the switch port it hangs off, if the switch routes to it
 
 
 @dataclass(frozen=True)
@@ -82,6 +109,7 @@ class Config:
     switch: SwitchSpec
     hosts: tuple[Host, ...] = ()
     jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
+    fallback: FallbackSpec | None = None
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -124,8 +152,10 @@ def _int(value, where: str, lo: int, hi: int) -> int:
     return value
 
 
-def validate_job(job_id: int, workers: list[Worker], slots: int) -> JobSpec:
+def validate_job(job_id: int, workers: list[Worker], slots: int, place: str = "auto") -> JobSpec:
     _int(job_id, "job id", 0, wire.MAX_JOBS - 1)
+    if place not in PLACES:
+        raise ConfigError(f"job {job_id} place: {place!r} is not one of {', '.join(PLACES)}")
     _int(slots, f"job {job_id} slots", 1, wire.SLOTS)
     if not 1 <= len(workers) <= wire.MAX_WORKERS:
         raise ConfigError(f"job {job_id}: {len(workers)} workers; 1 to {wire.MAX_WORKERS} allowed")
@@ -135,14 +165,14 @@ def validate_job(job_id: int, workers: list[Worker], slots: int) -> JobSpec:
         if key in seen:
             raise ConfigError(f"job {job_id}: worker {w.ip}:{w.udp_port} listed twice")
         seen.add(key)
-    return JobSpec(job_id, tuple(workers), slots)
+    return JobSpec(job_id, tuple(workers), slots, place)
 
 
 def parse(data: dict) -> Config:
     sw = data.get("switch", {})
     if not isinstance(sw, dict):
         raise ConfigError("[switch] must be a table")
-    known = {"name", "target", "grpc", "device_id", "thrift_port", "ip", "mac"}
+    known = {"name", "target", "grpc", "device_id", "thrift_port", "ip", "mac", "slots"}
     extra = set(sw) - known
     if extra:
         raise ConfigError(f"[switch]: unknown key(s) {', '.join(sorted(extra))}")
@@ -158,7 +188,9 @@ def parse(data: dict) -> Config:
         ip=_ip(sw.get("ip", d.ip), "switch.ip"),
         mac=_mac(sw.get("mac", d.mac), "switch.mac"),
         target=target,
+        slots=None if "slots" not in sw else _int(sw["slots"], "switch.slots", 1, wire.SLOTS),
     )
+    fallback = _fallback(data.get("fallback"))
     hosts = []
     for i, h in enumerate(data.get("hosts", [])):
         where = f"hosts[{i}]"
@@ -170,7 +202,7 @@ def parse(data: dict) -> Config:
     names = [h.name for h in hosts]
     if len(set(names)) != len(names):
         raise ConfigError("hosts: duplicate host names")
-    cfg = Config(switch, tuple(hosts))
+    cfg = Config(switch, tuple(hosts), fallback=fallback)
     jobs = []
     for i, j in enumerate(data.get("jobs", [])):
         where = f"jobs[{i}]"
@@ -184,12 +216,34 @@ def parse(data: dict) -> Config:
             h = cfg.host(w["host"])
             port = _int(w.get("udp_port", wire.DEFAULT_AGENT_PORT), f"{wwhere}.udp_port", 1, 65535)
             workers.append(Worker(h.ip, port, h.mac, h.port, h.name))
+        place = j.get("place", "auto")
+        if place == "fallback" and fallback is None:
+            raise ConfigError(f"{where}.place: 'fallback', but the config has no [fallback]")
         jobs.append(validate_job(_int(j["id"], f"{where}.id", 0, wire.MAX_JOBS - 1), workers,
-                                 j.get("slots", 64)))
+                                 j.get("slots", 64), place))
     ids = [j.id for j in jobs]
     if len(set(ids)) != len(ids):
         raise ConfigError("jobs: duplicate job ids")
-    return Config(switch, tuple(hosts), tuple(jobs))
+    return Config(switch, tuple(hosts), tuple(jobs), fallback)
+
+
+def _fallback(fb) -> FallbackSpec | None:
+    if fb is None:
+        return None
+    if not isinstance(fb, dict):
+        raise ConfigError("[fallback] must be a table")
+    extra = set(fb) - {"name", "ip", "mac", "grpc", "device_id", "port"}
+    if extra:
+        raise ConfigError(f"[fallback]: unknown key(s) {', '.join(sorted(extra))}")
+    d = FallbackSpec()
+    return FallbackSpec(
+        name=str(fb.get("name", d.name)),
+        ip=_ip(fb.get("ip", d.ip), "fallback.ip"),
+        mac=_mac(fb.get("mac", d.mac), "fallback.mac"),
+        grpc=str(fb.get("grpc", d.grpc)),
+        device_id=_int(fb.get("device_id", d.device_id), "fallback.device_id", 0, 2**64 - 1),
+        port=None if "port" not in fb else _int(fb["port"], "fallback.port", 0, 510),
+    )
 
 
 def load(path: Path) -> Config:
@@ -201,3 +255,25 @@ def load(path: Path) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: {e}") from None
     return parse(data)
+
+
+def render(cfg: Config) -> str:
+    """``cfg`` as the TOML ``load`` reads back: the launcher writes its topology's, so that
+    homagg-ctl can drive a running Mininet network."""
+    s = cfg.switch
+    lines = ["[switch]", f'name = "{s.name}"', f'target = "{s.target}"', f'grpc = "{s.grpc}"',
+             f"device_id = {s.device_id}", f"thrift_port = {s.thrift_port}", f'ip = "{s.ip}"',
+             f'mac = "{s.mac}"'] + ([f"slots = {s.slots}"] if s.slots else []) + [""]
+    fb = cfg.fallback
+    if fb is not None:
+        lines += ["[fallback]", f'name = "{fb.name}"', f'ip = "{fb.ip}"', f'mac = "{fb.mac}"',
+                  f'grpc = "{fb.grpc}"', f"device_id = {fb.device_id}"]
+        lines += ([f"port = {fb.port}"] if fb.port is not None else []) + [""]
+    for h in cfg.hosts:
+        lines += ["[[hosts]]", f'name = "{h.name}"', f'ip = "{h.ip}"', f'mac = "{h.mac}"',
+                  f"port = {h.port}", ""]
+    for j in cfg.jobs:
+        ws = ", ".join(f'{{ host = "{w.host}", udp_port = {w.udp_port} }}' for w in j.workers)
+        lines += ["[[jobs]]", f"id = {j.id}", f"slots = {j.slots}", f"workers = [ {ws} ]"]
+        lines += ([f'place = "{j.place}"'] if j.place != "auto" else []) + [""]
+    return "\n".join(lines)

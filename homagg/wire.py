@@ -48,6 +48,9 @@ EXP_BIAS = 160
 EXP_WORDS = 10  # 320 bits: fp32 exponents run from -148 to 128
 DEFAULT_SWITCH_IP = "10.0.0.254"
 DEFAULT_SWITCH_MAC = "00:00:0a:00:00:fe"
+# The software aggregator that takes the jobs the switch has no slots for (the launcher's "fb").
+DEFAULT_FALLBACK_IP = "10.0.0.253"
+DEFAULT_FALLBACK_MAC = "00:00:0a:00:00:fd"
 DEFAULT_AGENT_PORT = 50000
 
 

@@ -51,7 +51,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--index", default=codec.AUTO, choices=codec.INDEXES,
                    help="the non-zeros' index: flat bitmap (1 round), hierarchical bitmap "
                         "(3 rounds, size follows the union), or auto (per tensor)")
-    p.add_argument("--seed", type=int, default=0, help="data seed (same on every worker)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="data seed (same on every worker; bench mixes in the job id, so "
+                        "concurrent jobs sum different data)")
     f = p.add_argument_group("fault injection (tests, demos; at this agent's socket)")
     f.add_argument("--inject-loss", type=float, default=0.0, metavar="PCT",
                    help="drop this percent of datagrams, each direction")
@@ -121,14 +123,15 @@ def _progress(iterable, enabled: bool, desc: str):
 
 def run_bench(agent: Agent, a) -> dict:
     W = a.workers
+    seed = a.seed * 65536 + a.job  # a result that mixed two jobs' data cannot pass --check
     dense = 0
     for it in _progress(range(a.iterations), a.worker == 0 and sys.stderr.isatty(), "all-reduce"):
         src = (lambda w: 0) if a.same_tensor else (lambda w: w)
-        x = bench_tensor(a.seed, it, src(a.worker), a.size, a.density)
+        x = bench_tensor(seed, it, src(a.worker), a.size, a.density)
         res = agent.allreduce_detailed(x)
         dense += 4 * a.size
         if a.check:
-            check_exact(res, [bench_tensor(a.seed, it, src(w), a.size, a.density)
+            check_exact(res, [bench_tensor(seed, it, src(w), a.size, a.density)
                               for w in range(W)], f"iteration {it}")
         if a.worker == 0 and not sys.stderr.isatty():
             print(f"iter {it:4d}  mode {res.mode:6s}  wire {res.wire_bytes / (4 * a.size):7.2%} "

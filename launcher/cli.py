@@ -6,6 +6,9 @@
     homagg-net exec -- python train.py    your command on every worker host, with its job's
                                           settings in the environment (HOMAGG_*, RANK, ...)
     homagg-net cli                        the topology with an interactive Mininet CLI
+    homagg-net run --workers 8 --jobs 4 --switch-slots 32 -- bench --check
+                                          4 jobs, 2 of them past the switch's 32 slots: those
+                                          fall back to the software aggregator on host fb
 
 ``--target auto`` (default) uses bmv2 where simple_switch_grpc and p4c-bm2-ss are installed,
 else the software aggregator, and says which. Needs root.
@@ -48,6 +51,11 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--slots", type=int,
                         help="the job's slot region, i.e. each agent's window (default: 16 on "
                              "bmv2, whose queues drop deeper bursts; 64 on the soft target)")
+    common.add_argument("--switch-slots", type=int, metavar="N",
+                        help="the slots homagg may use on the switch (default: all); jobs "
+                             "past them fall back to the software aggregator on host fb")
+    common.add_argument("--no-fallback", action="store_true",
+                        help="no fallback aggregator: a job that does not fit is an error")
     common.add_argument("--log-dir", type=Path, help="default build/logs/net")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", parents=[common], help="the end-to-end training demo")
@@ -66,7 +74,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _options(a) -> NetOptions:
     o = NetOptions(workers=a.workers, target=a.target, bw=a.bw, delay=a.delay, loss=a.loss,
-                   dup=a.dup, reorder=a.reorder, jitter=a.jitter, jobs=a.jobs, slots=a.slots)
+                   dup=a.dup, reorder=a.reorder, jitter=a.jitter, jobs=a.jobs, slots=a.slots,
+                   switch_slots=a.switch_slots, fallback=not a.no_fallback)
     for flag in ("inject_loss", "inject_dup", "inject_reorder"):
         if getattr(a, flag):
             o.agent_args += (f"--{flag.replace('_', '-')}", str(getattr(a, flag)))
@@ -137,6 +146,7 @@ def demo(a) -> int:
           f"switch\ntarget: {label} [{net.why}]", flush=True)
     t0 = time.monotonic()
     with net:
+        print(net.placement(), flush=True)
         args = ["train", "--iterations", str(a.iterations)] + ([] if a.no_check else ["--check"])
         summaries = run_agents(net, args)
     digests = {s["model_digest"] for s in summaries}
@@ -169,7 +179,7 @@ def main(argv=None) -> int:
             if not args:
                 raise NetError("run needs the agent's subcommand after --, e.g. -- bench --check")
             with HomaggNet(_options(a)) as net:
-                print(f"target: {net.target} [{net.why}]", flush=True)
+                print(f"target: {net.target} [{net.why}]\n{net.placement()}", flush=True)
                 run_agents(net, args)
             return 0
         if a.cmd == "exec":
@@ -177,7 +187,7 @@ def main(argv=None) -> int:
             if not command:
                 raise NetError("exec needs a command after --, e.g. -- python train.py")
             with HomaggNet(_options(a)) as net:
-                print(f"target: {net.target} [{net.why}]", flush=True)
+                print(f"target: {net.target} [{net.why}]\n{net.placement()}", flush=True)
                 rc = run_everywhere(net, command)
             if rc:
                 print(f"homagg-net: a worker exited with status {rc}", file=sys.stderr)

@@ -1,9 +1,14 @@
 """The Mininet topology: N worker hosts around one aggregation switch.
 
-Target ``bmv2``: the switch is simple_switch_grpc running p4/homagg.p4, installed by the
-controller (pipeline, proxy ARP and routes, the job). Target ``soft``: the switch is a Linux
-bridge and the software aggregator runs on host ``agg`` at the switch's address, so workers
-use the very same address, port and wire protocol either way.
+Target ``bmv2``: the switch is simple_switch_grpc running p4/homagg.p4. Target ``soft``: the
+switch is a Linux bridge and the software aggregator runs on host ``agg`` at the switch's
+address, so workers use the very same address, port and wire protocol either way. Either way
+the controller installs it over P4Runtime (the aggregator serves it on a unix socket, which
+the root namespace reaches across Mininet's network namespaces).
+
+Host ``fb`` runs a second software aggregator, the fallback: jobs the switch has no slots for
+(``--switch-slots`` caps its pool) are placed there by the controller, and their agents are
+told to send to it (``--switch`` / $HOMAGG_SWITCH). The switch routes their packets to it.
 
 Each worker link can be shaped with netem on both of its ends: rate (Mbit/s), delay, jitter,
 loss, duplication and reordering. Workers may be split into several concurrent jobs.
@@ -12,6 +17,7 @@ Everything is torn down on exit or Ctrl-C: processes, bmv2, veths, namespaces.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -25,12 +31,14 @@ from homagg import paths, wire
 from homagg.errors import HomaggError
 from homagg.netconfig import (
     Config,
+    FallbackSpec,
     Host,
     JobSpec,
     SwitchSpec,
     Worker,
     host_ip,
     host_mac,
+    render,
 )
 from homagg.targets.toolchain import missing
 
@@ -38,6 +46,8 @@ log = logging.getLogger("homagg.net")
 
 SWITCH_IP = wire.DEFAULT_SWITCH_IP
 SWITCH_MAC = wire.DEFAULT_SWITCH_MAC
+FALLBACK_IP = wire.DEFAULT_FALLBACK_IP
+FALLBACK_MAC = wire.DEFAULT_FALLBACK_MAC
 AGENT_PORT = wire.DEFAULT_AGENT_PORT
 
 
@@ -86,6 +96,8 @@ class NetOptions:
     jobs: int = 1                 # workers are split evenly into this many jobs
     agent_args: tuple = ()        # extra homagg-agent options for every worker (fault injection)
     slots: int | None = None     # None: 16 on bmv2, 64 on the soft target
+    switch_slots: int | None = None  # the switch's slot pool for homagg; None: all of it
+    fallback: bool = True        # host fb: a software aggregator for jobs that do not fit
     job: int = 1
     log_dir: Path = field(default_factory=lambda: paths.log_dir("net"))
 
@@ -135,6 +147,7 @@ class HomaggNet:
         self.procs: list[subprocess.Popen] = []
         self.config: Config = self._config()
         self.aggregator: Any = None  # the software aggregator's process (soft target)
+        self.placed: dict[int, Any] = {}  # job id -> controller.placement.PlacedJob
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> HomaggNet:
@@ -163,16 +176,21 @@ class HomaggNet:
             if self.target == "soft":
                 agg = net.addHost("agg", ip=f"{SWITCH_IP}/24", mac=SWITCH_MAC)
                 net.addLink(agg, s1, port2=o.workers + 1)
+            fb = self.config.fallback
+            if fb is not None:
+                h = net.addHost(fb.name, ip=f"{fb.ip}/24", mac=fb.mac)
+                net.addLink(h, s1, port2=fb.port)
             net.build()
             net.start()
             for h in net.hosts:
                 h.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
                 h.cmd(f"ethtool -K {h.defaultIntf()} tx off rx off >/dev/null 2>&1")
             self._shape(hosts)
-            if self.target == "bmv2":
-                self._install_bmv2(s1)
-            else:
-                self._start_soft()
+            if self.target == "soft":
+                self.aggregator = self._start_aggregator("agg", self.config.switch.grpc)
+            if self.config.fallback is not None:
+                self._start_aggregator(self.config.fallback.name, self.config.fallback.grpc)
+            self._install()
         except BaseException:
             self.stop()
             raise
@@ -185,8 +203,23 @@ class HomaggNet:
         jobs = tuple(JobSpec(o.job + k, tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name)
                                               for h in hosts[k * per:(k + 1) * per]), self.slots)
                      for k in range(o.jobs))
-        sw = SwitchSpec("s1", "127.0.0.1:9559", 1, 9090, SWITCH_IP, SWITCH_MAC)
-        return Config(sw, hosts, jobs)
+        if self.target == "bmv2":  # its gRPC and Thrift ports are known once it runs
+            sw = SwitchSpec("s1", "127.0.0.1:9559", 1, 9090, SWITCH_IP, SWITCH_MAC,
+                            slots=o.switch_slots)
+        else:
+            sw = SwitchSpec("s1", self._socket("agg"), 1, 9090, SWITCH_IP, SWITCH_MAC,
+                            target="soft", slots=o.switch_slots)
+        fb = None
+        if o.fallback:
+            # its own port: after the workers, and after the soft target's aggregator
+            fb = FallbackSpec("fb", FALLBACK_IP, FALLBACK_MAC, self._socket("fb"), 1,
+                              o.workers + (2 if self.target == "soft" else 1))
+        return Config(sw, hosts, jobs, fb)
+
+    def _socket(self, name: str) -> str:
+        """The P4Runtime address of the aggregator on host ``name``: a unix socket in the log
+        directory (a TCP port in its namespace would be out of the controller's reach)."""
+        return f"unix:{self.opts.log_dir.resolve() / f'{name}-p4runtime.sock'}"
 
     def netem_args(self) -> list[str]:
         o = self.opts
@@ -236,97 +269,126 @@ class HomaggNet:
         per = self.opts.workers // self.opts.jobs
         return self.opts.job + worker // per, worker % per, per
 
-    def _install_bmv2(self, s1) -> None:
+    def _fabric(self, pipelines: dict[str, Any] | None = None):
+        """The controller's view of the switch and the fallback; with ``pipelines`` (by
+        place role), each session pushes its pipeline first, as ``homagg-ctl install`` does."""
+        from homagg.controller.p4client import P4RuntimeSwitch
+        from homagg.controller.placement import Fabric
+
+        def connect(place, addr: str, device: int):
+            log_file = self.opts.log_dir / f"{place.name}-p4runtime.log"
+            pipeline = (pipelines or {}).get(place.role)
+            return P4RuntimeSwitch(addr, device, request_log=log_file,
+                                   name=place.name).open(pipeline)
+
+        return Fabric(self.config, connect)
+
+    def _pipelines(self, roles=("switch", "fallback")) -> dict[str, Any]:
+        from homagg.controller.build import Pipeline, build
+        from homagg.targets.soft import P4INFO_FILE
+
+        soft = Pipeline(self.opts.log_dir / "no-device-config", P4INFO_FILE)
+        soft.bmv2_json.write_bytes(b"")  # the aggregator runs homagg's pipeline natively
+        out = {"fallback": soft, "switch": build() if self.target == "bmv2" else soft}
+        return {r: out[r] for r in roles}
+
+    def _install(self, roles=("switch", "fallback")) -> None:
+        """Pipelines, base forwarding and the jobs, each where the controller places it (the
+        switch while its slots last, then the fallback). ``roles``: the places to install
+        afresh; the jobs of the others stay as they are."""
         from homagg.controller import jobs
-        from homagg.controller.build import build
-        from homagg.controller.p4client import P4RuntimeSwitch
-
-        pipeline = build()
-        b = s1.bmv2
-        self.config = Config(SwitchSpec("s1", b.grpc_addr, 1, b.thrift_port, SWITCH_IP,
-                                        SWITCH_MAC), self.config.hosts, self.config.jobs)
-        with P4RuntimeSwitch(b.grpc_addr, request_log=self.opts.log_dir / "s1-p4runtime.log",
-                              name="s1").open(pipeline) as sw:
-            jobs.install_base(sw, self.config)
-            for j in self.config.jobs:
-                jobs.add_job(sw, j)
-
-    def _start_soft(self) -> None:
-        cfg_path = self.opts.log_dir / "soft-aggregator.toml"
-        cfg_path.write_text(render_toml(self.config))
-        agg = self.net.get("agg")
-        out = open(self.opts.log_dir / "soft-aggregator.out", "w")
-        p = agg.popen([sys.executable, "-m", "homagg.targets.soft", "-c", str(cfg_path),
-                       "--stats-file", str(self.opts.log_dir / "soft-stats.json"),
-                       "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT)
-        self.procs.append(p)
-        self.aggregator = p
-        # ready once the UDP port is bound
-        import time
-
-        for _ in range(100):
-            if p.poll() is not None:
-                raise NetError(f"software aggregator exited ({p.returncode}); see "
-                               f"{self.opts.log_dir / 'soft-aggregator.out'}")
-            if str(wire.HOMAGG_UDP_PORT_MIN) in agg.cmd("ss -uln"):
-                return
-            time.sleep(0.1)
-        raise NetError("software aggregator did not start listening")
-
-    # -- operating the running network --------------------------------------------------------
-    def _connection(self):
-        from homagg.controller.p4client import P4RuntimeSwitch
-
-        return P4RuntimeSwitch(self.config.switch.grpc,
-                                request_log=self.opts.log_dir / "s1-p4runtime.log", name="s1")
-
-    def stats(self) -> dict:
-        """The switch's counters: over P4Runtime (bmv2) or from the aggregator's stats file."""
-        import json
-        import time
 
         if self.target == "bmv2":
-            from homagg.controller import jobs
+            b = self.net.get("s1").bmv2
+            self.config = Config(SwitchSpec("s1", b.grpc_addr, 1, b.thrift_port, SWITCH_IP,
+                                            SWITCH_MAC, slots=self.opts.switch_slots),
+                                 self.config.hosts, self.config.jobs, self.config.fallback)
+        # homagg-ctl's config for this topology: an operator drives the running network with
+        # `homagg-ctl -c <log dir>/net.toml job list` (stats, reset, job add ...)
+        (self.opts.log_dir / "net.toml").write_text(render(self.config))
+        with self._fabric(self._pipelines(roles)) as fabric:
+            for role in roles:
+                place = fabric.switch if role == "switch" else fabric.fallback
+                if place is not None:
+                    fabric.session(place)  # opened now: the pipeline goes in first
+            if "switch" in roles:
+                jobs.install_base(fabric.session(fabric.switch), self.config)
+            if "fallback" in roles:
+                fabric.install_fallback_base()
+            for j in self.config.jobs:
+                before = self.placed.get(j.id)
+                if before is not None and before.place.role not in roles:
+                    continue  # still installed where it was
+                if before is not None:  # back where it was: its agents know that address
+                    j = dataclasses.replace(j, place=before.place.role)
+                self.placed[j.id] = fabric.add(j)
+                if self.placed[j.id].why:
+                    log.info("job %d: %s", j.id, self.placed[j.id].why)
 
-            with self._connection().open() as sw:
-                return jobs.read_stats(sw).to_json()
-        path = self.opts.log_dir / "soft-stats.json"
-        before = path.stat().st_mtime if path.exists() else 0
-        for _ in range(50):  # the aggregator rewrites it every 0.2 s
+    def placement(self) -> str:
+        """One line per job: where the controller put it, and why if not on the switch."""
+        return "\n".join(f"job {j}: on {pj.place.describe()}"
+                         + (f" [{pj.why}]" if pj.why else "")
+                         for j, pj in sorted(self.placed.items()))
+
+    def job_address(self, job: int) -> str:
+        """Where job ``job``'s agents send: the switch, or the fallback it was placed on."""
+        pj = self.placed.get(job)
+        return pj.place.ip if pj is not None else SWITCH_IP
+
+    def _start_aggregator(self, host: str, grpc: str):
+        """homagg-softswitch on Mininet host ``host``, at that host's address, serving
+        P4Runtime at ``grpc``; returns its process once P4Runtime answers."""
+        import time
+
+        from homagg.controller.p4client import reachable
+
+        node = self.net.get(host)
+        sock = Path(grpc.removeprefix("unix:"))
+        sock.unlink(missing_ok=True)
+        out = open(self.opts.log_dir / f"{host}-aggregator.out", "w")
+        p = node.popen([sys.executable, "-m", "homagg.targets.soft", "--bind", node.IP(),
+                        "--grpc", grpc, "--log-level", "warning"],
+                       stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        for _ in range(150):
+            if p.poll() is not None:
+                raise NetError(f"software aggregator on {host} exited ({p.returncode}); see "
+                               f"{self.opts.log_dir / f'{host}-aggregator.out'}")
+            if reachable(grpc, 0.2) and str(wire.HOMAGG_UDP_PORT_MIN) in node.cmd("ss -uln"):
+                return p
             time.sleep(0.1)
-            if path.exists() and path.stat().st_mtime > before:
-                break
-        data = json.loads(path.read_text())
-        data["jobs"] = {int(k): v for k, v in data["jobs"].items()}
-        return data
+        raise NetError(f"software aggregator on {host} did not start listening")
+
+    # -- operating the running network --------------------------------------------------------
+    def stats(self) -> dict:
+        """The switch's counters (as ``homagg-ctl stats --json`` prints them, jobs by int)."""
+        return self.stats_all()[self.config.switch.name]
+
+    def stats_all(self) -> dict[str, dict]:
+        """Counters of every place, by name: the switch's and the fallback's."""
+        with self._fabric() as fabric:
+            return {name: st.to_json() for name, (_, st) in fabric.stats().items()}
 
     def reset_jobs(self) -> None:
         """Every job starts afresh (new epoch): what an operator does after a worker died."""
-        import signal
-        import time
-
-        if self.target == "bmv2":
-            from homagg.controller import jobs
-
-            with self._connection().open() as sw:
-                for j in self.config.jobs:
-                    jobs.reset_job(sw, j.id)
-        else:
-            self.aggregator.send_signal(signal.SIGHUP)
-            time.sleep(0.3)
+        with self._fabric() as fabric:
+            for j in self.config.jobs:
+                fabric.reset(j.id)
 
     def restart_switch(self) -> None:
-        """Kill the switch (all its state) and bring it back; the controller re-installs."""
+        """Kill the switch (all its state) and bring it back; the controller re-installs it
+        and puts its jobs back (the fallback's are left running)."""
         if self.target == "bmv2":
             s1 = self.net.get("s1")
             s1.bmv2.stop()
             s1.bmv2.start()
-            self._install_bmv2(s1)
         else:
             self.aggregator.kill()
             self.aggregator.wait()
             self.procs.remove(self.aggregator)
-            self._start_soft()
+            self.aggregator = self._start_aggregator("agg", self.config.switch.grpc)
+        self._install(("switch",))
 
     def stop(self) -> None:
         for p in self.procs:
@@ -357,7 +419,7 @@ class HomaggNet:
         job, index, workers = self.job_of(worker)
         return [sys.executable, "-m", "homagg.host_agent", "--job", str(job),
                 "--worker", str(index),
-                "--workers", str(workers), "--switch", SWITCH_IP,
+                "--workers", str(workers), "--switch", self.job_address(job),
                 "--bind", f"{host_ip(worker)}:{AGENT_PORT}", "--slots", str(self.opts.slots),
                 *self.opts.agent_args, *args]
 
@@ -369,7 +431,7 @@ class HomaggNet:
         host = self.net.get(f"h{worker + 1}")
         return {
             "HOMAGG_JOB": str(job), "HOMAGG_WORKER": str(index), "HOMAGG_WORKERS": str(workers),
-            "HOMAGG_SWITCH": f"{SWITCH_IP}:{wire.HOMAGG_UDP_PORT_MIN}",
+            "HOMAGG_SWITCH": f"{self.job_address(job)}:{wire.HOMAGG_UDP_PORT_MIN}",
             "HOMAGG_BIND": f"{host_ip(worker)}:{AGENT_PORT}", "HOMAGG_SLOTS": str(self.slots),
             "RANK": str(index), "WORLD_SIZE": str(workers), "LOCAL_RANK": "0",
             "MASTER_ADDR": host_ip(worker - index), "MASTER_PORT": str(29500 + job),
@@ -381,16 +443,3 @@ class HomaggNet:
         p = host.popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, **kw)
         self.procs.append(p)
         return p
-
-
-def render_toml(cfg: Config) -> str:
-    s = cfg.switch
-    lines = ["[switch]", f'name = "{s.name}"', f'grpc = "{s.grpc}"', f"device_id = {s.device_id}",
-             f"thrift_port = {s.thrift_port}", f'ip = "{s.ip}"', f'mac = "{s.mac}"', ""]
-    for h in cfg.hosts:
-        lines += ["[[hosts]]", f'name = "{h.name}"', f'ip = "{h.ip}"', f'mac = "{h.mac}"',
-                  f"port = {h.port}", ""]
-    for j in cfg.jobs:
-        ws = ", ".join(f'{{ host = "{w.host}", udp_port = {w.udp_port} }}' for w in j.workers)
-        lines += ["[[jobs]]", f"id = {j.id}", f"slots = {j.slots}", f"workers = [ {ws} ]", ""]
-    return "\n".join(lines)

@@ -10,7 +10,7 @@ from homagg.controller import jobs
 from homagg.controller.cli import main as ctl
 from homagg.controller.p4client import SwitchError, TableEntry
 from homagg.controller.testing import FakeSwitch
-from homagg.netconfig import ConfigError, load, parse
+from homagg.netconfig import ConfigError, load, parse, render
 from homagg.regions import allocate_region
 
 GOOD = """
@@ -59,10 +59,32 @@ def test_config_parses_into_hosts_and_jobs(tmp_path):
     (('{ host = "h2" }', '{ host = "h1", udp_port = 50000 }'), "listed twice"),
     (('name = "s9"', 'name = "s9"\ncolour = "blue"'), "unknown key"),
     (("port = 2", ""), "missing 'port'"),
+    (('{ host = "h2" } ]', '{ host = "h2" } ]\nplace = "moon"'), "place: 'moon'"),
+    (('{ host = "h2" } ]', '{ host = "h2" } ]\nplace = "fallback"'), "no \\[fallback\\]"),
+    (('mac = "00:00:0a:00:00:fe"', 'mac = "00:00:0a:00:00:fe"\nslots = 0'), "switch.slots"),
+    (('[[hosts]]', '[fallback]\nip = "10.0.0.253"\nhue = 1\n\n[[hosts]]'),
+     r"\[fallback\]: unknown key\(s\) hue"),
+    (('[[hosts]]', '[fallback]\nip = "nowhere"\n\n[[hosts]]'), "fallback.ip"),
 ])
 def test_bad_config_names_the_problem(edit, message):
     with pytest.raises(ConfigError, match=message):
         parse(__import__("tomllib").loads(GOOD.replace(*edit, 1)))
+
+
+def test_fallback_and_places_parse_and_render_back():
+    text = GOOD.replace('mac = "00:00:0a:00:00:fe"\n', 'mac = "00:00:0a:00:00:fe"\nslots = 48\n'
+                        '\n[fallback]\nname = "fb"\nip = "10.0.0.253"\n'
+                        'grpc = "unix:/tmp/fb.sock"\nport = 9\n')
+    text = text.replace('{ host = "h2" } ]', '{ host = "h2" } ]\nplace = "fallback"')
+    cfg = parse(__import__("tomllib").loads(text))
+    assert cfg.switch.slots == 48 and cfg.fallback is not None
+    assert (cfg.fallback.ip, cfg.fallback.grpc, cfg.fallback.port) == ("10.0.0.253",
+                                                                       "unix:/tmp/fb.sock", 9)
+    assert cfg.fallback.mac == wire.DEFAULT_FALLBACK_MAC and cfg.job(3).place == "fallback"
+    assert parse(__import__("tomllib").loads(render(cfg))) == cfg
+    plain = parse(__import__("tomllib").loads(GOOD))
+    assert plain.fallback is None and plain.switch.slots is None
+    assert parse(__import__("tomllib").loads(render(plain))) == plain
 
 
 def test_unreadable_config_is_one_line(tmp_path):

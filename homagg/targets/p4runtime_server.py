@@ -591,8 +591,9 @@ class P4RuntimeServer:
     def __init__(self, switch: SoftSwitch, address: str = "127.0.0.1:9559", device_id: int = 1,
                  threads: int = 32):
         host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise P4RuntimeServerError(f"P4Runtime address {address!r}: expected HOST:PORT")
+        if not address.startswith("unix:") and (not sep or not host or not port.isdigit()):
+            raise P4RuntimeServerError(f"P4Runtime address {address!r}: expected HOST:PORT "
+                                       "or unix:PATH")
         self.switch = switch
         self.device_id = device_id
         self.address = address
@@ -612,7 +613,8 @@ class P4RuntimeServer:
             raise P4RuntimeServerError(f"cannot serve P4Runtime at {self.address} (in use, or "
                                        "not an address of this host)")
         server.start()
-        self.address = f"{self.address.rpartition(':')[0]}:{port}"
+        if not self.address.startswith("unix:"):  # port 0 asked for any: say which
+            self.address = f"{self.address.rpartition(':')[0]}:{port}"
         self._server = server
         log.debug("serving P4Runtime at %s, device id %d", self.address, self.device_id)
         return self
