@@ -109,7 +109,7 @@ def full(v):
 def test_sum_is_multicast_to_every_worker_when_the_last_arrives(target, job):
     j = job()
     rng = np.random.default_rng(1)
-    words = rng.integers(-(2**28), 2**28, (4, 64)).astype(np.int32)
+    words = rng.integers(-(2**28), 2**28, (4, wire.WORDS_PER_PACKET)).astype(np.int32)
     for w in range(3):
         j.send(w, 0, 1, words[w])
     assert not any(j.results(timeout=0.3).values()), "result before completion"
@@ -132,10 +132,10 @@ def test_non_members_get_nothing(target, job):
 
 def test_or_combines_bitmaps(target, job):
     j = job()
-    words = np.zeros((4, 64), np.uint32)
+    words = np.zeros((4, wire.WORDS_PER_PACKET), np.uint32)
     for w in range(4):
         words[w, w] = 1 << (w * 7 + 3)
-        words[w, 63] = 0xF0F0F0F0 if w % 2 else 0x0F0F0F0F
+        words[w, -1] = 0xF0F0F0F0 if w % 2 else 0x0F0F0F0F
         words[w, 10 + w] = 0xFFFFFFFF
         j.send(w, 0, 1, words[w], op=wire.OP_OR)
     expect = np.bitwise_or.reduce(words).view(np.int32)
@@ -226,7 +226,7 @@ def test_four_workers_one_hundred_rounds_on_reused_slots_are_exact(target, job):
     rng = np.random.default_rng(7)
     for rnd in range(100):
         slot, phase = rnd % 4, (rnd // 4) % 2
-        words = rng.integers(-(2**29), 2**29, (4, 64)).astype(np.int32)
+        words = rng.integers(-(2**29), 2**29, (4, wire.WORDS_PER_PACKET)).astype(np.int32)
         for w in rng.permutation(4):
             j.send(int(w), slot, rnd + 1, words[w], phase=phase)
         expect = words.astype(np.int64).sum(0)

@@ -43,15 +43,18 @@ class Pkt:
     flags: int = 0
     worker: int | None = None  # header worker id (default: the host's own)
     version: int = wire.HOMAGG_VERSION
-    size: int = wire.PACKET_BYTES   # payload bytes (truncate or pad)
+    size: int | None = None    # payload bytes (truncate or pad); None: the packet's own
     gen: int = 0               # the run's generation (join.p4)
 
     def payload(self, job: int) -> bytes:
         flags = self.flags | (wire.FLAG_PHASE if self.phase else 0)
-        words = np.full(K, self.value, np.int64).astype(np.uint32)
+        n = wire.JOIN_WORDS if self.op == wire.OP_JOIN else K  # a join's words, whatever K
+        words = np.full(n, self.value, np.int64).astype(np.uint32)
         p = wire.pack(self.op, job, self.host if self.worker is None else self.worker,
                       self.slot, self.seq, words, flags=flags, version=self.version,
                       gen=self.gen)
+        if self.size is None:
+            return p
         return p[:self.size] if self.size <= len(p) else p + bytes(self.size - len(p))
 
 
@@ -155,6 +158,12 @@ CASES = [
     Case("an unknown op", (), Pkt(0, op=7), "DROP_BAD_OP"),
     Case("a truncated packet", (), Pkt(0, size=wire.PACKET_BYTES - 4), "DROP_MALFORMED"),
     Case("an overlong packet", (), Pkt(0, size=wire.PACKET_BYTES + 4), "DROP_BAD_LENGTH"),
+    Case("a join carries JOIN_WORDS words whatever K: one of K words is a wrong length", (),
+         Pkt(0, seq=11, value=0, op=wire.OP_JOIN, size=wire.PACKET_BYTES), "DROP_BAD_LENGTH"),
+    Case("a join of the header alone is truncated", (),
+         Pkt(0, seq=11, value=0, op=wire.OP_JOIN, size=wire.HOMAGG_HDR_BYTES), "DROP_MALFORMED"),
+    Case("a packet of another K (64 words) is truncated for this switch", (),
+         Pkt(0, size=wire.packet_bytes(64)), "DROP_MALFORMED"),
 ]
 # A registered sender's packet dropped for one of these is answered (FLAG_REFUSED, the reason
 # in the last word) so that its agent can say why; every other drop is silent.
@@ -321,12 +330,15 @@ def test_rule(target, case):
         assert len(pkts) == 1, f"host {host}: {len(pkts)} replies"
         pkt = pkts[0]
         assert pkt.flags == r.flags, f"host {host}: flags {pkt.flags:#x}, expected {r.flags:#x}"
-        assert (pkt.job, pkt.slot, pkt.seq) == (job, case.probe.slot, case.probe.seq)
+        # a join's replies say K, the switch's words per packet, in the slot field
+        slot = K if case.probe.op == wire.OP_JOIN else case.probe.slot
+        assert (pkt.job, pkt.slot, pkt.seq) == (job, slot, case.probe.seq)
         if r.value is not None:
-            expected_words = np.full(K, r.value, np.int64).astype(np.uint32).view(np.int32)
+            n = wire.JOIN_WORDS if case.probe.op == wire.OP_JOIN else K
+            expected_words = np.full(n, r.value, np.int64).astype(np.uint32).view(np.int32)
             np.testing.assert_array_equal(pkt.words, expected_words)
         if r.refused is not None:
             assert pkt.words[-1] == wire.STAT_INDEX[r.refused] and not pkt.words[:-1].any()
         if r.status is not None:
             assert pkt.status == r.status
-            assert not pkt.words[:wire.STATUS_WORD].any()
+            assert not pkt.words[:-3].any()  # (STATUS_WORD at K words)

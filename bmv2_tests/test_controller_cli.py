@@ -141,7 +141,7 @@ def test_install_add_aggregate_stats_reset_remove(switch, tmp_path, capsys):
     assert [j["id"] for j in listed] == [7] and len(listed[0]["workers"]) == 3
 
     rng = np.random.default_rng(0)
-    words = rng.integers(-(2**29), 2**29, (3, 64)).astype(np.int32)
+    words = rng.integers(-(2**29), 2**29, (3, wire.WORDS_PER_PACKET)).astype(np.int32)
     switch.drain()
     contribute(switch, words)
     switch.send(3, wire.pack(wire.OP_ADD, 7, 2, 0, 1, words[2]))  # intruder
@@ -166,7 +166,7 @@ def test_install_add_aggregate_stats_reset_remove(switch, tmp_path, capsys):
         assert "registers skipped (software aggregator: the new epoch empties the region)" in out
     assert ctl(base + ["job", "list", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["epoch"] == new_epoch
-    words = rng.integers(-(2**29), 2**29, (3, 64)).astype(np.int32)
+    words = rng.integers(-(2**29), 2**29, (3, wire.WORDS_PER_PACKET)).astype(np.int32)
     contribute(switch, words)  # seq 1 again: the new epoch made the slot empty
     expect_sum(switch, words)
 
@@ -189,7 +189,8 @@ def test_install_again_converges_to_the_config(switch, tmp_path, capsys):
     assert ctl(base + ["job", "list", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [j["id"] for j in listed] == [7] and len(listed[0]["workers"]) == 3
-    words = np.random.default_rng(1).integers(-(2**29), 2**29, (3, 64)).astype(np.int32)
+    words = np.random.default_rng(1).integers(-(2**29), 2**29,
+                                              (3, wire.WORDS_PER_PACKET)).astype(np.int32)
     switch.drain()
     contribute(switch, words)
     expect_sum(switch, words)

@@ -49,3 +49,31 @@ def test_forged_result_between_hosts_is_not_forwarded(testbed):
                           / Raw(payload))
     assert not testbed.ports[1].recv(0.3, is_homagg)
     assert jobs.read_stats(testbed.conn).forwarding["FWD_SPOOFED"] >= 1
+
+
+def test_a_trusted_aggregators_results_are_routed_from_its_own_port_only(testbed):
+    """The fallback aggregator behind the switch (controller: [fallback] port) answers its
+    workers from a homagg port: routed when it comes from its address on its port; the same
+    from another port is still a forgery."""
+    from homagg import _p4consts as P4
+    from homagg.controller.p4client import TableEntry
+
+    agg = 3  # host 3 plays the aggregator, on switch port 4
+    entry = TableEntry(P4.TABLE_AGGREGATORS, {"src_addr": jobs.ip_int(host_ip(agg)),
+                                              "port": agg + 1}, P4.ACTION_TRUSTED)
+    testbed.conn.insert(entry)
+    try:
+        payload = wire.pack(wire.OP_ADD, 1, 0, 0, 1, np.ones(8), flags=wire.FLAG_RESULT)
+        for p in testbed.ports:
+            p.drain()
+        before = jobs.read_stats(testbed.conn).forwarding["FWD_SPOOFED"]
+        for sender in (agg, 0):  # its own port, then another host's port with its address
+            testbed.ports[sender].send(
+                Ether(src=host_mac(sender), dst=SWITCH_MAC) / IP(src=host_ip(agg), dst=host_ip(1))
+                / UDP(sport=wire.HOMAGG_UDP_PORT_MIN, dport=wire.DEFAULT_AGENT_PORT)
+                / Raw(payload))
+            got = testbed.ports[1].recv(0.5, is_homagg)
+            assert len(got) == (1 if sender == agg else 0), f"from port of host {sender}"
+        assert jobs.read_stats(testbed.conn).forwarding["FWD_SPOOFED"] == before + 1
+    finally:
+        testbed.conn.delete(entry)

@@ -1,13 +1,17 @@
 """Compile p4/homagg.p4 with p4c-bm2-ss into bmv2 JSON and P4Info (text format).
 
-    python -m homagg.controller.build [--out build/p4]      (also: homagg-ctl build)
+    python -m homagg.controller.build [--out build/p4] [--words K]   (also: homagg-ctl build)
 
-Rebuilds only when a source under p4/ is newer than the outputs.
+Rebuilds only when a source under p4/ is newer than the outputs. ``--words K`` sets the words
+per packet (-DWORDS_PER_PACKET=K; the P4 default, 256, otherwise) and builds into its own
+directory (``build/p4-k64``), so builds for several K live side by side; agents learn K from
+the switch. The generated constants and the shipped P4Info are always the default build's.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import subprocess
@@ -41,6 +45,15 @@ class Pipeline:
     def exists(self) -> bool:
         return self.bmv2_json.is_file() and self.p4info.is_file()
 
+    def words(self) -> int:
+        """K, the words per packet this pipeline was compiled for (its words header's
+        width / 32: its 64-word chunks)."""
+        data = json.loads(self.bmv2_json.read_text())
+        for h in data.get("header_types", []):
+            if h["name"] == "words_h":
+                return sum(int(f[1]) for f in h["fields"]) // 32
+        raise BuildError(f"{self.bmv2_json}: no words_h header: not homagg's pipeline")
+
 
 def sources() -> list[Path]:
     return sorted(paths.p4_dir().rglob("*.p4"))
@@ -53,14 +66,25 @@ def up_to_date(p: Pipeline) -> bool:
     return all(s.stat().st_mtime <= built for s in sources())
 
 
-def build(out: Path = DEFAULT_OUT, force: bool = False, regenerate: bool = True) -> Pipeline:
+def build(out: Path = DEFAULT_OUT, force: bool = False, regenerate: bool = True,
+          words: int | None = None) -> Pipeline:
     """Compile if needed, then bring the generated protocol module up to date; return the
-    pipeline. Raises ToolMissing or BuildError (with p4c's own messages)."""
+    pipeline. ``words``: K, words per packet (None: the P4 default). Raises ToolMissing or
+    BuildError (with p4c's own messages)."""
+    from homagg import wire
+
+    default = words is None or words == wire.WORDS_PER_PACKET
+    if words is not None and not default:
+        if words % wire.CHUNK_WORDS or not wire.CHUNK_WORDS <= words <= 5 * wire.CHUNK_WORDS:
+            raise BuildError(f"--words {words}: the P4 program takes a multiple of "
+                             f"{wire.CHUNK_WORDS} from {wire.CHUNK_WORDS} to "
+                             f"{5 * wire.CHUNK_WORDS} (p4c's widest type is 64 words)")
+        out = out.with_name(f"{out.name}-k{words}")
     p = Pipeline.in_dir(out)
     if not force and up_to_date(p):
         return p
-    _compile(p, out)
-    if regenerate:
+    _compile(p, out, [] if default else [f"-DWORDS_PER_PACKET={words}"])
+    if regenerate and default:
         _regenerate(p)
     return p
 
@@ -86,10 +110,10 @@ def _regenerate(p: Pipeline) -> None:
                          f"generated constants ({genconsts.OUT}); regenerate them in a checkout")
 
 
-def _compile(p: Pipeline, out: Path) -> None:
+def _compile(p: Pipeline, out: Path, defines: list[str]) -> None:
     p4c = require("p4c-bm2-ss")
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [str(p4c), "--std", "p4-16", "--arch", "v1model",
+    cmd = [str(p4c), "--std", "p4-16", "--arch", "v1model", *defines,
            "--p4runtime-files", str(p.p4info), "-o", str(p.bmv2_json),
            str(paths.p4_dir() / "homagg.p4")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -104,9 +128,10 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    ap.add_argument("--words", type=int, metavar="K", help="words per packet (default 256)")
     a = ap.parse_args(argv)
     try:
-        p = build(a.out, a.force)
+        p = build(a.out, a.force, words=a.words)
     except HomaggError as e:
         print(f"homagg build: {e}", file=sys.stderr)
         return 1

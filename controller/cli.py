@@ -1,6 +1,6 @@
 """homagg-ctl: the operator's CLI over P4Runtime.
 
-    homagg-ctl build                              compile p4/ (p4c-bm2-ss)
+    homagg-ctl build [--words K]                  compile p4/ (p4c-bm2-ss); K words per packet
     homagg-ctl -c net.toml install                load the pipeline, base forwarding, the jobs
     homagg-ctl -c net.toml job add 1              install job 1 from the config
     homagg-ctl -c net.toml job add 2 --slots 32 --worker h1:50001 --worker h2:50001
@@ -71,9 +71,13 @@ def parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="compile the P4 program")
     b.add_argument("--force", action="store_true")
+    b.add_argument("--words", type=int, metavar="K",
+                   help="words per packet: 64, 128, 192, 256 (default) or 320; 64 as on "
+                        "Tofino and in SwitchML. Agents learn it from the switch")
 
     i = sub.add_parser("install", help="push pipeline, base forwarding and the config's jobs")
     i.add_argument("--no-jobs", action="store_true", help="do not install the config's jobs")
+    i.add_argument("--words", type=int, metavar="K", help="bmv2: the build for K words per packet")
 
     job = sub.add_parser("job", help="add, list or remove jobs").add_subparsers(dest="job_cmd",
                                                                              required=True)
@@ -209,8 +213,8 @@ def _print_stats(fabric: P.Fabric, as_json: bool) -> None:
 
 def run(a) -> int:
     if a.cmd == "build":
-        p = build(a.build_dir, a.force)
-        print(f"built {p.bmv2_json} and {p.p4info}")
+        p = build(a.build_dir, a.force, words=a.words)
+        print(f"built {p.bmv2_json} and {p.p4info} ({p.words()} words per packet)")
         return 0
 
     cfg = load(a.config) if a.config else Config(SwitchSpec())
@@ -221,7 +225,7 @@ def run(a) -> int:
             cfg = _need_config(a)
             cfg = dataclasses.replace(cfg, switch=_switch_spec(a, cfg))
             soft = stack.enter_context(_soft_pipeline())
-            own = soft if cfg.switch.target == "soft" else build(a.build_dir)
+            own = soft if cfg.switch.target == "soft" else build(a.build_dir, words=a.words)
 
         def connect(place: P.Place, addr: str, device: int) -> P4RuntimeSwitch:
             pipeline = None

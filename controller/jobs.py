@@ -118,8 +118,10 @@ def install_base(sw: P4RuntimeSwitch, cfg: Config) -> None:
                          {"mac": mac_int(s.mac)}), or_modify=True)
     routed = [(h.ip, h.mac, h.port) for h in cfg.hosts]
     fb = cfg.fallback
-    if fb is not None and fb.port is not None:  # the fallback aggregator hangs off this switch
-        routed.append((fb.ip, fb.mac, fb.port))
+    if fb is not None and fb.port is not None:  # the fallback aggregator hangs off this switch:
+        routed.append((fb.ip, fb.mac, fb.port))  # route to it, and its results to the workers
+        sw.insert(TableEntry(P4.TABLE_AGGREGATORS, {"src_addr": ip_int(fb.ip), "port": fb.port},
+                             P4.ACTION_TRUSTED), or_modify=True)
     for ip, mac, port in routed:
         if ip != s.ip:
             sw.insert(TableEntry(P4.TABLE_ARP_PROXY, {"tpa": ip_int(ip)}, P4.ACTION_ARP_REPLY,

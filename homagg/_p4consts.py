@@ -36,12 +36,17 @@ FLAG_PHASE = 32
 FLAG_RETRANS = 16
 FLAG_STATUS = 8
 FLAG_REFUSED = 4
-WORDS_PER_PACKET = 64
-STATUS_WORD = 61
+WORDS_PER_PACKET = 256
+MAX_WORDS_PER_PACKET = 365
+MIN_WORDS_PER_PACKET = 16
+STATUS_WORD = 253
 HOMAGG_HDR_BYTES = 12
-HOMAGG_PAYLOAD_BYTES = 256
-HOMAGG_UDP_LEN = 276
-HOMAGG_IPV4_LEN = 296
+HOMAGG_PAYLOAD_BYTES = 1024
+HOMAGG_UDP_LEN = 1044
+HOMAGG_IPV4_LEN = 1064
+JOIN_WORDS = 16
+HOMAGG_JOIN_UDP_LEN = 84
+HOMAGG_JOIN_IPV4_LEN = 104
 STAT_RX = 0
 STAT_ACCEPTED = 1
 STAT_COMPLETED = 2
@@ -70,6 +75,10 @@ JOB_STAT_RETRANS = 2
 JOB_STAT_DROPPED = 3
 NO_DROP = 255
 RID_WORKER_OFFSET = 1
+CHUNK_WORDS = 64
+CHUNK_BITS = 2048
+WORD_CHUNKS = 4
+WORDS_BITS = 8192
 SLOT_COPY_BITS = 136
 SEEN_HI = 135
 SEEN_LO = 72
@@ -92,7 +101,6 @@ JOIN_GEN_HI = 23
 JOIN_GEN_LO = 16
 JOIN_EPOCH_HI = 15
 JOIN_EPOCH_LO = 0
-WORDS_BITS = 2048
 ETHERTYPE_IPV4 = 2048
 ETHERTYPE_ARP = 2054
 IP_PROTO_UDP = 17
@@ -145,12 +153,14 @@ class Verdict(enum.IntEnum):
 # ---- P4Info: full names, ids, match fields and parameters ----
 TABLE_ARP_PROXY = 'HomaggIngress.forwarding.arp_proxy'
 TABLE_IPV4_ROUTE = 'HomaggIngress.forwarding.ipv4_route'
+TABLE_AGGREGATORS = 'HomaggIngress.forwarding.aggregators'
 TABLE_JOB_WORKERS = 'HomaggIngress.aggregation.admission.job_workers'
 TABLE_LOCAL_IP = 'HomaggIngress.local_ip'
 TABLE_RESULT_DST = 'HomaggEgress.result_addressing.result_dst'
 ACTION_NOACTION = 'NoAction'
 ACTION_ARP_REPLY = 'HomaggIngress.forwarding.arp_reply'
 ACTION_ROUTE = 'HomaggIngress.forwarding.route'
+ACTION_TRUSTED = 'HomaggIngress.forwarding.trusted'
 ACTION_SET_WORKER = 'HomaggIngress.aggregation.admission.set_worker'
 ACTION_FIRST_WORDS = 'HomaggIngress.aggregation.words.first_words'
 ACTION_MERGE_OVERFLOW = 'HomaggIngress.aggregation.words.merge_overflow'
@@ -171,7 +181,10 @@ COUNTER_JOB_STATS = 'HomaggIngress.aggregation.job_stats'
 REGISTER_JOIN_STATE = 'HomaggIngress.aggregation.join.join_state'
 REGISTER_JOIN_NONCE = 'HomaggIngress.aggregation.join.join_nonce'
 REGISTER_SLOT_STATE = 'HomaggIngress.aggregation.slot_state.slot_state'
-REGISTER_SLOT_WORDS = 'HomaggIngress.aggregation.words.slot_words'
+REGISTER_SLOT_WORDS0 = 'HomaggIngress.aggregation.words.slot_words0'
+REGISTER_SLOT_WORDS1 = 'HomaggIngress.aggregation.words.slot_words1'
+REGISTER_SLOT_WORDS2 = 'HomaggIngress.aggregation.words.slot_words2'
+REGISTER_SLOT_WORDS3 = 'HomaggIngress.aggregation.words.slot_words3'
 REGISTER_SLOT_OVERFLOW = 'HomaggIngress.aggregation.words.slot_overflow'
 
 TABLES: dict[str, dict] = {'HomaggIngress.forwarding.arp_proxy': {'id': 46778369,
@@ -186,6 +199,15 @@ TABLES: dict[str, dict] = {'HomaggIngress.forwarding.arp_proxy': {'id': 46778369
                                                                'match': 'lpm'}},
                                          'actions': [28901978, 21257015],
                                          'size': 1024},
+ 'HomaggIngress.forwarding.aggregators': {'id': 36158273,
+                                          'keys': {'src_addr': {'id': 1,
+                                                                'bits': 32,
+                                                                'match': 'exact'},
+                                                   'port': {'id': 2,
+                                                            'bits': 9,
+                                                            'match': 'exact'}},
+                                          'actions': [31068107, 21257015],
+                                          'size': 16},
  'HomaggIngress.aggregation.admission.job_workers': {'id': 43387275,
                                                      'keys': {'src_addr': {'id': 1,
                                                                            'bits': 32,
@@ -220,6 +242,7 @@ ACTIONS: dict[str, dict] = {'NoAction': {'id': 21257015, 'params': {}},
                                                'src_mac': {'id': 2, 'bits': 48},
                                                'dst_mac': {'id': 3,
                                                            'bits': 48}}},
+ 'HomaggIngress.forwarding.trusted': {'id': 31068107, 'params': {}},
  'HomaggIngress.aggregation.admission.set_worker': {'id': 28042185,
                                                     'params': {'job': {'id': 1,
                                                                        'bits': 16},
@@ -266,7 +289,10 @@ REGISTERS: dict[str, dict] = {'HomaggIngress.aggregation.join.join_state': {'id'
  'HomaggIngress.aggregation.join.join_nonce': {'id': 381645099, 'size': 4096},
  'HomaggIngress.aggregation.slot_state.slot_state': {'id': 383259923,
                                                      'size': 1024},
- 'HomaggIngress.aggregation.words.slot_words': {'id': 382945324, 'size': 2048},
+ 'HomaggIngress.aggregation.words.slot_words0': {'id': 383889298, 'size': 2048},
+ 'HomaggIngress.aggregation.words.slot_words1': {'id': 373589080, 'size': 2048},
+ 'HomaggIngress.aggregation.words.slot_words2': {'id': 381089567, 'size': 2048},
+ 'HomaggIngress.aggregation.words.slot_words3': {'id': 376490643, 'size': 2048},
  'HomaggIngress.aggregation.words.slot_overflow': {'id': 377154927,
                                                    'size': 2048}}
 # fmt: on

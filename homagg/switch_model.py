@@ -22,7 +22,6 @@ from homagg import wire
 from homagg.wire import Verdict  # the P4 program's enum Verdict (types.p4), generated
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-K = wire.WORDS_PER_PACKET
 
 
 
@@ -91,7 +90,7 @@ class Outcome:
 class SlotMemory:
     """The slot registers, 2 copies per slot (index 2 * slot + phase)."""
 
-    def __init__(self, slots: int):
+    def __init__(self, slots: int, k: int = wire.WORDS_PER_PACKET):
         n = 2 * slots
         self.seen = np.zeros(n, np.uint64)
         self.count = np.zeros(n, np.int64)
@@ -100,15 +99,18 @@ class SlotMemory:
         self.epoch = np.zeros(n, np.uint32)
         self.gen = np.zeros(n, np.uint8)
         self.overflow = np.zeros(n, bool)
-        self.words = np.zeros((n, K), np.int32)
+        self.words = np.zeros((n, k), np.int32)
 
 
 class SwitchModel:
-    """One switch's aggregation state: the job table, the slot pool and the counters."""
+    """One switch's aggregation state: the job table, the slot pool and the counters.
+    ``words``: K, the words per packet (the P4 program's build-time WORDS_PER_PACKET)."""
 
-    def __init__(self, slots: int = wire.SLOTS):
+    def __init__(self, slots: int = wire.SLOTS, words: int = wire.WORDS_PER_PACKET):
         self.slots = slots
-        self.mem = SlotMemory(slots)
+        self.k = wire.check_words(words)
+        self.packet_bytes = wire.packet_bytes(words)
+        self.mem = SlotMemory(slots, words)
         self.stats = np.zeros(wire.STATS_SIZE, np.int64)
         self.job_stats = np.zeros(wire.JOB_STATS_SIZE, np.int64)
         self.senders: dict[Address, tuple[JobEntry, int]] = {}
@@ -149,9 +151,15 @@ class SwitchModel:
         stats[_RX] += 1
         # admission.p4
         n = len(data)
-        if n != _PACKET_BYTES:
-            return self._drop(_MALFORMED if n < _PACKET_BYTES else _BAD_LENGTH)
+        if n < _HDR_BYTES:
+            return self._drop(_MALFORMED)
+        # (from here on, a reply to a join says K in its slot field: _reply)
         h = wire.decode_header(data)
+        if h[_OP] == _OP_JOIN:  # JOIN_WORDS words, whatever K (parser.p4)
+            if n != _JOIN_BYTES:
+                return self._drop(_MALFORMED if n < _JOIN_BYTES else _BAD_LENGTH)
+        elif n != self.packet_bytes:  # short: the words do not parse; long: a wrong length
+            return self._drop(_MALFORMED if n < self.packet_bytes else _BAD_LENGTH)
         if h[_VERSION] != _VERSION_VALUE:
             return self._drop(_BAD_VERSION)
         op = h[_OP]
@@ -212,7 +220,7 @@ class SwitchModel:
         kinds = wire.JOB_STATS_PER_JOB * job.id
         jstats = self.job_stats
         if verdict == _V_ACCEPT:
-            words = np.frombuffer(data, ">i4", K, _WORDS_AT).astype(np.int32)
+            words = np.frombuffer(data, ">i4", self.k, _WORDS_AT).astype(np.int32)
             seen, count = (me, 1) if first else (seen | me, count + 1)
             m.seen[idx], m.count[idx], m.tag[idx] = seen, count, seq
             m.op[idx], m.epoch[idx], m.gen[idx] = op, job.epoch, gen
@@ -254,7 +262,7 @@ class SwitchModel:
             jstats[kinds + wire.JOB_STAT_RETRANS] += 1
             rflags = _FLAG_RESULT | _FLAG_STATUS | (flags & _FLAG_PHASE)
             return Outcome("STAT_DUP_PENDING", _V[verdict],
-                           [(_reply(data, rflags, wire.status_words(seen, count)), src)])
+                           [(_reply(data, rflags, wire.status_words(seen, count, self.k)), src)])
         out = self._refuse(_SEQ_MISMATCH if verdict == _V_SEQ_MISMATCH else _STALE, job, data,
                            src, flags)
         out.verdict = _V[verdict]
@@ -281,14 +289,14 @@ class SwitchModel:
                 jstats[kinds + wire.JOB_STAT_RETRANS] += 1
                 rflags = _FLAG_RESULT | _FLAG_RETRANS | (flags & _FLAG_PHASE)
                 return Outcome("STAT_RETRANS_REPLY", _V[_V_RETRANS_REPLY],
-                               [(_reply(data, rflags, None, gen), src)])
+                               [(self._join_reply(data, rflags, None, gen), src)])
             else:
                 stats[_DUP_PENDING] += 1
                 jstats[kinds + wire.JOB_STAT_RETRANS] += 1
                 rflags = _FLAG_RESULT | _FLAG_STATUS | (flags & _FLAG_PHASE)
                 return Outcome("STAT_DUP_PENDING", _V[_V_DUP_PENDING],
-                               [(_reply(data, rflags, wire.status_words(seen, count), gen),
-                                 src)])
+                               [(self._join_reply(data, rflags, wire.status_words(
+                                   seen, count, wire.JOIN_WORDS), gen), src)])
             out = self._refuse(_STALE, job, data, src, flags, gen)
             out.verdict = _V[verdict]
             return out
@@ -305,7 +313,7 @@ class SwitchModel:
         if count == workers:
             stats[_COMPLETED] += 1
             jstats[kinds + wire.JOB_STAT_COMPLETED] += 1
-            pkt = _reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, gen)
+            pkt = self._join_reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, gen)
             out.replies = [(pkt, a) for a in job.result_addresses]
         return out
 
@@ -314,11 +322,22 @@ class SwitchModel:
         """A registered sender's packet dropped (reply.p4): counted, and answered with
         FLAG_REFUSED and the reason in the last word, so the agent can say why."""
         out = self._drop(index, job)
-        words = np.zeros(K, np.int32)
+        join = len(data) == _JOIN_BYTES and data[0] & 0xF == _OP_JOIN
+        words = np.zeros(wire.JOIN_WORDS if join else self.k, np.int32)
         words[-1] = index
-        out.replies = [(_reply(data, _FLAG_RESULT | _FLAG_REFUSED | (flags & _FLAG_PHASE), words,
-                               gen), src)]
+        rflags = _FLAG_RESULT | _FLAG_REFUSED | (flags & _FLAG_PHASE)
+        out.replies = [(self._join_reply(data, rflags, words, gen) if join
+                        else _reply(data, rflags, words, gen), src)]
         return out
+
+    def _join_reply(self, data: bytes, flags: int, words: np.ndarray | None,
+                    gen: int | None) -> bytes:
+        """A reply to a join: its JOIN_WORDS words (``words``, else zeros) and K in the slot
+        field, which is how the agent learns K (reply.p4)."""
+        pkt = bytearray(_reply(data, flags, np.zeros(wire.JOIN_WORDS, np.int32)
+                               if words is None else words, gen))
+        pkt[_SLOT_AT:_SLOT_AT + 2] = self.k.to_bytes(2, "big")
+        return bytes(pkt)
 
     def _drop(self, index: int, job: JobEntry | None = None) -> Outcome:
         self.stats[index] += 1
@@ -327,15 +346,13 @@ class SwitchModel:
         return Outcome(wire.STATS[index])
 
 
-def _reply(data: bytes, flags: int, words: np.ndarray | None, gen: int | None = None) -> bytes:
+def _reply(data: bytes, flags: int, words: np.ndarray, gen: int | None = None) -> bytes:
     """The switch echoes the packet's header (worker included) with new flags, and the gen
-    the join hands out; ``words`` None: the packet's own (a join's reply)."""
+    the join hands out, followed by ``words``."""
     hdr = bytearray(data[:_WORDS_AT])
     hdr[_FLAGS_AT] = flags
     if gen is not None:
         hdr[_GEN_AT] = gen
-    if words is None:
-        return bytes(hdr) + data[_WORDS_AT:]
     return bytes(hdr) + np.asarray(words, ">i4").tobytes()
 
 
@@ -353,8 +370,9 @@ _STALE, _SEQ_MISMATCH = _S["DROP_STALE"], _S["DROP_SEQ_MISMATCH"]
 _F = wire.FIELD
 _VERSION, _OP, _FLAGS, _JOB, _WORKER, _SLOT, _SEQ, _GEN = (_F[n] for n in (
     "version", "op", "flags", "job", "worker", "slot", "seq", "gen"))
-_PACKET_BYTES = wire.PACKET_BYTES
-_WORDS_AT, _FLAGS_AT, _GEN_AT = (wire.OFFSETS[n] for n in ("words", "flags", "gen"))
+_HDR_BYTES, _JOIN_BYTES = wire.HOMAGG_HDR_BYTES, wire.JOIN_BYTES
+_WORDS_AT, _FLAGS_AT, _GEN_AT, _SLOT_AT = (wire.OFFSETS[n] for n in ("words", "flags", "gen",
+                                                                       "slot"))
 _VERSION_VALUE, _OP_ADD, _OP_OR, _OP_JOIN = (wire.HOMAGG_VERSION, wire.OP_ADD, wire.OP_OR,
                                              wire.OP_JOIN)
 _FLAG_RESULT, _FLAG_PHASE, _FLAG_OVERFLOW = wire.FLAG_RESULT, wire.FLAG_PHASE, wire.FLAG_OVERFLOW

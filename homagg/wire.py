@@ -4,7 +4,10 @@ The constants and the header's field list come from the P4 program, through the 
 ``homagg._p4consts`` (``homagg.controller.genconsts``): nothing here is typed twice. The
 header is declared once, as the P4 field list; the struct, the numpy dtype, the byte offsets,
 pack/unpack and the status reply all derive from it. Packets are UDP payloads (homagg header
-+ WORDS_PER_PACKET words); the kernel adds IPv4/UDP.
++ K words); the kernel adds IPv4/UDP. K, the words per packet, is the switch's build-time
+choice: WORDS_PER_PACKET is P4's default, and every function here takes ``k`` for another. A
+join and its replies carry JOIN_WORDS words whatever K (the agent does not know K yet); the
+join's replies say K in their slot field.
 
 Also here, because agents and tests share them: the host-to-host conventions that ride inside
 the words (the scale negotiation's exponent words) and the default addresses.
@@ -27,17 +30,38 @@ from homagg._p4consts import (
     HEADER_FIELDS,
     HOMAGG_HDR_BYTES,
     HOMAGG_VERSION,
+    JOIN_WORDS,
+    MAX_WORDS_PER_PACKET,
+    MIN_WORDS_PER_PACKET,
     OP_ADD,
     OP_JOIN,
     OP_OR,
     STATS,
-    STATUS_WORD,
     WORDS_PER_PACKET,
 )
 from homagg.errors import HomaggError
 
 OPS = {OP_ADD: "add", OP_OR: "or", OP_JOIN: "join"}
-PACKET_BYTES = HOMAGG_HDR_BYTES + 4 * WORDS_PER_PACKET  # the UDP payload
+PACKET_BYTES = HOMAGG_HDR_BYTES + 4 * WORDS_PER_PACKET  # the UDP payload, at P4's default K
+JOIN_BYTES = HOMAGG_HDR_BYTES + 4 * JOIN_WORDS  # a join and its replies, whatever K
+
+
+def packet_bytes(k: int = WORDS_PER_PACKET) -> int:
+    """The UDP payload of a packet of k words."""
+    return HOMAGG_HDR_BYTES + 4 * k
+
+
+def words_in(nbytes: int) -> int | None:
+    """K of a datagram of ``nbytes`` (a reply or a contribution), or None if no K gives it."""
+    k, rest = divmod(nbytes - HOMAGG_HDR_BYTES, 4)
+    return k if rest == 0 and MIN_WORDS_PER_PACKET <= k <= MAX_WORDS_PER_PACKET else None
+
+
+def check_words(k: int) -> int:
+    if not MIN_WORDS_PER_PACKET <= k <= MAX_WORDS_PER_PACKET:
+        raise WireError(f"{k} words per packet: {MIN_WORDS_PER_PACKET} to "
+                        f"{MAX_WORDS_PER_PACKET} (what a 1500-byte MTU holds)")
+    return k
 STAT_INDEX = {v: k for k, v in STATS.items()}
 VERDICTS: dict[str, int] = ENUMS["Verdict"]
 
@@ -109,10 +133,20 @@ def _decoder():
 
 decode_header = _decoder()
 
-#: One packet as a numpy record: build many at once, then send each row's bytes.
-PACKET_DTYPE = np.dtype([(name, "u1" if n == 1 else f">u{n}") for name, n, _ in BYTE_FIELDS]
-                        + [("words", ">i4", (WORDS_PER_PACKET,))])
-assert PACKET_DTYPE.itemsize == PACKET_BYTES
+_DTYPES: dict[int, np.dtype] = {}
+
+
+def packet_dtype(k: int = WORDS_PER_PACKET) -> np.dtype:
+    """One packet of k words as a numpy record: build many at once, then send each row's
+    bytes."""
+    if k not in _DTYPES:
+        _DTYPES[k] = np.dtype([(name, "u1" if n == 1 else f">u{n}")
+                               for name, n, _ in BYTE_FIELDS] + [("words", ">i4", (k,))])
+        assert _DTYPES[k].itemsize == packet_bytes(k)
+    return _DTYPES[k]
+
+
+PACKET_DTYPE = packet_dtype()
 
 
 class WireError(HomaggError, ValueError):
@@ -127,7 +161,7 @@ class Packet:
     worker: int
     slot: int
     seq: int
-    words: np.ndarray  # int32, WORDS_PER_PACKET of them
+    words: np.ndarray  # int32, K of them (JOIN_WORDS in a join)
     version: int = HOMAGG_VERSION
     gen: int = 0       # the run's generation (join.p4)
 
@@ -165,14 +199,17 @@ def header(*, version: int = HOMAGG_VERSION, op: int, flags: int = 0, job: int, 
     return HEADER.pack(*values)
 
 
-def pack(op: int, job: int, worker: int, slot: int, seq: int, words, flags: int = 0,
-         version: int = HOMAGG_VERSION, gen: int = 0) -> bytes:
-    """One homagg UDP payload. ``words``: up to WORDS_PER_PACKET int32 (or uint32 bit sets);
-    fewer are zero-padded (zero is neutral for both ADD and OR)."""
+def pack(op: int, job: int, worker: int, slot: int, seq: int, words=(), flags: int = 0,
+         version: int = HOMAGG_VERSION, gen: int = 0, k: int = WORDS_PER_PACKET) -> bytes:
+    """One homagg UDP payload. ``words``: up to k int32 (or uint32 bit sets); fewer are
+    zero-padded (zero is neutral for both ADD and OR). A join (OP_JOIN) has JOIN_WORDS words,
+    whatever k."""
     w = np.asarray(words)
-    if w.size > WORDS_PER_PACKET:
-        raise WireError(f"{w.size} words do not fit in one packet ({WORDS_PER_PACKET})")
-    body = np.zeros(WORDS_PER_PACKET, ">i4")
+    if op == OP_JOIN:
+        k = JOIN_WORDS
+    if w.size > k:
+        raise WireError(f"{w.size} words do not fit in one packet ({k})")
+    body = np.zeros(k, ">i4")
     body[: w.size] = w.astype(np.uint32).view(np.int32) if w.dtype.kind == "u" else w
     return header(version=version, op=op, flags=flags, job=job, worker=worker, slot=slot,
                   seq=seq, gen=gen) + body.tobytes()
@@ -188,33 +225,41 @@ def fields(buf: bytes) -> dict[str, int]:
     return out
 
 
-def unpack(buf: bytes) -> Packet:
-    """Parse one homagg UDP payload; WireError says what is wrong with a bad one."""
-    if len(buf) != PACKET_BYTES:
-        raise WireError(f"homagg packet of {len(buf)} bytes, expected {PACKET_BYTES}")
+def unpack(buf: bytes, k: int | None = None) -> Packet:
+    """Parse one homagg UDP payload (of k words, or any K a switch can have); WireError says
+    what is wrong with a bad one."""
+    if len(buf) < HOMAGG_HDR_BYTES:
+        raise WireError(f"homagg packet of {len(buf)} bytes, shorter than the header")
     f = fields(buf)
+    join = f["op"] == OP_JOIN
+    n = (JOIN_WORDS if len(buf) == JOIN_BYTES else None) if join else words_in(len(buf))
+    if n is None or (k is not None and not join and n != k):
+        want = packet_bytes(k) if k is not None else "header + 4 K"
+        raise WireError(f"homagg packet of {len(buf)} bytes, expected {want}")
     if f["version"] != HOMAGG_VERSION:
         raise WireError(f"homagg version {f['version']}, expected {HOMAGG_VERSION}")
     if f["op"] not in OPS:
         raise WireError(f"unknown homagg op {f['op']}")
-    words = np.frombuffer(buf, ">i4", WORDS_PER_PACKET, HOMAGG_HDR_BYTES).astype(np.int32)
+    words = np.frombuffer(buf, ">i4", n, HOMAGG_HDR_BYTES).astype(np.int32)
     return Packet(f["op"], f["flags"], f["job"], f["worker"], f["slot"], f["seq"], words,
                   f["version"], f["gen"])
 
 
-def status_words(seen: int, count: int) -> np.ndarray:
-    """A status reply's words: 0 but for (bitmap high, bitmap low, count) from STATUS_WORD."""
-    w = np.zeros(WORDS_PER_PACKET, np.uint32)
-    w[STATUS_WORD:STATUS_WORD + 3] = (seen >> 32, seen & 0xFFFFFFFF, count)
+def status_words(seen: int, count: int, k: int = WORDS_PER_PACKET) -> np.ndarray:
+    """A status reply's words: 0 but for the last three, (bitmap high, bitmap low, count)
+    (STATUS_WORD at P4's default K)."""
+    w = np.zeros(k, np.uint32)
+    w[k - 3:] = (seen >> 32, seen & 0xFFFFFFFF, count)
     return w.view(np.int32)
 
 
 def parse_status(words) -> tuple[int, int]:
     """(contributors bitmap, count) from a status reply's words (int32 or big-endian)."""
-    w = np.asarray(words)[STATUS_WORD:STATUS_WORD + 3].astype(np.int64) & 0xFFFFFFFF
+    w = np.asarray(words)[-3:].astype(np.int64) & 0xFFFFFFFF
     return (int(w[0]) << 32) | int(w[1]), int(w[2])
 
 
-def packets(n: int) -> np.ndarray:
-    """A zeroed batch of n packet records (fill fields, then ``batch[i].tobytes()``)."""
-    return np.zeros(n, PACKET_DTYPE)
+def packets(n: int, k: int = WORDS_PER_PACKET) -> np.ndarray:
+    """A zeroed batch of n packet records of k words (fill fields, then
+    ``batch[i].tobytes()``)."""
+    return np.zeros(n, packet_dtype(k))

@@ -41,6 +41,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default=f"0.0.0.0:{wire.DEFAULT_AGENT_PORT}",
                    help="IP[:PORT] this agent sends from")
     p.add_argument("--slots", type=int, default=64, help="the job's slot region size")
+    p.add_argument("--words", type=int, metavar="K",
+                   help="words per packet; default: the switch's, learnt at the join (set, a "
+                        "switch built otherwise is an error)")
     p.add_argument("--timeout", type=float, default=0.05,
                    help="initial retransmission timeout (s); measured round trips take over")
     p.add_argument("--max-timeout", type=float, default=AgentConfig.max_timeout,
@@ -185,7 +188,7 @@ def main(argv=None) -> int:
                           _addr(a.bind, wire.DEFAULT_AGENT_PORT), a.slots, timeout=a.timeout,
                           deadline=a.deadline, max_timeout=a.max_timeout,
                           rate_pps=a.rate, mode=a.mode, index=a.index,
-                          shift_bias=a.shift_bias,
+                          shift_bias=a.shift_bias, words=a.words,
                           faults=FaultSpec(a.inject_loss / 100, a.inject_dup / 100,
                                            a.inject_reorder / 100, seed=1000 * a.job + a.worker))
         t0 = time.monotonic()
@@ -198,7 +201,8 @@ def main(argv=None) -> int:
         summary = {"job": a.job, "worker": a.worker, "bytes_on_wire": c.bytes_sent,
                    "dense_fp32_bytes": extra.pop("dense_bytes"), "packets": c.packets_sent,
                    "rounds": c.rounds, "retransmissions": c.retransmissions,
-                   "rescales": c.rescales, "ignored": c.ignored,
+                   "rescales": c.rescales, "ignored": c.ignored, "results": c.results,
+                   "join_packets": c.join_packets,
                    "injected": agent_faults,
                    "seconds": round(time.monotonic() - t0, 3), "checked": a.check, **extra}
     except AgentError as e:

@@ -55,6 +55,8 @@ class AgentConfig:
     headroom: int = DEFAULT_HEADROOM
     block: int = DEFAULT_BLOCK   # elements per scale block (codec.blocks); same on every worker
     max_rescales: int = 6
+    words: int | None = None     # K, words per packet: None learns the switch's at the join;
+                                 # a number is checked against it (a mismatch fails at once)
     # Fault injection, for tests and demos: loss/duplication/reordering at this agent's socket
     # (where the kernel has no netem), and a scale finer than negotiated by this many bits
     # (forces the switch's overflow flag; every worker of the job must use the same value).
@@ -67,6 +69,10 @@ class AgentConfig:
                              f"workers <= {wire.MAX_WORKERS}")
         if not 1 <= self.slots <= wire.SLOTS:
             raise AgentError(f"slots {self.slots}: 1 to {wire.SLOTS}")
+        if self.words is not None and not (wire.MIN_WORDS_PER_PACKET <= self.words
+                                           <= wire.MAX_WORDS_PER_PACKET):
+            raise AgentError(f"words {self.words}: {wire.MIN_WORDS_PER_PACKET} to "
+                             f"{wire.MAX_WORDS_PER_PACKET} per packet")
         try:
             as_mode(self.mode, auto=True)
         except CodecError:

@@ -86,9 +86,10 @@ class MemoryTransport:
                              f"({self.broken}); reset the job and start a new agent")
         words = np.ascontiguousarray(words)
         words = words.view(np.int32) if words.dtype == np.uint32 else words.astype(np.int32)
-        chunks = max(1, -(-words.size // wire.WORDS_PER_PACKET))
+        k = self.cfg.words or wire.WORDS_PER_PACKET
+        chunks = max(1, -(-words.size // k))
         self.counters.packets_sent += chunks
-        self.counters.bytes_sent += chunks * wire.PACKET_BYTES
+        self.counters.bytes_sent += chunks * wire.packet_bytes(k)
         try:
             out, overflow, error = self.switch_model.round(self.cfg.worker, op, words)
         except threading.BrokenBarrierError:

@@ -9,11 +9,13 @@ contributors, so a dead peer is named in the error, after ``deadline`` seconds o
 An overflow flagged by the switch is reported once the round is complete (``SwitchOverflow``):
 every worker sees the same flag, so all of them can redo the round at a smaller scale.
 
-A run starts with a join (the switch's join.p4): one OP_JOIN packet carrying a random nonce,
-answered once every worker of the job has joined with the run's generation, which every later
-packet carries. The switch treats slot state of an earlier generation as empty, so chunk
-numbers (and round tags) start at 0 in every run and runs that follow each other on one job
-need no reset; a worker still retransmitting from an earlier run is dropped as stale.
+A run starts with a join (the switch's join.p4): one OP_JOIN packet (JOIN_WORDS words, whatever
+K) carrying a random nonce, answered once every worker of the job has joined with the run's
+generation, which every later packet carries. The reply's slot field is the switch's K, the
+words per packet it was built with: the agent learns K there (a K configured here that differs
+is an error at once). The switch treats slot state of an earlier generation as empty,
+so chunk numbers (and round tags) start at 0 in every run and runs that follow each other on
+one job need no reset; a worker still retransmitting from an earlier run is dropped as stale.
 
 The header is ``homagg.wire``'s (its struct, field list and status words): nothing of the
 protocol is spelt out here.
@@ -37,12 +39,11 @@ from homagg.host_agent.rto import RtoEstimator
 if TYPE_CHECKING:
     from homagg.host_agent.allreduce import Counters
 
-K = wire.WORDS_PER_PACKET
-P = wire.PACKET_BYTES
 _WORDS_AT = wire.OFFSETS["words"]
 #: Positions of the header fields a result is matched by, in ``wire.HEADER``'s tuple.
 _FIELD_NAMES = [name for name, _, _ in wire.BYTE_FIELDS]
-_FLAGS, _JOB, _SEQ, _GEN = (_FIELD_NAMES.index(f) for f in ("flags", "job", "seq", "gen"))
+_FLAGS, _JOB, _SEQ, _GEN, _SLOT = (_FIELD_NAMES.index(f) for f in ("flags", "job", "seq", "gen",
+                                                                    "slot"))
 _VERSION_OP = _FIELD_NAMES.index("version_op")  # version (high nibble) and op (low)
 #: Refusals (FLAG_REFUSED) that mean this agent's settings disagree with the switch's job.
 _CONFIG_ERRORS = {
@@ -84,6 +85,8 @@ class Transport:
             self.sock = ImpairedSocket(sock, cfg.faults)
         self.switch = (socket.gethostbyname(cfg.switch[0]), cfg.switch[1])
         self.chunk = 0        # next global chunk number (identical on every worker)
+        self.k: int = 0       # words per packet: the switch's, from the join's reply
+        self.packet_bytes = 0
         self.gen: int | None = None  # the run's generation, from the join (first stream)
         self.broken: str | None = None
         self.rbuf = bytearray(2048)
@@ -108,10 +111,27 @@ class Transport:
         """The job's barrier at the start of this agent's run: the generation the switch hands
         out once every worker has joined (retransmitted like any round, with the deadline)."""
         nonce = secrets.randbits(32) or 1  # 0: a register never written
-        r = _Round(self, wire.OP_JOIN, np.zeros(K, np.int32), join_nonce=nonce)
+        r = _Round(self, wire.OP_JOIN, np.zeros(wire.JOIN_WORDS, np.int32), join_nonce=nonce)
         r.run()
-        assert r.gen is not None
+        assert r.gen is not None and self.k
         return r.gen
+
+    def learn_words(self, k: int) -> None:
+        """K from the join's reply. An agent told K (``AgentConfig.words``) that differs from
+        the switch's stops here, in its first round, with both numbers."""
+        if self.cfg.words is not None and self.cfg.words != k:
+            self.broken = "words per packet"
+            raise AgentError(f"{self.who}: the switch {self.switch[0]}:{self.switch[1]} was "
+                             f"built for {k} words per packet and this agent for "
+                             f"{self.cfg.words}: leave the agent's words unset (it learns K "
+                             "from the switch) or rebuild the switch with homagg-ctl build "
+                             f"--words {self.cfg.words}")
+        if not wire.MIN_WORDS_PER_PACKET <= k <= wire.MAX_WORDS_PER_PACKET:
+            self.broken = "words per packet"
+            raise AgentError(f"{self.who}: the switch {self.switch[0]}:{self.switch[1]} "
+                             f"answered the join with {k} words per packet, which no homagg "
+                             "switch has: is it an older homagg?")
+        self.k, self.packet_bytes = k, wire.packet_bytes(k)
 
 
 class _Round:
@@ -125,14 +145,17 @@ class _Round:
     def __init__(self, t: Transport, op: int, words: np.ndarray, join_nonce: int | None = None):
         cfg = t.cfg
         self.t, self.cfg, self.counters = t, cfg, t.counters
-        self.n = n = words.size
-        self.nchunks = nchunks = max(1, -(-n // K))
         self.join = join_nonce is not None  # the join: one packet, its seq the nonce
+        # K words per chunk; a join has JOIN_WORDS (K is what its reply tells)
+        self.k = K = wire.JOIN_WORDS if self.join else t.k
+        self.n = n = words.size
+        self.nchunks = nchunks = 1 if self.join else max(1, -(-n // K))
+        self.psize = wire.JOIN_BYTES if self.join else t.packet_bytes
         self.g0 = g0 = 0 if self.join else t.chunk
         self.gen: int | None = None if self.join else t.gen
         S = cfg.slots
         g = g0 + np.arange(nchunks, dtype=np.int64)
-        batch = np.zeros(nchunks, wire.PACKET_DTYPE)
+        batch = np.zeros(nchunks, wire.packet_dtype(K))
         fixed = wire.HEADER.unpack(wire.header(op=op, job=cfg.job, worker=cfg.worker, slot=0,
                                                seq=0, gen=self.gen or 0))
         for name, value in zip(_FIELD_NAMES, fixed):
@@ -144,6 +167,7 @@ class _Round:
         padded[:n] = words.view(np.int32) if words.dtype == np.uint32 else words
         batch["words"] = padded.reshape(nchunks, K)  # (a reshape of the field would copy)
         self.buf = memoryview(batch.tobytes())
+        assert len(self.buf) == nchunks * self.psize
 
         self.out = np.zeros(nchunks * K, np.int32)
         self.done = np.zeros(nchunks, bool)
@@ -187,7 +211,7 @@ class _Round:
     def send(self, c: int) -> None:
         t = self.t
         try:
-            t.sock.sendto(self.buf[c * P:(c + 1) * P], t.switch)
+            t.sock.sendto(self.buf[c * self.psize:(c + 1) * self.psize], t.switch)
         except BlockingIOError:
             return  # socket buffer full: the timeout resends it
         except OSError as e:
@@ -198,7 +222,7 @@ class _Round:
             self.counters.join_packets += 1
         else:
             self.counters.packets_sent += 1
-            self.counters.bytes_sent += P
+            self.counters.bytes_sent += self.psize
         if self.interval:
             self.next_send = max(self.next_send + self.interval,
                                  time.monotonic() - 4 * self.interval)
@@ -254,8 +278,9 @@ class _Round:
     def take(self, nb: int, src: tuple[str, int]) -> None:
         """One datagram in ``rbuf``: a result, a status reply, or something to ignore."""
         t, cfg, rbuf = self.t, self.cfg, self.t.rbuf
-        if (nb != P or src[0] != t.switch[0]
-                or not wire.HOMAGG_UDP_PORT_MIN <= src[1] <= wire.HOMAGG_UDP_PORT_MAX):
+        if (src[0] != t.switch[0]
+                or not wire.HOMAGG_UDP_PORT_MIN <= src[1] <= wire.HOMAGG_UDP_PORT_MAX
+                or nb != (wire.JOIN_BYTES if self.join else t.packet_bytes)):
             self.counters.ignored += 1
             return
         head = wire.HEADER.unpack_from(rbuf)
@@ -272,6 +297,9 @@ class _Round:
         if job != cfg.job or not flags & wire.FLAG_RESULT or c >= self.nchunks:
             self.counters.ignored += 1
             return
+        if self.join and not t.k:  # the join's first reply: the switch's K, in its slot field
+            t.learn_words(head[_SLOT])
+        K = self.k
         if flags & wire.FLAG_REFUSED:
             self.refused_by_switch(c, int.from_bytes(rbuf[_WORDS_AT + 4 * (K - 1):
                                                           _WORDS_AT + 4 * K], "big"))

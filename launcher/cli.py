@@ -56,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
                              "past them fall back to the software aggregator on host fb")
     common.add_argument("--no-fallback", action="store_true",
                         help="no fallback aggregator: a job that does not fit is an error")
+    common.add_argument("--words", type=int, metavar="K",
+                        help="words per packet the switch is built (bmv2) or started (soft) "
+                             "with; default 256; the agents learn it from the switch")
     common.add_argument("--log-dir", type=Path, help="default build/logs/net")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", parents=[common], help="the end-to-end training demo")
@@ -75,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
 def _options(a) -> NetOptions:
     o = NetOptions(workers=a.workers, target=a.target, bw=a.bw, delay=a.delay, loss=a.loss,
                    dup=a.dup, reorder=a.reorder, jitter=a.jitter, jobs=a.jobs, slots=a.slots,
-                   switch_slots=a.switch_slots, fallback=not a.no_fallback)
+                   switch_slots=a.switch_slots, fallback=not a.no_fallback, words=a.words)
     for flag in ("inject_loss", "inject_dup", "inject_reorder"):
         if getattr(a, flag):
             o.agent_args += (f"--{flag.replace('_', '-')}", str(getattr(a, flag)))

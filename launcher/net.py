@@ -98,6 +98,7 @@ class NetOptions:
     slots: int | None = None     # None: 16 on bmv2, 64 on the soft target
     switch_slots: int | None = None  # the switch's slot pool for homagg; None: all of it
     fallback: bool = True        # host fb: a software aggregator for jobs that do not fit
+    words: int | None = None     # K, words per packet (None: the P4 default); agents learn it
     job: int = 1
     log_dir: Path = field(default_factory=lambda: paths.log_dir("net"))
 
@@ -289,7 +290,8 @@ class HomaggNet:
 
         soft = Pipeline(self.opts.log_dir / "no-device-config", P4INFO_FILE)
         soft.bmv2_json.write_bytes(b"")  # the aggregator runs homagg's pipeline natively
-        out = {"fallback": soft, "switch": build() if self.target == "bmv2" else soft}
+        out = {"fallback": soft,
+               "switch": build(words=self.opts.words) if self.target == "bmv2" else soft}
         return {r: out[r] for r in roles}
 
     def _install(self, roles=("switch", "fallback")) -> None:
@@ -347,8 +349,9 @@ class HomaggNet:
         sock = Path(grpc.removeprefix("unix:"))
         sock.unlink(missing_ok=True)
         out = open(self.opts.log_dir / f"{host}-aggregator.out", "w")
+        words = ["--words", str(self.opts.words)] if self.opts.words else []
         p = node.popen([sys.executable, "-m", "homagg.targets.soft", "--bind", node.IP(),
-                        "--grpc", grpc, "--log-level", "warning"],
+                        "--grpc", grpc, "--log-level", "warning", *words],
                        stdout=out, stderr=subprocess.STDOUT)
         self.procs.append(p)
         for _ in range(150):

@@ -35,9 +35,11 @@ def free_udp_port(ip="127.0.0.1"):
 class Job:
     """A soft switch on its own loopback address and W agents, one thread each."""
 
-    def __init__(self, workers, slots=16, faults=None, per_worker=None, **agent_kw):
+    def __init__(self, workers, slots=16, faults=None, per_worker=None,
+                 switch_words=wire.WORDS_PER_PACKET, **agent_kw):
         self.switch_ip = f"127.0.1.{next(_switch_ips)}"
-        self.server = SoftSwitchServer(SoftSwitch(), (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN),
+        self.server = SoftSwitchServer(SoftSwitch(words=switch_words),
+                                       (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN),
                                        faults).start()
         ports = [free_udp_port() for _ in range(workers)]
         self.server.switch.add_job(1, [("127.0.0.1", p) for p in ports], slots)
@@ -297,8 +299,8 @@ def test_faults_injected_at_every_agent_socket_stay_exact(make_job):
     job = make_job(4, deadline=10,
                    per_worker=lambda w: {"faults": FaultSpec(0.10, 0.05, 0.10, seed=w)})
     rng = np.random.default_rng(11)
-    for _ in range(3):
-        xs = sparse_tensors(rng, 4, 30_000, 0.01)
+    for _ in range(3):  # enough packets at K = 256 for every kind of fault on every socket
+        xs = sparse_tensors(rng, 4, 120_000, 0.01)
         res, err = job.run(lambda a, w, xs=xs: a.allreduce_detailed(xs[w]))
         assert not any(err), err
         assert_exact(res, xs)
@@ -557,6 +559,38 @@ def test_packets_the_switch_holds_stale_are_named_in_the_error(make_job):
     job.new_run()
     for a in job.agents:
         a.transport.gen = 0  # as if this run skipped the join: older than the switch's state
+        a.transport.learn_words(wire.WORDS_PER_PACKET)  # (what the join would have said)
     res, err = job.run(lambda a, w: a.allreduce(x))
     assert all(isinstance(e, AggregationTimeout) for e in err), err
     assert all("DROP_STALE" in str(e) for e in err)
+
+
+@pytest.mark.parametrize("k", [64, 100, wire.MAX_WORDS_PER_PACKET])
+def test_agents_learn_k_from_the_switch_and_stay_exact(make_job, k):
+    """A switch built for another K: the agents learn it from the join's reply (every
+    packet after it has K words), and every mode stays exact."""
+    job = make_job(3, switch_words=k)
+    rng = np.random.default_rng(k)
+    for density in (0.01, 0.5):
+        xs = sparse_tensors(rng, 3, 20_000, density)
+        res, err = job.run(lambda a, w, xs=xs: a.allreduce_detailed(xs[w]))
+        assert not any(err), err
+        assert_exact(res, xs)
+    for a in job.agents:
+        assert a.transport.k == k
+        c = a.counters
+        assert c.bytes_sent == c.packets_sent * wire.packet_bytes(k)
+
+
+def test_an_agent_told_another_k_fails_at_the_join_naming_both(make_job):
+    job = make_job(2, switch_words=64, words=wire.WORDS_PER_PACKET, deadline=5.0)
+    t0 = time.monotonic()
+    res, err = job.run(lambda a, w: a.allreduce(np.ones(1000, np.float32)))
+    assert all(isinstance(e, AgentError) and not isinstance(e, AggregationTimeout)
+               for e in err), err
+    assert f"built for 64 words per packet and this agent for {wire.WORDS_PER_PACKET}" \
+        in str(err[0])
+    assert time.monotonic() - t0 < 2.0  # the first reply, not the deadline
+    assert AgentConfig(1, 0, 2, words=64).words == 64
+    with pytest.raises(AgentError, match="words 10"):
+        AgentConfig(1, 0, 2, words=10)

@@ -55,17 +55,26 @@ def test_header_derives_from_the_p4_field_list():
     assert wire.PACKET_DTYPE.names[:-1] == tuple(wire.OFFSETS)[:-1]
 
 
-def test_words_field_holds_exactly_the_packet_words():
-    assert wire.WORDS_BITS == 32 * wire.WORDS_PER_PACKET
-    lanes = (paths.p4_dir() / "include" / "lanes.p4").read_text()
+def test_words_are_whole_chunks_and_lane_sign_has_bit_31_of_every_lane():
+    """p4c's widest type is 2048 bits: the words are K / 64 chunks of 64 lanes each."""
     import re
 
-    sign = re.search(r"const words_t LANE_SIGN = 0x([0-9a-fA-F]+);", lanes).group(1)
-    assert sign.lower() == "80000000" * wire.WORDS_PER_PACKET
+    assert wire.CHUNK_BITS == 32 * wire.CHUNK_WORDS == 2048
+    assert wire.WORDS_PER_PACKET % wire.CHUNK_WORDS == 0
+    assert wire.WORD_CHUNKS * wire.CHUNK_WORDS == wire.WORDS_PER_PACKET
+    assert wire.WORDS_BITS == 32 * wire.WORDS_PER_PACKET
+    lanes = (paths.p4_dir() / "include" / "lanes.p4").read_text()
+    sign = re.search(r"const chunk_t LANE_SIGN = 0x([0-9a-fA-F]+);", lanes).group(1)
+    assert sign.lower() == "80000000" * wire.CHUNK_WORDS
 
 
 def test_lengths_are_consistent():
     assert wire.STATUS_WORD + 3 == wire.WORDS_PER_PACKET
+    assert wire.HOMAGG_JOIN_UDP_LEN == 8 + wire.JOIN_BYTES
+    assert wire.HOMAGG_JOIN_IPV4_LEN == 20 + wire.HOMAGG_JOIN_UDP_LEN
+    # K: what a 1500-byte MTU holds at most
+    assert 20 + 8 + wire.packet_bytes(wire.MAX_WORDS_PER_PACKET) <= 1500
+    assert 20 + 8 + wire.packet_bytes(wire.MAX_WORDS_PER_PACKET + 1) > 1500
     assert wire.HOMAGG_PAYLOAD_BYTES == 4 * wire.WORDS_PER_PACKET
     assert wire.HOMAGG_UDP_LEN == 8 + wire.HOMAGG_HDR_BYTES + wire.HOMAGG_PAYLOAD_BYTES
     assert wire.HOMAGG_IPV4_LEN == 20 + wire.HOMAGG_UDP_LEN
@@ -78,12 +87,33 @@ def test_verdict_enum_comes_from_p4():
 
 
 def test_pack_unpack_round_trip():
-    words = np.arange(-5, 59, dtype=np.int32)
+    words = np.arange(-5, wire.WORDS_PER_PACKET - 5, dtype=np.int32)
     buf = wire.pack(wire.OP_ADD, 3, 2, 17, 2**32 - 1, words, flags=wire.FLAG_PHASE)
     assert len(buf) == wire.PACKET_BYTES
     p = wire.unpack(buf)
     assert (p.op, p.job, p.worker, p.slot, p.seq, p.phase) == (wire.OP_ADD, 3, 2, 17, 2**32 - 1, 1)
     np.testing.assert_array_equal(p.words, words)
+
+
+@pytest.mark.parametrize("k", [64, wire.WORDS_PER_PACKET])
+def test_any_k_packs_and_unpacks_and_a_join_is_the_header_alone(k):
+    words = np.arange(k, dtype=np.int32) - 7
+    buf = wire.pack(wire.OP_ADD, 3, 2, 17, 5, words, k=k)
+    assert len(buf) == wire.packet_bytes(k) and wire.words_in(len(buf)) == k
+    np.testing.assert_array_equal(wire.unpack(buf).words, words)
+    np.testing.assert_array_equal(wire.unpack(buf, k).words, words)
+    with pytest.raises(wire.WireError, match="bytes"):
+        wire.unpack(buf, k + 1)
+    join = wire.pack(wire.OP_JOIN, 3, 2, 0, 99, k=k)  # whatever k: JOIN_WORDS words
+    assert len(join) == wire.JOIN_BYTES == wire.HOMAGG_HDR_BYTES + 4 * wire.JOIN_WORDS
+    p = wire.unpack(join, k)
+    assert p.op == wire.OP_JOIN and p.seq == 99 and p.words.size == wire.JOIN_WORDS
+    with pytest.raises(wire.WireError, match="do not fit"):
+        wire.pack(wire.OP_JOIN, 3, 2, 0, 99, np.ones(wire.JOIN_WORDS + 1))
+    status = wire.status_words(3, 2, k)
+    assert status.size == k and wire.parse_status(status) == (3, 2)
+    with pytest.raises(wire.WireError, match="words per packet"):
+        wire.check_words(wire.MAX_WORDS_PER_PACKET + 1)
 
 
 def test_pack_pads_and_accepts_bitsets():
@@ -118,7 +148,7 @@ def test_packet_dtype_matches_struct():
     batch["worker"] = 1
     batch["slot"] = [0, 1]
     batch["seq"] = 9
-    batch["words"][1] = np.arange(64)
+    batch["words"][1] = np.arange(wire.WORDS_PER_PACKET)
     p = wire.unpack(batch[1].tobytes())
     assert (p.job, p.worker, p.slot, p.seq) == (5, 1, 1, 9)
-    np.testing.assert_array_equal(p.words, np.arange(64))
+    np.testing.assert_array_equal(p.words, np.arange(wire.WORDS_PER_PACKET))

@@ -8,7 +8,7 @@ homagg-ctl writes and reads them on bmv2. ``SoftSwitchServer`` puts it on a UDP 
 ``homagg.targets.p4runtime_server`` on P4Runtime, so homagg-ctl drives it as it drives bmv2.
 
     homagg-softswitch [--config net.toml] [--bind 10.0.0.254] [--grpc 127.0.0.1:9559]
-                      [--stats-file stats.json]
+                      [--words K] [--stats-file stats.json]
 
 Jobs come from the controller (``homagg-ctl -c net.toml install`` / ``job add``), or from the
 config's [[jobs]] at start (written to the tables as homagg-ctl would). SIGHUP resets every job
@@ -105,14 +105,15 @@ class SoftSwitch:
     ``add_job``/``remove_job``/``reset_job`` do what homagg-ctl does on bmv2 (first-fit regions,
     epochs from the EPOCH_STORE cell), through the same tables a P4Runtime client sees."""
 
-    def __init__(self, slots: int = wire.SLOTS):
+    def __init__(self, slots: int = wire.SLOTS, words: int = wire.WORDS_PER_PACKET):
         self.slots = slots
+        self.words = wire.check_words(words)  # K: agents learn it from the join's reply
         self.lock = threading.Lock()
         self._fresh()
 
     def _fresh(self) -> None:
         """The pipeline just loaded: empty tables and groups, zero counters and slot memory."""
-        self.model = SwitchModel(self.slots)
+        self.model = SwitchModel(self.slots, self.words)
         self.tables: dict[str, dict[Match, Entry]] = {t: {} for t in P4.TABLES}
         self.groups: dict[int, list[tuple[int, int]]] = {}
         self.fwd_stats = np.zeros(wire.FWD_STATS_SIZE, np.int64)
@@ -494,13 +495,16 @@ def main(argv=None) -> int:
                          f"{DEFAULT_GRPC}); 'none': do not")
     ap.add_argument("--device-id", type=int,
                     help="P4Runtime device id (default: the config's, else 1)")
+    ap.add_argument("--words", type=int, default=wire.WORDS_PER_PACKET, metavar="K",
+                    help=f"words per packet (default {wire.WORDS_PER_PACKET}, as the P4 "
+                         "program's default build; agents learn it from the join)")
     ap.add_argument("--stats-file", type=Path, help="write counters as JSON here every 0.2 s")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     a = ap.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     try:
         cfg = load(a.config) if a.config else None
-        sw = SoftSwitch()
+        sw = SoftSwitch(words=a.words)
         for j in cfg.jobs if cfg else ():
             job = sw.add_job(j.id, [(w.ip, w.udp_port) for w in j.workers], j.slots,
                              [w.switch_port for w in j.workers])

@@ -34,19 +34,33 @@ const bit<8>  FLAG_REFUSED   = 0x04;   /* reply to a packet of a registered send
                                           round mismatch): word 63 = the DROP_* reason, so the
                                           agent can say why; not a result */
 
-/* Words per packet (K). 64 x 32 bit = 256 B of payload, 310 B frames: SwitchML's choice, and
- * on bmv2 the per-packet cost (parse, queue, thread hand-offs) dominates the per-word cost, so
- * fewer, larger packets aggregate more elements per second. The header below has exactly this
- * many word fields and ingress exactly this many register lanes. */
-#define WORDS_PER_PACKET 64
+/* Words per packet (K), set at build time: `homagg-ctl build --words K` compiles with
+ * -DWORDS_PER_PACKET=K. 64 x 32 bit (256 B of payload, 310 B frames) is SwitchML's choice and
+ * suits Tofino; on bmv2 the per-packet cost (parse, queue, thread hand-offs) dominates the
+ * per-word cost, so the default is 256 (1024 B of payload, 1078 B frames). A multiple of 64
+ * (the words are 64-word chunks: types.p4), so 64 to 320 within a 1500-byte MTU. Everything
+ * below derives from it: the words fields, the registers, the lengths. Agents learn K from the
+ * join's reply. (MAX_WORDS_PER_PACKET is the wire's limit, for any target: what the MTU
+ * holds.) */
+#ifndef WORDS_PER_PACKET
+#define WORDS_PER_PACKET 256
+#endif
+#define MAX_WORDS_PER_PACKET 365   /* (1500 - 20 IPv4 - 8 UDP - 12 homagg) / 4 */
+#define MIN_WORDS_PER_PACKET 16    /* room for a status reply and the scale negotiation */
 /* A status reply (FLAG_STATUS) carries the contributors bitmap (high, low) and their count in
  * its last three words, from STATUS_WORD on: the low end of the words field, because bmv2
  * limits wide shifts (reply.p4). */
 const bit<32> STATUS_WORD = WORDS_PER_PACKET - 3;
 const bit<16> HOMAGG_HDR_BYTES     = 12;
-const bit<16> HOMAGG_PAYLOAD_BYTES = 256;   /* 4 * WORDS_PER_PACKET */
-const bit<16> HOMAGG_UDP_LEN       = 276;   /* 8 (UDP) + 12 (homagg) + 256 (words) */
-const bit<16> HOMAGG_IPV4_LEN      = 296;   /* 20 (IPv4, no options) + HOMAGG_UDP_LEN */
+const bit<16> HOMAGG_PAYLOAD_BYTES = 4 * WORDS_PER_PACKET;
+const bit<16> HOMAGG_UDP_LEN       = 8 + HOMAGG_HDR_BYTES + HOMAGG_PAYLOAD_BYTES;
+const bit<16> HOMAGG_IPV4_LEN      = 20 + HOMAGG_UDP_LEN;    /* no IPv4 options */
+/* A join (and its replies) carries JOIN_WORDS words whatever K, since the agent does not know K
+ * yet: room for a status reply, and small, because bmv2 cannot grow a packet by more than its
+ * buffer's headroom. The join's replies say K in the header's slot field. */
+#define JOIN_WORDS 16
+const bit<16> HOMAGG_JOIN_UDP_LEN  = 8 + HOMAGG_HDR_BYTES + 4 * JOIN_WORDS;
+const bit<16> HOMAGG_JOIN_IPV4_LEN = 20 + HOMAGG_JOIN_UDP_LEN;
 
 /* ---- counters ---------------------------------------------------------------------------- */
 /* Switch-wide (STATS_SIZE cells): index = reason. A new drop reason is one line here, and

@@ -60,7 +60,7 @@ header udp_h {
  * +---------------------------------------------------------------+
  * :                              ...                              :
  * +---------------------------------------------------------------+
- * |                   word WORDS_PER_PACKET - 1                   |
+ * |                 word K - 1 (K = WORDS_PER_PACKET)             |
  * +---------------------------------------------------------------+
  *
  *  op:     OP_ADD (int32 add), OP_OR (bitwise OR), or OP_JOIN (a new run's first packet)
@@ -68,7 +68,8 @@ header udp_h {
  *          an older generation is empty to a newer one, so round tags restart each run
  *  flags:  R result (switch -> host only), O overflow, P phase (which copy of the slot),
  *          T retransmitted result (unicast reply to a duplicate), S status: the round is not
- *          finished yet (reply to a duplicate; words 61-62 contributors bitmap, word 63 count, all others 0)
+ *          finished yet (reply to a duplicate; words K-3, K-2 contributors bitmap, word K-1 count,
+ *          all others 0)
  *  slot:   index within the job's slot region
  *  seq:    the round tag: every worker sends the same seq into the same slot round, and a
  *          worker's successive rounds on one slot have increasing seq (serial arithmetic)
@@ -85,10 +86,16 @@ header homagg_h {
     bit<32> seq;        /* seq_t */
 }
 
-/* WORDS_PER_PACKET words as one field (lanes.p4 says why): word 0, first on the wire, is
- * bits [2047:2016]. */
+/* WORDS_PER_PACKET words as chunks of 64 (types.p4; lanes.p4 says why): word 0, first on the
+ * wire, is w0's top 32 bits; word K - 1 is the last chunk's low 32 bits. */
+#define WORDS_FIELD(i) chunk_t w##i;
 header words_h {
-    bit<2048> w;
+    FOR_CHUNKS(WORDS_FIELD)
+}
+
+/* A join's JOIN_WORDS words (constants.p4): zero from the agent; a status in a reply. */
+header join_words_h {
+    bit<512> w;    /* 32 * JOIN_WORDS */
 }
 
 struct headers_t {
@@ -98,6 +105,7 @@ struct headers_t {
     udp_h      udp;
     homagg_h   homagg;
     words_h    words;
+    join_words_h join_words;
 }
 
 struct metadata_t {

@@ -39,6 +39,18 @@ parser HomaggParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
     }
     state parse_homagg {
         packet.extract(hdr.homagg);
+        transition select(hdr.homagg.op) {
+            OP_JOIN: parse_join;       /* JOIN_WORDS words: the agent does not know K yet */
+            default: parse_words;
+        }
+    }
+
+    state parse_join {
+        packet.extract(hdr.join_words);
+        transition accept;
+    }
+
+    state parse_words {
         packet.extract(hdr.words);   /* a short packet fails here: parser_error, counted, dropped */
         transition accept;
     }
@@ -52,6 +64,7 @@ control HomaggDeparser(packet_out packet, in headers_t hdr) {
         packet.emit(hdr.udp);
         packet.emit(hdr.homagg);
         packet.emit(hdr.words);
+        packet.emit(hdr.join_words);
     }
 }
 

@@ -5,8 +5,8 @@
 
 /* Slots: the streaming pool shared by all jobs. A job owns a region [base, base + size). Each
  * slot has two copies (phase 0/1, the shadow copy), so slot registers have 2 * SLOTS entries.
- * 1024 slots x 2 x 64 lanes x 4 B = 512 KiB of register state: trivial for bmv2, and enough for
- * 8 jobs with a window of 128 packets each. */
+ * 1024 slots x 2 x K lanes x 4 B = 2 MiB of register state at K = 256: trivial for bmv2, and
+ * enough for 8 jobs with a window of 128 packets each. */
 #define SLOT_INDEX_WIDTH 10
 #define SLOTS (1 << SLOT_INDEX_WIDTH)
 #define SLOT_STATE_SIZE (2 << SLOT_INDEX_WIDTH)                /* two copies per slot */

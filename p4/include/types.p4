@@ -3,6 +3,7 @@
 #define HOMAGG_TYPES_P4
 
 #include "size.p4"
+#include "constants.p4"
 
 typedef bit<16> job_id_t;        /* header job field; < MAX_JOBS for the per-job counters */
 typedef bit<8>  worker_id_t;     /* < MAX_WORKERS */
@@ -12,6 +13,34 @@ typedef bit<16> epoch_t;         /* job incarnation, handed out by the controlle
 typedef bit<8>  gen_t;           /* run generation, handed out by the join (serial arithmetic) */
 typedef bit<32> slot_index_t;    /* 2 * (region_base + slot) + phase, < SLOT_STATE_SIZE */
 typedef bit<MAX_WORKERS> worker_bitmap_t;
+/* A packet's K words as K / 64 chunks of 64 words, each one 2048-bit value (lanes.p4 says
+ * why): 2048 bits is the widest type p4c supports. K = WORDS_PER_PACKET (constants.p4). */
+#define CHUNK_WORDS 64
+#define CHUNK_BITS 2048
+#define WORD_CHUNKS (WORDS_PER_PACKET / CHUNK_WORDS)
+#define WORDS_BITS (32 * WORDS_PER_PACKET)
+typedef bit<CHUNK_BITS> chunk_t;
+
+/* FOR_CHUNKS(X) expands X(0) X(1) ... X(WORD_CHUNKS - 1): one field, register or statement
+ * per chunk; LAST_CHUNK is the chunk holding word K - 1 (status and refusal words). */
+#if WORD_CHUNKS == 1
+#define FOR_CHUNKS(X) X(0)
+#define LAST_CHUNK w0
+#elif WORD_CHUNKS == 2
+#define FOR_CHUNKS(X) X(0) X(1)
+#define LAST_CHUNK w1
+#elif WORD_CHUNKS == 3
+#define FOR_CHUNKS(X) X(0) X(1) X(2)
+#define LAST_CHUNK w2
+#elif WORD_CHUNKS == 4
+#define FOR_CHUNKS(X) X(0) X(1) X(2) X(3)
+#define LAST_CHUNK w3
+#elif WORD_CHUNKS == 5
+#define FOR_CHUNKS(X) X(0) X(1) X(2) X(3) X(4)
+#define LAST_CHUNK w4
+#else
+#error "WORDS_PER_PACKET: 64, 128, 192, 256 or 320"
+#endif
 
 /* A slot copy's bookkeeping, packed (slot_state.p4): seen ++ count ++ tag ++ op ++ epoch ++ gen
  * ++ 4 spare bits, most significant first; a slot's two copies side by side (copy 1 high). */

@@ -36,9 +36,15 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
     apply {
         meta.drop_reason = NO_DROP;
         meta.job_known = 0;
-        if (standard_metadata.parser_error != error.NoError || !hdr.words.isValid()) {
+        bool join = hdr.join_words.isValid();
+        if (standard_metadata.parser_error != error.NoError
+                || (!hdr.words.isValid() && !join)) {
             meta.drop_reason = DROP_MALFORMED;
-        } else if (hdr.ipv4.total_len != HOMAGG_IPV4_LEN || hdr.udp.length != HOMAGG_UDP_LEN) {
+        } else if (join && (hdr.ipv4.total_len != HOMAGG_JOIN_IPV4_LEN
+                            || hdr.udp.length != HOMAGG_JOIN_UDP_LEN)) {
+            meta.drop_reason = DROP_BAD_LENGTH;
+        } else if (!join && (hdr.ipv4.total_len != HOMAGG_IPV4_LEN
+                             || hdr.udp.length != HOMAGG_UDP_LEN)) {
             meta.drop_reason = DROP_BAD_LENGTH;
         } else if (hdr.homagg.version != HOMAGG_VERSION) {
             meta.drop_reason = DROP_BAD_VERSION;

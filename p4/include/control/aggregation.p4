@@ -43,7 +43,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             return;
         }
         if (hdr.homagg.op == OP_JOIN) {
-            join.apply(hdr, meta);                    /* its reply carries no words */
+            join.apply(hdr, meta);                    /* its words: zeros, or a status */
         } else {
             slot_state.apply(hdr, meta);
             words.apply(hdr, meta);

@@ -46,13 +46,30 @@ control Forwarding(inout headers_t hdr, inout standard_metadata_t standard_metad
         size = ROUTE_TABLE_SIZE;
     }
 
+    action trusted() { }
+
+    /* Software aggregators behind this switch (the controller's fallback): their results,
+     * from a homagg port, are routed to their workers; only from their own address on their
+     * own port, so a host still cannot forge one. */
+    table aggregators {
+        key = {
+            hdr.ipv4.src_addr: exact @name("src_addr");
+            standard_metadata.ingress_port: exact @name("port");
+        }
+        actions = { trusted; NoAction; }
+        default_action = NoAction();
+        size = LOCAL_IP_TABLE_SIZE;
+    }
+
     apply {
         bool done = false;
         if (hdr.arp.isValid() && hdr.arp.oper == ARP_OPER_REQUEST) {
             done = arp_proxy.apply().hit;
         } else if (hdr.udp.isValid() &&
-                   (hdr.udp.src_port & 0xFFF0) == HOMAGG_UDP_PORT_MIN) {
-            /* Results come only from the switch: a host must not forge one for another. */
+                   (hdr.udp.src_port & 0xFFF0) == HOMAGG_UDP_PORT_MIN &&
+                   !aggregators.apply().hit) {
+            /* Results come only from the switch (or a fallback aggregator): a host must not
+             * forge one for another. */
             fwd_stats.count(FWD_SPOOFED);
             done = true;
         } else if (hdr.ipv4.isValid() && hdr.ipv4.ttl > 1) {

@@ -9,6 +9,8 @@
 #ifndef HOMAGG_REPLY_P4
 #define HOMAGG_REPLY_P4
 
+#define ZERO_CHUNK(i) hdr.words.w##i = 0;
+
 control Reply(inout headers_t hdr, inout metadata_t meta,
               inout standard_metadata_t standard_metadata) {
     /* Results come from the switch's address and homagg port. */
@@ -37,6 +39,10 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
     }
 
     apply {
+        bool join = hdr.join_words.isValid();
+        if (join) {
+            hdr.homagg.slot = WORDS_PER_PACKET;  /* how the agent learns K */
+        }
         bit<8> phase = hdr.homagg.flags & FLAG_PHASE;
         bit<8> overflow = (meta.overflowed == 1) ? FLAG_OVERFLOW : 8w0;
         if (meta.refuse == 1 || meta.verdict == Verdict.STALE
@@ -48,7 +54,12 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
             } else if (meta.verdict == Verdict.SEQ_MISMATCH) {
                 reason = DROP_SEQ_MISMATCH;
             }
-            hdr.words.w = (words_t)reason;            /* word 63, the low end (see below) */
+            if (join) {
+                hdr.join_words.w = (bit<512>)reason;
+            } else {
+                FOR_CHUNKS(ZERO_CHUNK)
+                hdr.words.LAST_CHUNK = (chunk_t)reason;   /* word K-1, the low end (below) */
+            }
             to_sender();
         } else if (meta.verdict == Verdict.ACCEPT && meta.complete == 1) {
             hdr.homagg.flags = FLAG_RESULT | phase | overflow;
@@ -62,7 +73,12 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
             hdr.homagg.flags = FLAG_RESULT | FLAG_STATUS | phase;
             /* words STATUS_WORD..: contributors bitmap (high, low), then their count (the low
              * end of the field: a wide shift up to word 0 is beyond bmv2's limit) */
-            hdr.words.w = (words_t)(meta.seen ++ (bit<32>)meta.count);
+            if (join) {
+                hdr.join_words.w = (bit<512>)(meta.seen ++ (bit<32>)meta.count);
+            } else {
+                FOR_CHUNKS(ZERO_CHUNK)
+                hdr.words.LAST_CHUNK = (chunk_t)(meta.seen ++ (bit<32>)meta.count);
+            }
             to_sender();
         }
         /* else: absorbed (an accepted, unfinished contribution) or dropped; the packet stays

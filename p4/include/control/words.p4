@@ -3,17 +3,50 @@
  * A round's first packet overwrites (the data plane resets itself); later ones read-add-write
  * or read-or-write; only the completing packet copies the result into its header; a
  * retransmission of a finished round reads it back. Each action is one read-modify-write of
- * the slot copy, atomic in bmv2. The 64 words are one 2048-bit value (lanes.p4: SWAR adds).
+ * the slot copy, atomic in bmv2. Each 64 words are one 2048-bit value (lanes.p4: SWAR adds).
  */
 #ifndef HOMAGG_WORDS_P4
 #define HOMAGG_WORDS_P4
 
+/* One statement (or declaration) per chunk i of the words (types.p4: FOR_CHUNKS). */
+#define WORDS_REGISTER(i) register<chunk_t>(SLOT_STATE_SIZE) slot_words##i;
+#define WRITE_CHUNK(i) slot_words##i.write(meta.idx, hdr.words.w##i);
+#define READ_CHUNK(i) slot_words##i.read(hdr.words.w##i, meta.idx);
+/* r: the slot's chunk; s: the lane-wise sum; a lane overflowed iff its operands have one sign
+ * and its sum the other (lanes.p4) */
+#define ADD_CHUNK(i) { \
+        chunk_t r; \
+        slot_words##i.read(r, meta.idx); \
+        chunk_t s = LANE_ADD(r, hdr.words.w##i); \
+        if (((r ^ s) & (hdr.words.w##i ^ s) & LANE_SIGN) != 0) { meta.overflow = 1; } \
+        slot_words##i.write(meta.idx, s); \
+    }
+#define ADD_CHUNK_EMIT(i) { \
+        chunk_t r; \
+        slot_words##i.read(r, meta.idx); \
+        chunk_t s = LANE_ADD(r, hdr.words.w##i); \
+        if (((r ^ s) & (hdr.words.w##i ^ s) & LANE_SIGN) != 0) { meta.overflow = 1; } \
+        slot_words##i.write(meta.idx, s); \
+        hdr.words.w##i = s; \
+    }
+#define OR_CHUNK(i) { \
+        chunk_t r; \
+        slot_words##i.read(r, meta.idx); \
+        slot_words##i.write(meta.idx, r | hdr.words.w##i); \
+    }
+#define OR_CHUNK_EMIT(i) { \
+        chunk_t r; \
+        slot_words##i.read(r, meta.idx); \
+        hdr.words.w##i = r | hdr.words.w##i; \
+        slot_words##i.write(meta.idx, hdr.words.w##i); \
+    }
+
 control Words(inout headers_t hdr, inout metadata_t meta) {
-    register<words_t>(SLOT_STATE_SIZE) slot_words;
+    FOR_CHUNKS(WORDS_REGISTER)
     register<bit<1>>(SLOT_STATE_SIZE) slot_overflow;   /* an int32 add of this round overflowed */
 
     action first_words() {
-        slot_words.write(meta.idx, hdr.words.w);
+        FOR_CHUNKS(WRITE_CHUNK)
         slot_overflow.write(meta.idx, 0);
         meta.overflowed = 0;
     }
@@ -29,39 +62,27 @@ control Words(inout headers_t hdr, inout metadata_t meta) {
     /* Separate actions for the completing packet: bmv2 pays for every primitive, and only
      * that packet needs the result in its header. */
     action add_words() {
-        words_t r;
-        slot_words.read(r, meta.idx);
-        words_t s = LANE_ADD(r, hdr.words.w);
-        meta.overflow = (((r ^ s) & (hdr.words.w ^ s) & LANE_SIGN) == 0) ? 1w0 : 1w1;
-        slot_words.write(meta.idx, s);
+        meta.overflow = 0;
+        FOR_CHUNKS(ADD_CHUNK)
     }
 
     action add_words_emit() {
-        words_t r;
-        slot_words.read(r, meta.idx);
-        words_t s = LANE_ADD(r, hdr.words.w);
-        meta.overflow = (((r ^ s) & (hdr.words.w ^ s) & LANE_SIGN) == 0) ? 1w0 : 1w1;
-        slot_words.write(meta.idx, s);
-        hdr.words.w = s;
+        meta.overflow = 0;
+        FOR_CHUNKS(ADD_CHUNK_EMIT)
     }
 
     action or_words() {
-        words_t r;
-        slot_words.read(r, meta.idx);
-        slot_words.write(meta.idx, r | hdr.words.w);
+        FOR_CHUNKS(OR_CHUNK)
         meta.overflow = 0;
     }
 
     action or_words_emit() {
-        words_t r;
-        slot_words.read(r, meta.idx);
-        hdr.words.w = r | hdr.words.w;
-        slot_words.write(meta.idx, hdr.words.w);
+        FOR_CHUNKS(OR_CHUNK_EMIT)
         meta.overflow = 0;
     }
 
     action read_result() {
-        slot_words.read(hdr.words.w, meta.idx);
+        FOR_CHUNKS(READ_CHUNK)
         slot_overflow.read(meta.overflowed, meta.idx);
     }
 
