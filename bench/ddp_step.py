@@ -12,6 +12,10 @@ value through the switch). A step is rank 0's wall time for zero_grad + forward 
 
     sudo python -m bench.ddp_step                     # soft and bmv2, unshaped and 100 Mbit/s
     sudo python -m bench.ddp_step --targets soft --rates 0 --steps 15
+    sudo python -m bench.ddp_step --words 64,256      # homagg at K = 64 and 256 side by side
+
+``--words``: the switch's words per packet (K); with several, each K gets its own topology
+(gloo runs in the first), so a change of K is measured against gloo in the same run.
 
 Needs root and Mininet; the bmv2 rows need bmv2 and p4c and are skipped, with the reason,
 where missing. Figures go to bench/out/ddp_step.json (and .png where matplotlib is
@@ -61,7 +65,10 @@ def main(argv=None) -> int:
     ap.add_argument("--targets", default="soft,bmv2")
     ap.add_argument("--rates", default="0,100", help="Mbit/s per worker link; 0: unshaped")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--words", default="", help="K values, e.g. 64,256 (default: the P4 "
+                                                 "default only)")
     a = ap.parse_args(argv)
+    words: list[int | None] = [int(k) for k in a.words.split(",")] if a.words else [None]
     preflight()
     rows = []
     for target in a.targets.split(","):
@@ -70,26 +77,33 @@ def main(argv=None) -> int:
             print(f"{target}: skipped ({why})")
             continue
         for rate in (float(r) for r in a.rates.split(",")):
-            opts = NetOptions(target=target, workers=4, bw=rate or None)
-            opts.log_dir = LOG_DIR / f"{target}-{int(rate)}"
-            opts.log_dir.mkdir(parents=True, exist_ok=True)
-            try:
-                with HomaggNet(opts) as net:
-                    times = {name: run_variant(net, args, a.steps, name.replace(" ", "-"))
-                             for name, args in VARIANTS}
-            except (NetError, RuntimeError) as e:
-                print(f"{target} {rate or 'unshaped'}: failed: {e}")
-                continue
-            med = {n: statistics.median(t[WARMUP:]) for n, t in times.items()}
+            med: dict[str, float] = {}
+            for i, k in enumerate(words):
+                opts = NetOptions(target=target, workers=4, bw=rate or None, words=k)
+                opts.log_dir = LOG_DIR / f"{target}-{int(rate)}" / f"k{k or 'default'}"
+                opts.log_dir.mkdir(parents=True, exist_ok=True)
+                label = f" K={k}" if len(words) > 1 else ""
+                variants = [(n + ("" if n == "gloo" else label), args) for n, args in VARIANTS
+                            if n != "gloo" or i == 0]  # gloo does not depend on K
+                try:
+                    with HomaggNet(opts) as net:
+                        times = {n: run_variant(net, args, a.steps,
+                                                n.replace(" ", "-").replace("=", ""))
+                                 for n, args in variants}
+                except (NetError, RuntimeError) as e:
+                    print(f"{target} {rate or 'unshaped'}{label}: failed: {e}")
+                    continue
+                med.update({n: statistics.median(t[WARMUP:]) for n, t in times.items()})
             for n, m in med.items():
                 rows.append({"target": target, "rate_mbit": rate, "variant": n,
-                             "ms_per_step": m, "vs_gloo": med["gloo"] / m})
+                             "ms_per_step": m,
+                             "vs_gloo": med["gloo"] / m if "gloo" in med else None})
     links = {0.0: "unshaped"}
-    print(f"\n{'target':7} {'links':>9} {'variant':13} {'ms/step':>8} {'speedup vs gloo':>16}")
+    print(f"\n{'target':7} {'links':>9} {'variant':19} {'ms/step':>8} {'speedup vs gloo':>16}")
     for r in rows:
         link = links.get(r["rate_mbit"], f"{r['rate_mbit']:.0f} Mbit/s")
-        print(f"{r['target']:7} {link:>9} {r['variant']:13} {r['ms_per_step']:8.1f} "
-              f"{r['vs_gloo']:15.2f}x")
+        vs = f"{r['vs_gloo']:15.2f}x" if r["vs_gloo"] is not None else f"{'-':>16}"
+        print(f"{r['target']:7} {link:>9} {r['variant']:19} {r['ms_per_step']:8.1f} {vs}")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "ddp_step.json").write_text(json.dumps(rows, indent=1))
     try:
@@ -102,11 +116,14 @@ def main(argv=None) -> int:
         return 0
     fig, ax = plt.subplots(figsize=(7, 3.5))
     labels = sorted({(r["target"], r["rate_mbit"]) for r in rows})
-    for k, (name, _) in enumerate(VARIANTS):
+    names = list(dict.fromkeys(r["variant"] for r in rows))
+    width = 0.8 / max(1, len(names))
+    for k, name in enumerate(names):
         ys = [next((r["ms_per_step"] for r in rows if (r["target"], r["rate_mbit"]) == lb
                     and r["variant"] == name), 0) for lb in labels]
-        ax.bar([i + 0.27 * k for i in range(len(labels))], ys, 0.27, label=name)
-    ax.set_xticks([i + 0.27 for i in range(len(labels))],
+        ax.bar([i + width * k for i in range(len(labels))], ys, width, label=name)
+    ax.set_yscale("log")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))],
                   [f"{t}\n{links.get(r, f'{r:.0f} Mbit/s')}" for t, r in labels])
     ax.set_ylabel("ms per DDP step (median)")
     ax.legend()

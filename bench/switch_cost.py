@@ -6,15 +6,16 @@ with a minimal L2 program (bench/p4/l2fwd.p4), same bmv2 build, same machine, sa
 
 How: one simple_switch_grpc on two veth pairs (homagg/targets/testbed.py), whose pipeline is swapped
 over P4Runtime between the two programs, alternately (l2fwd, homagg, l2fwd, homagg, ...) so both
-see the same machine state. The frames are identical 310-byte homagg ADD packets (Ethernet /
-IPv4 / UDP / 12-byte header / 64 int32 words), written from Python to an AF_PACKET socket.
+see the same machine state. The frames are identical homagg ADD packets (Ethernet / IPv4 / UDP /
+12-byte header / K int32 words: 1078 bytes at the default K = 256, 310 at ``--words 64``),
+written from Python to an AF_PACKET socket.
 
 - homagg: a W-worker job (default 4; installed with homagg.controller.jobs.add_job)
   whose workers all sit on port 1 (UDP ports 50000 + w). Packets cycle through the workers, so
   a slot round gets its first contribution (overwrite), W-2 middle ones (read-add-write) and
   the completing one (add + result), which is multicast to the W workers: W packets in, W out.
   Round r uses slot r mod S with the slot's phase alternating and seq r+1, as an agent's
-  rounds do: the full per-packet path (job table, slot state, 64 lane adds, multicast, egress
+  rounds do: the full per-packet path (job table, slot state, K lane adds, multicast, egress
   addressing). The first results are checked (result flag set, words equal to those sent).
 - l2fwd (the baseline): parse Ethernet, one exact-match table on the ingress port, forward
   port 1 -> port 2.
@@ -27,9 +28,11 @@ Two ways of offering load, each for --seconds after a warm-up:
   come; the output rate is the saturated rate and the loss is what bmv2's input dropped.
 
 Reported: output packets/s of each program, the ratio homagg/l2fwd per round (the figure that
-travels; absolute pps depend on the machine and on the Python sender sharing its 2 cores with
-bmv2), and losses. For homagg, the switch's own counters (STAT_RX, STAT_COMPLETED) say whether
-losses were before the pipeline (the interface) or in it. Needs root, p4c-bm2-ss and
+travels; at one frame size it is also the ratio of elements/s: homagg aggregates K elements
+per packet, and l2fwd's frames carry the same K words of payload; absolute pps depend on the
+machine and on the Python sender sharing its 2 cores with bmv2), and losses. For homagg, the
+switch's own counters (STAT_RX, STAT_COMPLETED) say whether losses were before the pipeline
+(the interface) or in it. Needs root, p4c-bm2-ss and
 simple_switch_grpc (PATH, or HOMAGG_P4C / HOMAGG_BMV2); without them it says why and exits 0.
 """
 
@@ -55,6 +58,7 @@ L2_SRC = ROOT / "bench" / "p4" / "l2fwd.p4"
 SOL_PACKET = 263  # linux/socket.h
 PACKET_IGNORE_OUTGOING = 23  # linux/if_packet.h, Linux >= 4.20
 STALL = 0.05
+_MIN_FRAME = 14 + 20 + 8 + wire.packet_bytes(wire.MIN_WORDS_PER_PACKET)
 
 
 def skip_reason() -> str | None:
@@ -84,7 +88,7 @@ class Frames:
     """Homagg ADD frames from W workers of job 1 on host h0 (UDP ports 50000 + w), patched in
     place per packet: rounds go worker 0, 1, ..., W-1, so one in W packets completes a slot."""
 
-    def __init__(self, slots: int, workers: int):
+    def __init__(self, slots: int, workers: int, k: int):
         import numpy as np
         from scapy.layers.inet import IP, UDP
         from scapy.layers.l2 import Ether
@@ -93,8 +97,8 @@ class Frames:
         from homagg import wire
         from homagg.targets.testbed import SWITCH_IP, SWITCH_MAC, host_ip, host_mac
 
-        self.words = np.arange(1, wire.WORDS_PER_PACKET + 1, dtype=np.int32)
-        payload = wire.pack(wire.OP_ADD, 1, 0, 0, 1, self.words)
+        self.words = np.arange(1, k + 1, dtype=np.int32)
+        payload = wire.pack(wire.OP_ADD, 1, 0, 0, 1, self.words, k=k)
         frame = (Ether(src=host_mac(0), dst=SWITCH_MAC) / IP(src=host_ip(0), dst=SWITCH_IP, id=1)
                  / UDP(sport=wire.DEFAULT_AGENT_PORT, dport=wire.HOMAGG_UDP_PORT_MIN, chksum=0)
                  / Raw(payload))
@@ -154,7 +158,7 @@ def drain(rx, check=None, checked=[0]) -> int:  # noqa: B006 - a deliberate call
             data = rx.recv(2048)
         except BlockingIOError:
             return n
-        if len(data) < wire.HOMAGG_IPV4_LEN:  # not ours: shorter than any homagg frame
+        if len(data) < _MIN_FRAME:  # not ours: shorter than any homagg frame
             continue
         if check and checked[0] < 20:
             checked[0] += 1
@@ -318,6 +322,8 @@ def main(argv=None) -> int:
     ap.add_argument("--window-multi", type=int, default=32,
                     help="packets outstanding for the W-worker job: this sender does not "
                          "retransmit, so one frame lost at bmv2's input stalls its slot")
+    ap.add_argument("--words", type=int, default=wire.WORDS_PER_PACKET, metavar="K",
+                    help="words per packet: homagg is built for K, frames carry K words")
     a = ap.parse_args(argv)
     if a.quick:
         a.rounds, a.seconds = 1, 2.0
@@ -329,9 +335,9 @@ def main(argv=None) -> int:
     from homagg.controller.build import build
     from homagg.targets.testbed import start_testbed, stop_testbed
 
-    pipelines = {"homagg": build(), "l2fwd": build_l2fwd()}
-    frames = Frames(a.slots, 1)
-    frames_multi = Frames(a.slots, a.workers)
+    pipelines = {"homagg": build(words=a.words), "l2fwd": build_l2fwd()}
+    frames = Frames(a.slots, 1, a.words)
+    frames_multi = Frames(a.slots, a.workers, a.words)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     bed = start_testbed(2, LOG_DIR)
     for port in bed.ports:  # the harness's capture sockets: unread copies cost kernel time
@@ -356,7 +362,8 @@ def main(argv=None) -> int:
     ver = subprocess.run([str(bed.switch.command()[0]), "--version"], capture_output=True,
                          text=True).stdout.strip()
     print(f"bmv2 switch cost: simple_switch_grpc {ver}, {os.cpu_count()} CPUs, {len(frames)}-byte "
-          f"frames, {a.rounds} round(s) alternating l2fwd/homagg, {a.seconds:.0f} s each run; "
+          f"frames (K = {a.words} words), {a.rounds} round(s) alternating l2fwd/homagg, "
+          f"{a.seconds:.0f} s each run; "
           f"window = {a.window} outstanding, blast = Python sends flat out")
     hdr = (f"{'round':>5} {'mode':>6} {'l2fwd pps':>10} {'homagg pps':>11} {'homagg/l2':>9} "
            f"{'l2 lost':>8} {'homagg lost':>11} {'offered pps':>11}")
@@ -388,6 +395,13 @@ def main(argv=None) -> int:
           + f"; per round {', '.join(f'{x:.1%}' for x in w_ratio)}, lost "
           f"{', '.join(f'{x:.1%}' for x in w_lost)} (this sender does not retransmit: one lost "
           f"frame stalls its slot for the rest of the round, so lossy rounds measure little)")
+    if clean:
+        el_w = np.median([r["homagg_w"]["window"]["pps"] for r, lost in zip(rows, w_lost)
+                          if lost < 0.01]) * a.words
+        el_l2 = np.median([r["l2fwd"]["window"]["pps"] for r in rows]) * a.words
+        print(f"elements/s: homagg {a.workers}-worker job {el_w:.3g} (pps x K, its rounds without "
+              f"loss) against l2fwd's payload elements/s {el_l2:.3g} at the same {len(frames)}-"
+              f"byte frames (median pps x {a.words} words): {el_w / el_l2:.1%} (target >= 80%)")
     s = rows[-1]["homagg"]["switch"]
     print(f"homagg switch counters (last round): {s['sent']} sent, STAT_RX {s['STAT_RX']}, "
           f"STAT_COMPLETED {s['STAT_COMPLETED']} (sent - STAT_RX = dropped before the pipeline), "

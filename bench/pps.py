@@ -1,0 +1,184 @@
+"""Packets per second per core: the host agent and the software aggregator (issue 12, item 5c).
+
+    python -m bench.pps                     # K = 256 (the default build) and 64, ~1 min
+    python -m bench.pps --words 256 --workers 4 --size 4000000
+
+On loopback, no root: one ``homagg-softswitch`` (its own process) and W ``homagg-agent bench
+--mode dense`` processes (every value through the aggregator: the most packets per element),
+for each K. A process's datagrams are what it sent and received (the agent's packets, join,
+results and ignored datagrams from its summary; the aggregator's STAT_RX and the replies it
+multicast, from its counters), its CPU time is user + system from the kernel (wait4 for the
+agents, /proc/<pid>/stat for the aggregator), so datagrams / CPU second is the rate one core
+sustains, whatever else the machine runs. The baseline, measured in the same run: a Python UDP
+echo server (recvfrom_into + sendto per datagram, nothing else) fed by a client that keeps a
+window of datagrams of the same size outstanding: the floor that one datagram per system call
+sets for any Python code, to compare the agent's and the aggregator's per-packet work with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from homagg import wire
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+SWITCH_IP = "127.0.0.254"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a running process (/proc/<pid>/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def free_port(ip: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
+
+
+def wait_cpu(p: subprocess.Popen) -> tuple[int, float]:
+    """Exit status and user + system CPU seconds of a child, from wait4."""
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, ru.ru_utime + ru.ru_stime
+
+
+def run_homagg(k: int, workers: int, size: int, iterations: int, tmp: Path) -> dict:
+    hosts = [(f"127.0.0.{w + 1}", free_port(f"127.0.0.{w + 1}")) for w in range(workers)]
+    cfg = tmp / f"k{k}.toml"
+    cfg.write_text(
+        f'[switch]\nname = "s1"\ntarget = "soft"\nip = "{SWITCH_IP}"\n\n'
+        + "".join(f'[[hosts]]\nname = "h{w}"\nip = "{ip}"\nmac = "00:00:0a:00:00:{w + 1:02x}"\n'
+                  f"port = {w + 1}\n\n" for w, (ip, _) in enumerate(hosts))
+        + "[[jobs]]\nid = 1\nslots = 64\nworkers = [ "
+        + ", ".join(f'{{ host = "h{w}", udp_port = {port} }}' for w, (_, port) in enumerate(hosts))
+        + " ]\n")
+    stats = tmp / f"k{k}-stats.json"
+    agg = subprocess.Popen([sys.executable, "-m", "homagg.targets.soft", "-c", str(cfg),
+                            "--grpc", "none", "--words", str(k), "--stats-file", str(stats),
+                            "--log-level", "warning"])
+    try:
+        for _ in range(100):  # listening once the stats file appears (written every 0.2 s)
+            if stats.exists():
+                break
+            time.sleep(0.1)
+        cpu0 = cpu_seconds(agg.pid)
+        agents = [subprocess.Popen(
+            [sys.executable, "-m", "homagg.host_agent", "--job", "1", "--worker", str(w),
+             "--workers", str(workers), "--switch", SWITCH_IP, "--bind", f"{ip}:{port}",
+             "--slots", "64", "--mode", "dense", "--summary-json", str(tmp / f"k{k}-w{w}.json"),
+             "bench", "--size", str(size), "--density", "1", "--iterations", str(iterations)],
+            stdout=subprocess.DEVNULL) for w, (ip, port) in enumerate(hosts)]
+        done = [wait_cpu(p) for p in agents]
+        time.sleep(0.5)  # the stats file catches up (0.2 s)
+        agg_cpu = cpu_seconds(agg.pid) - cpu0
+    finally:
+        agg.terminate()
+        agg.wait(5)
+    if any(rc for rc, _ in done):
+        raise RuntimeError(f"K={k}: an agent failed: exit statuses {[rc for rc, _ in done]}")
+    sums = [json.loads((tmp / f"k{k}-w{w}.json").read_text()) for w in range(workers)]
+    agent_dgrams = [s["packets"] + s["join_packets"] + s["results"] + s["ignored"] for s in sums]
+    st = json.loads(stats.read_text())["switch"]
+    # replies: one per worker per completed round (multicast), plus the unicast replies
+    agg_out = (st["STAT_COMPLETED"] * workers + st["STAT_RETRANS_REPLY"]
+               + st["STAT_DUP_PENDING"])
+    agg_dgrams = st["STAT_RX"] + agg_out
+    return {"k": k, "agent_pps_core": sum(agent_dgrams) / sum(c for _, c in done),
+            "agg_pps_core": agg_dgrams / agg_cpu,
+            "agent_el_s_core": size * iterations * workers / sum(c for _, c in done),
+            "agg_el_s_core": size * iterations / agg_cpu,
+            "agg_cpu": agg_cpu, "agent_cpu": sum(c for _, c in done),
+            "agg_dgrams": agg_dgrams, "agent_dgrams": sum(agent_dgrams),
+            "seconds": max(s["seconds"] for s in sums)}
+
+
+ECHO = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.253", 0))
+print(s.getsockname()[1], flush=True)
+buf = bytearray(2048)
+while True:
+    n, a = s.recvfrom_into(buf)
+    if n == 1:
+        break
+    s.sendto(buf[:n], a)
+"""
+
+
+def run_echo(k: int, count: int, window: int = 64) -> dict:
+    """A Python echo server, fed by a windowed client: datagrams / CPU second of each."""
+    srv = subprocess.Popen([sys.executable, "-c", ECHO], stdout=subprocess.PIPE, text=True)
+    assert srv.stdout is not None
+    port = int(srv.stdout.readline())
+    cli = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    cli.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    cli.settimeout(1.0)
+    payload = bytes(wire.packet_bytes(k))
+    t0 = time.process_time()
+    sent = got = 0
+    while got < count:
+        while sent - got < window and sent < count:
+            cli.sendto(payload, ("127.0.0.253", port))
+            sent += 1
+        try:
+            cli.recv(2048)
+            got += 1
+        except TimeoutError:  # loopback does not drop, but never hang
+            break
+    client_cpu = time.process_time() - t0
+    cli.sendto(b"x", ("127.0.0.253", port))
+    _, srv_cpu = wait_cpu(srv)
+    cli.close()
+    return {"k": k, "echo_pps_core": 2 * got / srv_cpu, "client_pps_core": 2 * got / client_cpu}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--words", default=f"{wire.WORDS_PER_PACKET},64",
+                    help="K values, comma-separated")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--size", type=int, default=2_000_000, help="elements per tensor")
+    ap.add_argument("--iterations", type=int, default=3)
+    a = ap.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="homagg-pps-") as d:
+        for k in (int(x) for x in a.words.split(",")):
+            row = run_homagg(k, a.workers, a.size, a.iterations, Path(d))
+            row.update(run_echo(k, 40_000))
+            rows.append(row)
+    print(f"datagrams per CPU second (one core), loopback, {a.workers} agents --mode dense, "
+          f"{a.size} elements x {a.iterations} iterations, {os.cpu_count()} CPUs; baseline: a "
+          "Python echo server (recvfrom_into + sendto, nothing else), same datagram size")
+    hdr = (f"{'K':>4} {'agent dgram/s':>14} {'aggregator dgram/s':>19} {'echo dgram/s':>13} "
+           f"{'agent/echo':>10} {'agg/echo':>9} {'agg el/s':>10} {'agent el/s':>11}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['k']:>4} {r['agent_pps_core']:>14.0f} {r['agg_pps_core']:>19.0f} "
+              f"{r['echo_pps_core']:>13.0f} {r['agent_pps_core'] / r['echo_pps_core']:>10.0%} "
+              f"{r['agg_pps_core'] / r['echo_pps_core']:>9.0%} {r['agg_el_s_core']:>10.3g} "
+              f"{r['agent_el_s_core']:>11.3g}")
+    print("(el/s: elements all-reduced per CPU second of the aggregator, and per CPU second of "
+          "an agent; an agent's CPU includes its start, imports and JIT, and the codec's work, "
+          "so its datagram rate understates its packet path)")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "pps.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
