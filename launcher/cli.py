@@ -6,9 +6,9 @@
     homagg-net exec -- python train.py    your command on every worker host, with its job's
                                           settings in the environment (HOMAGG_*, RANK, ...)
     homagg-net cli                        the topology with an interactive Mininet CLI
-    homagg-net run --workers 8 --jobs 4 --switch-slots 32 -- bench --check
-                                          4 jobs, 2 of them past the switch's 32 slots: those
-                                          fall back to the software aggregator on host fb
+    homagg-net run --workers 8 --jobs 4 --slots 16 --switch-slots 32 -- bench --check
+                                          4 jobs of 16 slots, 2 of them past the switch's 32:
+                                          those fall back to the software aggregator on host fb
 
 ``--target auto`` (default) uses bmv2 where simple_switch_grpc and p4c-bm2-ss are installed,
 else the software aggregator, and says which. Needs root.
