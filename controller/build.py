@@ -55,6 +55,19 @@ class Pipeline:
         raise BuildError(f"{self.bmv2_json}: no words_h header: not homagg's pipeline")
 
 
+def soft_pipeline(where: Path) -> Pipeline:
+    """homagg's pipeline for a software aggregator: the P4Info shipped in the package and an
+    empty device config (it runs the pipeline natively), written under ``where``. No p4c."""
+    from homagg.targets.soft import P4INFO_FILE
+
+    if not P4INFO_FILE.is_file():
+        raise BuildError(f"homagg's P4Info is missing ({P4INFO_FILE}); reinstall homagg")
+    where.mkdir(parents=True, exist_ok=True)
+    p = Pipeline(where / "no-device-config", P4INFO_FILE)
+    p.bmv2_json.write_bytes(b"")
+    return p
+
+
 def sources() -> list[Path]:
     return sorted(paths.p4_dir().rglob("*.p4"))
 

@@ -33,13 +33,12 @@ import json
 import logging
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from homagg import paths, wire
 from homagg.controller import jobs as J
 from homagg.controller import placement as P
-from homagg.controller.build import DEFAULT_OUT, Pipeline, build
+from homagg.controller.build import DEFAULT_OUT, Pipeline, build, soft_pipeline
 from homagg.controller.p4client import P4RuntimeSwitch, SwitchError
 from homagg.errors import HomaggError
 from homagg.netconfig import (
@@ -110,22 +109,7 @@ def _switch_spec(a, cfg: Config | None) -> SwitchSpec:
                                else spec.device_id, target=a.target or spec.target)
 
 
-@contextlib.contextmanager
-def _soft_pipeline() -> Iterator[Pipeline]:
-    """homagg's pipeline for the software aggregator: the P4Info shipped in the package and no
-    device config (it runs the pipeline natively). No p4c needed."""
-    from homagg.targets.soft import P4INFO_FILE
-
-    if not P4INFO_FILE.is_file():
-        raise SwitchError(f"homagg's P4Info is missing ({P4INFO_FILE}); reinstall homagg")
-    with tempfile.TemporaryDirectory(prefix="homagg-soft-") as d:
-        none = Path(d) / "no-device-config"
-        none.write_bytes(b"")
-        yield Pipeline(none, P4INFO_FILE)
-
-
-def _connect(a, place: P.Place, addr: str, device_id: int,
-             pipeline: Pipeline | None = None) -> P4RuntimeSwitch:
+def _connect(a, place: P.Place, pipeline: Pipeline | None = None) -> P4RuntimeSwitch:
     name = place.name
     try:
         high, low = (int(x) for x in a.election_id.split(","))
@@ -136,7 +120,7 @@ def _connect(a, place: P.Place, addr: str, device_id: int,
         logf = a.request_log if place.role == "switch" else \
             a.request_log.with_name(f"{name}-p4runtime.log")
     logf.parent.mkdir(parents=True, exist_ok=True)
-    return P4RuntimeSwitch(addr, device_id, (high, low), logf, name).open(pipeline)
+    return P4RuntimeSwitch(place.grpc, place.device_id, (high, low), logf, name).open(pipeline)
 
 
 def _need_config(a) -> Config:
@@ -217,21 +201,19 @@ def run(a) -> int:
         print(f"built {p.bmv2_json} and {p.p4info} ({p.words()} words per packet)")
         return 0
 
-    cfg = load(a.config) if a.config else Config(SwitchSpec())
+    install = a.cmd == "install"
+    cfg = _need_config(a) if install else load(a.config) if a.config else Config(SwitchSpec())
     cfg = dataclasses.replace(cfg, switch=_switch_spec(a, cfg))
     with contextlib.ExitStack() as stack:
-        install = a.cmd == "install"
-        if install:
-            cfg = _need_config(a)
-            cfg = dataclasses.replace(cfg, switch=_switch_spec(a, cfg))
-            soft = stack.enter_context(_soft_pipeline())
-            own = soft if cfg.switch.target == "soft" else build(a.build_dir, words=a.words)
+        pipelines: dict[str, Pipeline] = {}
+        if install:  # a fresh pipeline on every place: bmv2's compiled one, or homagg's P4Info
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="homagg-soft-"))
+            soft = soft_pipeline(Path(tmp))
+            pipelines = {"fallback": soft, "switch": soft if cfg.switch.target == "soft"
+                         else build(a.build_dir, words=a.words)}
 
-        def connect(place: P.Place, addr: str, device: int) -> P4RuntimeSwitch:
-            pipeline = None
-            if install:  # a fresh pipeline on every place: bmv2's compiled one, or homagg's
-                pipeline = own if place.role == "switch" else soft  # P4Info for soft
-            return _connect(a, place, addr, device, pipeline)
+        def connect(place: P.Place) -> P4RuntimeSwitch:
+            return _connect(a, place, pipelines.get(place.role))
 
         fabric = stack.enter_context(P.Fabric(cfg, connect))
         if install:

@@ -11,7 +11,6 @@ is found by reading both. A job id is unique across the two, and so is a sender.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from homagg.controller import jobs as J
 from homagg.controller.p4client import P4RuntimeSwitch, SwitchError, TableEntry
 from homagg.errors import JobError
 from homagg.netconfig import Config, JobSpec
+from homagg.regions import NoFreeRegion
 
 log = logging.getLogger("homagg.placement")
 
@@ -38,6 +38,8 @@ class Place:
     target: str   # "bmv2" or "soft"
     ip: str       # where this place's agents send
     pool: int     # the slots homagg may use here
+    grpc: str     # its P4Runtime address
+    device_id: int
     thrift_port: int | None = None  # bmv2's Thrift CLI, for register resets
 
     @property
@@ -63,23 +65,24 @@ class PlacedJob:
 def switch_place(cfg: Config) -> Place:
     s = cfg.switch
     pool = s.slots or wire.SLOTS
-    return Place(s.name, "switch", s.target, s.ip, pool,
+    return Place(s.name, "switch", s.target, s.ip, pool, s.grpc, s.device_id,
                  s.thrift_port if s.target == "bmv2" else None)
 
 
 def fallback_place(cfg: Config) -> Place | None:
     fb = cfg.fallback
-    return None if fb is None else Place(fb.name, "fallback", "soft", fb.ip, wire.SLOTS)
+    return None if fb is None else Place(fb.name, "fallback", "soft", fb.ip, wire.SLOTS,
+                                         fb.grpc, fb.device_id)
 
 
 class Fabric:
     """The switch and, where the config names one, its fallback: open sessions to both.
 
-    ``connect(place, grpc, device_id)`` opens a session (``homagg-ctl`` passes one that pushes
-    nothing and logs requests); the fallback's is opened on first use, so a config without one,
-    or a command that never needs it, does not wait for it."""
+    ``connect(place)`` opens a session to ``place.grpc`` (``homagg-ctl`` passes one that logs
+    requests, and pushes a pipeline on install); each is opened on first use, so a config
+    without a fallback, or a command that never needs it, does not wait for it."""
 
-    def __init__(self, cfg: Config, connect: Callable[[Place, str, int], P4RuntimeSwitch]):
+    def __init__(self, cfg: Config, connect: Callable[[Place], P4RuntimeSwitch]):
         self.cfg = cfg
         self.switch = switch_place(cfg)
         self.fallback = fallback_place(cfg)
@@ -89,12 +92,7 @@ class Fabric:
 
     def session(self, place: Place) -> P4RuntimeSwitch:
         if place.name not in self._sessions:
-            if place.role == "switch":
-                addr, device = self.cfg.switch.grpc, self.cfg.switch.device_id
-            else:
-                assert self.cfg.fallback is not None
-                addr, device = self.cfg.fallback.grpc, self.cfg.fallback.device_id
-            self._sessions[place.name] = self._connect(place, addr, device)
+            self._sessions[place.name] = self._connect(place)
         return self._sessions[place.name]
 
     def places(self) -> list[Place]:
@@ -162,18 +160,16 @@ class Fabric:
         try:
             return PlacedJob(J.add_job(self.session(self.switch), spec, self.switch.pool),
                              self.switch)
-        except JobError as full:
-            if spec.place == "switch" or fb is None or "no free region" not in str(full):
+        except NoFreeRegion as full:
+            if spec.place == "switch" or fb is None:
                 raise
             try:
                 job = J.add_job(self.session(fb), spec, fb.pool)
             except JobError as e:
                 raise JobError(f"job {spec.id} fits neither on {self.switch.name} ({full}) "
                                f"nor on {fb.name} ({e})") from None
-            log.info("job %d fell back to %s: %s", spec.id, fb.name, full)
-            # the refusal's advice (remove a job, ask for fewer slots) is moot here
-            return PlacedJob(job, fb, f"fell back: {self.switch.name} has "
-                                      f"{str(full).split(';')[0]}")
+            log.info("job %d fell back to %s: %s", spec.id, fb.name, full.shortage)
+            return PlacedJob(job, fb, f"fell back: {self.switch.name} has {full.shortage}")
 
     def remove(self, job_id: int) -> PlacedJob:
         pj = self.find(job_id)
@@ -198,13 +194,3 @@ class Fabric:
             return
         self.session(fb).insert(TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": J.ip_int(fb.ip)},
                                            P4.ACTION_TO_SWITCH), or_modify=True)
-
-
-@contextlib.contextmanager
-def opened(cfg: Config, connect: Callable[[Place, str, int], P4RuntimeSwitch]
-           ) -> Iterator[Fabric]:
-    fabric = Fabric(cfg, connect)
-    try:
-        yield fabric
-    finally:
-        fabric.close()

@@ -7,6 +7,15 @@ from homagg import wire
 from homagg.errors import JobError
 
 
+class NoFreeRegion(JobError):
+    """The pool has no free region of the size asked for; ``shortage`` says so without the
+    advice (where the controller falls back, removing a job is not the remedy)."""
+
+    def __init__(self, shortage: str):
+        super().__init__(f"{shortage}; remove a job or ask for fewer slots")
+        self.shortage = shortage
+
+
 def allocate_region(size: int, taken: list[range], slots: int = wire.SLOTS) -> int:
     """First base b with [b, b + size) inside [0, slots) and disjoint from every taken range."""
     if size < 1 or size > slots:
@@ -19,8 +28,8 @@ def allocate_region(size: int, taken: list[range], slots: int = wire.SLOTS) -> i
     if slots - base >= size:
         return base
     free = slots - sum(len(r) for r in taken)
-    raise JobError(f"no free region of {size} slots ({free} of {slots} free, "
-                      "fragmented or in use); remove a job or ask for fewer slots")
+    raise NoFreeRegion(f"no free region of {size} slots ({free} of {slots} free, fragmented "
+                       "or in use)")
 
 
 def mcast_group(job_id: int) -> int:

@@ -175,10 +175,10 @@ class SwitchModel:
         if port is not None and job.ports is not None and port != job.ports[worker]:
             return self._drop(_SPOOFED, job)
         if h[_JOB] != job.id or h[_WORKER] != worker:
-            return self._refuse(_WRONG_IDENTITY, job, data, src, flags)
+            return self._refuse(_WRONG_IDENTITY, job, data, src, flags, join=op == _OP_JOIN)
         slot = h[_SLOT]
         if slot >= job.size:
-            return self._refuse(_BAD_SLOT, job, data, src, flags)
+            return self._refuse(_BAD_SLOT, job, data, src, flags, join=op == _OP_JOIN)
 
         if op == _OP_JOIN:
             return self._join(data, src, h, job, worker)
@@ -297,7 +297,7 @@ class SwitchModel:
                 return Outcome("STAT_DUP_PENDING", _V[_V_DUP_PENDING],
                                [(self._join_reply(data, rflags, wire.status_words(
                                    seen, count, wire.JOIN_WORDS), gen), src)])
-            out = self._refuse(_STALE, job, data, src, flags, gen)
+            out = self._refuse(_STALE, job, data, src, flags, gen, join=True)
             out.verdict = _V[verdict]
             return out
         self.join_nonce[(job.id, worker)] = nonce
@@ -318,11 +318,11 @@ class SwitchModel:
         return out
 
     def _refuse(self, index: int, job: JobEntry, data: bytes, src: Address, flags: int,
-                gen: int | None = None) -> Outcome:
+                gen: int | None = None, join: bool = False) -> Outcome:
         """A registered sender's packet dropped (reply.p4): counted, and answered with
-        FLAG_REFUSED and the reason in the last word, so the agent can say why."""
+        FLAG_REFUSED and the reason in the last word, so the agent can say why (``join``: the
+        packet is a join, answered as joins are)."""
         out = self._drop(index, job)
-        join = len(data) == _JOIN_BYTES and data[0] & 0xF == _OP_JOIN
         words = np.zeros(wire.JOIN_WORDS if join else self.k, np.int32)
         words[-1] = index
         rflags = _FLAG_RESULT | _FLAG_REFUSED | (flags & _FLAG_PHASE)

@@ -276,20 +276,18 @@ class HomaggNet:
         from homagg.controller.p4client import P4RuntimeSwitch
         from homagg.controller.placement import Fabric
 
-        def connect(place, addr: str, device: int):
+        def connect(place):
             log_file = self.opts.log_dir / f"{place.name}-p4runtime.log"
             pipeline = (pipelines or {}).get(place.role)
-            return P4RuntimeSwitch(addr, device, request_log=log_file,
+            return P4RuntimeSwitch(place.grpc, place.device_id, request_log=log_file,
                                    name=place.name).open(pipeline)
 
         return Fabric(self.config, connect)
 
     def _pipelines(self, roles=("switch", "fallback")) -> dict[str, Any]:
-        from homagg.controller.build import Pipeline, build
-        from homagg.targets.soft import P4INFO_FILE
+        from homagg.controller.build import build, soft_pipeline
 
-        soft = Pipeline(self.opts.log_dir / "no-device-config", P4INFO_FILE)
-        soft.bmv2_json.write_bytes(b"")  # the aggregator runs homagg's pipeline natively
+        soft = soft_pipeline(self.opts.log_dir)
         out = {"fallback": soft,
                "switch": build(words=self.opts.words) if self.target == "bmv2" else soft}
         return {r: out[r] for r in roles}

@@ -107,7 +107,7 @@ class SoftSwitch:
 
     def __init__(self, slots: int = wire.SLOTS, words: int = wire.WORDS_PER_PACKET):
         self.slots = slots
-        self.words = wire.check_words(words)  # K: agents learn it from the join's reply
+        self.words = words  # K (SwitchModel checks it): agents learn it from the join's reply
         self.lock = threading.Lock()
         self._fresh()
 
