@@ -11,8 +11,10 @@ multicast, from its counters), its CPU time is user + system from the kernel (wa
 agents, /proc/<pid>/stat for the aggregator), so datagrams / CPU second is the rate one core
 sustains, whatever else the machine runs. The baseline, measured in the same run: a Python UDP
 echo server (recvfrom_into + sendto per datagram, nothing else) fed by a client that keeps a
-window of datagrams of the same size outstanding: the floor that one datagram per system call
-sets for any Python code, to compare the agent's and the aggregator's per-packet work with.
+window of datagrams of the same size outstanding: what one datagram per system call allows any
+Python loop, to compare the agent's and the aggregator's per-packet work with. The agents and
+the aggregator batch datagrams through UDP GSO and GRO (``homagg.udpio``); the table says how
+many datagrams each system call carried (``dg/call``), from their sockets' own counters.
 """
 
 from __future__ import annotations
@@ -90,7 +92,10 @@ def run_homagg(k: int, workers: int, size: int, iterations: int, tmp: Path) -> d
         raise RuntimeError(f"K={k}: an agent failed: exit statuses {[rc for rc, _ in done]}")
     sums = [json.loads((tmp / f"k{k}-w{w}.json").read_text()) for w in range(workers)]
     agent_dgrams = [s["packets"] + s["join_packets"] + s["results"] + s["ignored"] for s in sums]
-    st = json.loads(stats.read_text())["switch"]
+    full = json.loads(stats.read_text())
+    st, agg_io = full["switch"], full["io"]
+    agent_io = [s["io"] for s in sums]
+    calls = sum(i["send_calls"] + i["recv_calls"] for i in agent_io)
     # replies: one per worker per completed round (multicast), plus the unicast replies
     agg_out = (st["STAT_COMPLETED"] * workers + st["STAT_RETRANS_REPLY"]
                + st["STAT_DUP_PENDING"])
@@ -101,6 +106,10 @@ def run_homagg(k: int, workers: int, size: int, iterations: int, tmp: Path) -> d
             "agg_el_s_core": size * iterations / agg_cpu,
             "agg_cpu": agg_cpu, "agent_cpu": sum(c for _, c in done),
             "agg_dgrams": agg_dgrams, "agent_dgrams": sum(agent_dgrams),
+            # datagrams per system call (udpio's counters: GSO sends, GRO receives)
+            "agent_per_call": sum(i["sent"] + i["received"] for i in agent_io) / max(calls, 1),
+            "agg_per_call": (agg_io["sent"] + agg_io["received"])
+            / max(agg_io["send_calls"] + agg_io["recv_calls"], 1),
             "seconds": max(s["seconds"] for s in sums)}
 
 
@@ -164,17 +173,20 @@ def main(argv=None) -> int:
           f"{a.size} elements x {a.iterations} iterations, {os.cpu_count()} CPUs; baseline: a "
           "Python echo server (recvfrom_into + sendto, nothing else), same datagram size")
     hdr = (f"{'K':>4} {'agent dgram/s':>14} {'aggregator dgram/s':>19} {'echo dgram/s':>13} "
-           f"{'agent/echo':>10} {'agg/echo':>9} {'agg el/s':>10} {'agent el/s':>11}")
+           f"{'agent/echo':>10} {'agg/echo':>9} {'agg el/s':>10} {'agent el/s':>11} "
+           f"{'agent dg/call':>13} {'agg dg/call':>11}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['k']:>4} {r['agent_pps_core']:>14.0f} {r['agg_pps_core']:>19.0f} "
               f"{r['echo_pps_core']:>13.0f} {r['agent_pps_core'] / r['echo_pps_core']:>10.0%} "
               f"{r['agg_pps_core'] / r['echo_pps_core']:>9.0%} {r['agg_el_s_core']:>10.3g} "
-              f"{r['agent_el_s_core']:>11.3g}")
+              f"{r['agent_el_s_core']:>11.3g} {r['agent_per_call']:>13.1f} "
+              f"{r['agg_per_call']:>11.1f}")
     print("(el/s: elements all-reduced per CPU second of the aggregator, and per CPU second of "
           "an agent; an agent's CPU includes its start, imports and JIT, and the codec's work, "
-          "so its datagram rate understates its packet path)")
+          "so its datagram rate understates its packet path; dg/call: datagrams per system "
+          "call, sends and receives, with UDP GSO/GRO (homagg.udpio); the echo is at 1)")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "pps.json").write_text(json.dumps(rows, indent=1))
     return 0

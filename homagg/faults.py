@@ -2,7 +2,9 @@
 
 For tests and demos on machines whose kernel has no netem (``tc qdisc ... netem`` fails there):
 the agent's socket, or the software aggregator's, drops, duplicates or holds back datagrams
-with the given probabilities. Seeded, so a failing run can be replayed.
+with the given probabilities. Seeded, so a failing run can be replayed. Faults are per
+datagram also when the socket batches (``homagg.udpio``): a run sent is cut into its datagrams
+first, and a coalesced run received loses each of its datagrams on its own.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import socket
 from dataclasses import dataclass
 
 import numpy as np
+
+from homagg.udpio import BatchSocket
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class FaultSpec:
 class ImpairedSocket:
     """A UDP socket whose sends and receives suffer ``spec``'s faults; counts what it did."""
 
-    def __init__(self, sock: socket.socket, spec: FaultSpec):
+    def __init__(self, sock: socket.socket | BatchSocket, spec: FaultSpec):
         self.sock = sock
         self.spec = spec
         self.rng = np.random.default_rng(spec.seed)
@@ -70,6 +74,33 @@ class ImpairedSocket:
         for d, a in out:
             self.sock.sendto(d, a)
         return len(data)
+
+    def send_many(self, data, size: int, addr) -> int:
+        """``udpio.BatchSocket.send_many``, one datagram at a time (each suffers its faults)."""
+        view = memoryview(data).cast("B")
+        for at in range(0, len(view), size):
+            self.sendto(view[at:at + size], addr)
+        return -(-len(view) // size)
+
+    def recv_many(self, buf: bytearray) -> tuple[int, int, tuple]:
+        """``udpio.BatchSocket.recv_many`` (or one datagram, from a plain socket), each datagram
+        of the run lost on its own; the survivors are moved together, end to end."""
+        while True:
+            if isinstance(self.sock, BatchSocket):
+                nb, seg, src = self.sock.recv_many(buf)
+            else:
+                nb, src = self.sock.recvfrom_into(buf)
+                seg = nb
+            kept = 0
+            for at in range(0, nb, seg or 1):
+                length = min(seg, nb - at)
+                if self.rng.random() < self.spec.loss:
+                    self.dropped_in += 1
+                    continue
+                buf[kept:kept + length] = buf[at:at + length]
+                kept += length
+            if kept:
+                return kept, seg, src
 
     def recvfrom_into(self, buf):
         while True:

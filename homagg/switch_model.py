@@ -88,17 +88,19 @@ class Outcome:
 
 
 class SlotMemory:
-    """The slot registers, 2 copies per slot (index 2 * slot + phase)."""
+    """The slot registers, 2 copies per slot (index 2 * slot + phase). The bookkeeping is in
+    Python lists, not arrays: the per-packet path reads and writes single cells, which a list
+    does several times faster than numpy's scalar indexing."""
 
     def __init__(self, slots: int, k: int = wire.WORDS_PER_PACKET):
         n = 2 * slots
-        self.seen = np.zeros(n, np.uint64)
-        self.count = np.zeros(n, np.int64)
-        self.tag = np.zeros(n, np.uint32)
-        self.op = np.zeros(n, np.uint8)
-        self.epoch = np.zeros(n, np.uint32)
-        self.gen = np.zeros(n, np.uint8)
-        self.overflow = np.zeros(n, bool)
+        self.seen = [0] * n
+        self.count = [0] * n
+        self.tag = [0] * n
+        self.op = [0] * n
+        self.epoch = [0] * n
+        self.gen = [0] * n
+        self.overflow = [False] * n
         self.words = np.zeros((n, k), np.int32)
 
 
@@ -187,7 +189,7 @@ class SwitchModel:
         gen = h[_GEN]
         idx = 2 * (job.base + slot) + (1 if flags & _FLAG_PHASE else 0)
         me = 1 << worker
-        seen, count, tag = int(m.seen[idx]), int(m.count[idx]), int(m.tag[idx])
+        seen, count, tag = m.seen[idx], m.count[idx], m.tag[idx]
         workers = len(job.workers)
 
         # slot_state.p4
@@ -196,7 +198,7 @@ class SwitchModel:
         if m.epoch[idx] != job.epoch:
             first = True
         elif m.gen[idx] != gen:  # another run's state: an earlier one's is empty to us
-            if newer_gen(gen, int(m.gen[idx])):
+            if newer_gen(gen, m.gen[idx]):
                 first = True
             else:
                 verdict = _V_STALE
@@ -224,14 +226,15 @@ class SwitchModel:
             seen, count = (me, 1) if first else (seen | me, count + 1)
             m.seen[idx], m.count[idx], m.tag[idx] = seen, count, seq
             m.op[idx], m.epoch[idx], m.gen[idx] = op, job.epoch, gen
-            m.seen[idx ^ 1] &= np.uint64(~me & 0xFFFFFFFFFFFFFFFF)
+            m.seen[idx ^ 1] &= ~me
             # words.p4
             if first:
                 result = words
                 m.overflow[idx] = False
             elif op == _OP_ADD:
-                result, lanes = lane_add(m.words[idx], words)
-                if lanes.any():
+                result = m.words[idx] + words  # int32 arrays wrap, as the switch's lanes do
+                # a lane overflowed where both operands' signs differ from the sum's (lanes.p4)
+                if ((m.words[idx] ^ result) & (words ^ result)).min() < 0:
                     m.overflow[idx] = True
             else:
                 result = lane_or(m.words[idx], words)

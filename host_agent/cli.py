@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from homagg import wire
+from homagg import udpio, wire
 from homagg.faults import FaultSpec
 from homagg.host_agent import Agent, AgentConfig, AgentError, codec
 
@@ -196,6 +196,7 @@ def main(argv=None) -> int:
             extra = run_bench(agent, a) if a.cmd == "bench" else run_train(agent, a)
             c = agent.counters
             sk = agent.sock
+            io = udpio.io_counts(sk)  # system calls and the datagrams they carried
             agent_faults = {k: getattr(sk, k, 0) for k in ("dropped_out", "dropped_in",
                                                             "duplicated", "reordered")}
         summary = {"job": a.job, "worker": a.worker, "bytes_on_wire": c.bytes_sent,
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
                    "rounds": c.rounds, "retransmissions": c.retransmissions,
                    "rescales": c.rescales, "ignored": c.ignored, "results": c.results,
                    "join_packets": c.join_packets,
-                   "injected": agent_faults,
+                   "injected": agent_faults, "io": io,
                    "seconds": round(time.monotonic() - t0, 3), "checked": a.check, **extra}
     except AgentError as e:
         print(f"homagg-agent: error: {e}", file=sys.stderr, flush=True)

@@ -17,6 +17,11 @@ is an error at once). The switch treats slot state of an earlier generation as e
 so chunk numbers (and round tags) start at 0 in every run and runs that follow each other on
 one job need no reset; a worker still retransmitting from an earlier run is dropped as stale.
 
+Datagrams go out and come in by the run where the kernel allows (``homagg.udpio``: UDP GSO
+and GRO): the chunks a window opens leave in one system call, and the results a peer sent
+together come up in one, matched to their chunks with numpy a run at a time. Packets off the
+common path (status replies, refusals, joins, strays) are taken one by one.
+
 The header is ``homagg.wire``'s (its struct, field list and status words): nothing of the
 protocol is spelt out here.
 """
@@ -31,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from homagg import wire
+from homagg import udpio, wire
 from homagg.faults import ImpairedSocket
 from homagg.host_agent.config import AgentConfig, AgentError, AggregationTimeout
 from homagg.host_agent.rto import RtoEstimator
@@ -45,6 +50,8 @@ _FIELD_NAMES = [name for name, _, _ in wire.BYTE_FIELDS]
 _FLAGS, _JOB, _SEQ, _GEN, _SLOT = (_FIELD_NAMES.index(f) for f in ("flags", "job", "seq", "gen",
                                                                     "slot"))
 _VERSION_OP = _FIELD_NAMES.index("version_op")  # version (high nibble) and op (low)
+#: A result on the common path: FLAG_RESULT and none of the flags that need a closer look.
+_PLAIN_MASK = wire.FLAG_RESULT | wire.FLAG_REFUSED | wire.FLAG_STATUS
 #: Refusals (FLAG_REFUSED) that mean this agent's settings disagree with the switch's job.
 _CONFIG_ERRORS = {
     "DROP_WRONG_IDENTITY": "the job table has this address for another job or worker id than "
@@ -80,16 +87,16 @@ class Transport:
             raise AgentError(f"{self.who}: cannot bind {cfg.bind[0]}:{cfg.bind[1]}: {e}"
                              ) from None
         sock.setblocking(False)
-        self.sock: socket.socket | ImpairedSocket = sock
+        self.sock: udpio.BatchSocket | ImpairedSocket = udpio.BatchSocket(sock)
         if cfg.faults is not None and cfg.faults.active:
-            self.sock = ImpairedSocket(sock, cfg.faults)
+            self.sock = ImpairedSocket(self.sock, cfg.faults)
         self.switch = (socket.gethostbyname(cfg.switch[0]), cfg.switch[1])
         self.chunk = 0        # next global chunk number (identical on every worker)
         self.k: int = 0       # words per packet: the switch's, from the join's reply
         self.packet_bytes = 0
         self.gen: int | None = None  # the run's generation, from the join (first stream)
         self.broken: str | None = None
-        self.rbuf = bytearray(2048)
+        self.rbuf = bytearray(udpio.RECV_BYTES)  # a coalesced run of results (GRO)
         # Retransmission timeout from measured round trips (RFC 6298, Karn: samples only from
         # chunks sent once). A fixed timeout resends half of everything on a queueing bmv2.
         self.rtt = RtoEstimator(cfg.timeout, cfg.min_timeout, cfg.max_timeout)
@@ -228,15 +235,43 @@ class _Round:
                                  time.monotonic() - 4 * self.interval)
 
     def send_new(self, now: float) -> None:
-        """New chunks, as the window (slot reuse) and pacing allow."""
-        S = self.cfg.slots
-        while (self.next_c < self.nchunks and (self.next_c < S or self.done[self.next_c - S])
-               and now >= self.next_send):
-            self.send(self.next_c)
-            self.sent_at[self.next_c] = now
-            self.next_c += 1
-            if self.interval:
-                break
+        """New chunks, as the window (slot reuse) and pacing allow: unpaced, every chunk the
+        window opens, in one run (their bytes are consecutive in ``buf``)."""
+        S, c0 = self.cfg.slots, self.next_c
+        if self.interval:
+            if c0 < self.nchunks and (c0 < S or self.done[c0 - S]) and now >= self.next_send:
+                self.send(c0)
+                self.sent_at[c0] = now
+                self.next_c += 1
+            return
+        # chunk c may go once chunk c - S (same slot) is done: the run ends at the first that
+        # may not
+        end = min(self.nchunks, max(c0, S))
+        if end < self.nchunks:
+            waiting = np.flatnonzero(~self.done[end - S:self.nchunks - S])
+            end = self.nchunks if not waiting.size else end + int(waiting[0])
+        if end <= c0:
+            return
+        self.send_run(c0, end)
+        self.sent_at[c0:end] = now
+        self.next_c = end
+
+    def send_run(self, c0: int, end: int) -> None:
+        """Chunks c0 .. end - 1, as few system calls as the socket allows. What a full socket
+        buffer stops is left to the timeout, as in ``send``."""
+        t = self.t
+        try:
+            n = t.sock.send_many(self.buf[c0 * self.psize:end * self.psize], self.psize,
+                                 t.switch)
+        except OSError as e:
+            t.broken = str(e)
+            raise AgentError(f"{t.who}: cannot send to the switch {t.switch[0]}:{t.switch[1]}: "
+                             f"{e}") from None
+        if self.join:
+            self.counters.join_packets += n
+        else:
+            self.counters.packets_sent += n
+            self.counters.bytes_sent += n * self.psize
 
     def retransmit(self, pending: np.ndarray, now: float) -> np.ndarray:
         """Resend overdue chunks, with backoff; returns the chunks still pending."""
@@ -265,25 +300,75 @@ class _Round:
 
     # -- receiving -----------------------------------------------------------------------------
     def receive(self, wake: float) -> None:
-        """Wait until ``wake`` for datagrams, then take every one queued."""
+        """Wait until ``wake`` for datagrams, then take every one queued (by the run)."""
         sock, rbuf = self.t.sock, self.t.rbuf
         r, _, _ = select.select([sock], [], [], max(0.0, wake - time.monotonic()))
         while r:
             try:
-                nb, src = sock.recvfrom_into(rbuf)
+                nb, seg, src = sock.recv_many(rbuf)
             except BlockingIOError:
                 break
-            self.take(nb, src)
+            if (src[0] != self.t.switch[0]
+                    or not wire.HOMAGG_UDP_PORT_MIN <= src[1] <= wire.HOMAGG_UDP_PORT_MAX):
+                self.counters.ignored += -(-nb // seg) if seg else 1
+                continue
+            view = memoryview(rbuf)[:nb]
+            if seg == self.psize and nb >= 2 * seg and not self.join:
+                full = nb // seg
+                self.take_run(view[:full * seg], full)
+                view = view[full * seg:]
+                if not view:
+                    continue
+            for at in range(0, len(view), seg or 1):
+                self.take(view[at:at + seg])
 
-    def take(self, nb: int, src: tuple[str, int]) -> None:
-        """One datagram in ``rbuf``: a result, a status reply, or something to ignore."""
-        t, cfg, rbuf = self.t, self.cfg, self.t.rbuf
-        if (src[0] != t.switch[0]
-                or not wire.HOMAGG_UDP_PORT_MIN <= src[1] <= wire.HOMAGG_UDP_PORT_MAX
-                or nb != (wire.JOIN_BYTES if self.join else t.packet_bytes)):
+    def take_run(self, run: memoryview, count: int) -> None:
+        """``count`` datagrams of a round's size from the switch, end to end: results on the
+        common path (this job and run, no status or refusal, a chunk of this round) are taken
+        with array operations; every other datagram goes through ``take``."""
+        rec = np.frombuffer(run, wire.packet_dtype(self.k), count)
+        flags = rec["flags"]
+        c = (rec["seq"].astype(np.int64) - self.seq0) & 0xFFFFFFFF
+        plain = ((flags & _PLAIN_MASK) == wire.FLAG_RESULT) & (rec["job"] == self.cfg.job) \
+            & (rec["gen"] == self.gen) & ((rec["version_op"] & 0xF) != wire.OP_JOIN) \
+            & (c < self.nchunks)
+        for row in np.flatnonzero(~plain):
+            self.take(run[row * self.psize:(row + 1) * self.psize])
+        rows = np.flatnonzero(plain)
+        if not rows.size:
+            return
+        # first copy of each chunk, and only chunks not already done (later copies: ignored)
+        c_rows, first = np.unique(c[rows], return_index=True)
+        rows = rows[first]
+        new = ~self.done[c_rows]
+        self.counters.ignored += int(plain.sum()) - int(new.sum())
+        c_new, rows = c_rows[new], rows[new]
+        if not c_new.size:
+            return
+        K = self.k
+        self.out.reshape(-1, K)[c_new] = rec["words"][rows]
+        self.done[c_new] = True
+        self.ndone += c_new.size
+        now = time.monotonic()
+        rtts = now - self.sent_at[c_new[~self.resent[c_new]]]
+        if rtts.size:  # one sample per run (its mean), as TCP takes one per window
+            self.t.rtt.sample(float(rtts.mean()))
+            self.rto[self.next_c:] = self.t.rtt.rto
+        self.counters.results += int(c_new.size)
+        self.overflow |= bool((flags[rows] & wire.FLAG_OVERFLOW).any())
+        self.last_progress = now
+        if self.status:
+            for cc in c_new.tolist():
+                self.status.pop(cc, None)
+
+    def take(self, pkt: memoryview) -> None:
+        """One datagram from the switch's address: a result, a status reply, or something to
+        ignore."""
+        t, cfg, nb = self.t, self.cfg, len(pkt)
+        if nb != (wire.JOIN_BYTES if self.join else t.packet_bytes):
             self.counters.ignored += 1
             return
-        head = wire.HEADER.unpack_from(rbuf)
+        head = wire.HEADER.unpack_from(pkt)
         flags, job, seq = head[_FLAGS], head[_JOB], head[_SEQ]
         is_join = head[_VERSION_OP] & 0xF == wire.OP_JOIN
         if self.join:
@@ -301,8 +386,8 @@ class _Round:
             t.learn_words(head[_SLOT])
         K = self.k
         if flags & wire.FLAG_REFUSED:
-            self.refused_by_switch(c, int.from_bytes(rbuf[_WORDS_AT + 4 * (K - 1):
-                                                          _WORDS_AT + 4 * K], "big"))
+            self.refused_by_switch(c, int.from_bytes(pkt[_WORDS_AT + 4 * (K - 1):
+                                                         _WORDS_AT + 4 * K], "big"))
             return
         if self.join and not flags & wire.FLAG_STATUS:
             self.gen = head[_GEN]
@@ -310,14 +395,14 @@ class _Round:
             # The switch holds our contribution; the round waits for peers, so only
             # a lost result could need us again: resend after the longest timeout.
             # Not progress: the deadline still runs.
-            self.status[c] = wire.parse_status(np.frombuffer(rbuf, ">i4", K, _WORDS_AT))
+            self.status[c] = wire.parse_status(np.frombuffer(pkt, ">i4", K, _WORDS_AT))
             self.sent_at[c] = time.monotonic()
             self.rto[c] = cfg.max_timeout
             return
         if self.done[c]:
             self.counters.ignored += 1
             return
-        self.out[c * K:(c + 1) * K] = np.frombuffer(rbuf, ">i4", K, _WORDS_AT)
+        self.out[c * K:(c + 1) * K] = np.frombuffer(pkt, ">i4", K, _WORDS_AT)
         self.done[c] = True
         self.ndone += 1
         if not self.resent[c]:

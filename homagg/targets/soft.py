@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from homagg import _p4consts as P4
-from homagg import wire
+from homagg import udpio, wire
 from homagg.errors import HomaggError, JobError
 from homagg.faults import FaultSpec, ImpairedSocket
 from homagg.regions import allocate_region, mcast_group
@@ -396,6 +396,18 @@ class SoftSwitch:
         with self.lock:
             return self.model.process(data, src, port).replies
 
+    def handle_run(self, run: memoryview, size: int, src: tuple[str, int]
+                   ) -> dict[tuple[str, int], list[bytes]]:
+        """Datagrams of ``size`` bytes end to end (the last may be shorter), all from ``src``;
+        the datagrams to send, by destination, each destination's in order."""
+        out: dict[tuple[str, int], list[bytes]] = {}
+        process = self.model.process
+        with self.lock:
+            for at in range(0, len(run), size or 1):
+                for d, a in process(bytes(run[at:at + size]), src).replies:
+                    out.setdefault(a, []).append(d)
+        return out
+
 
 # --------------------------------------------------------------------------------------------
 # On a socket
@@ -408,13 +420,15 @@ class SoftSwitchServer:
     def __init__(self, switch: SoftSwitch | None = None, bind: tuple[str, int] = ("0.0.0.0",
                  wire.HOMAGG_UDP_PORT_MIN), faults: FaultSpec | None = None):
         self.switch = switch or SoftSwitch()
-        self.sock: socket.socket | ImpairedSocket = socket.socket(socket.AF_INET,
-                                                                   socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
-        self.sock.bind(bind)
-        self.sock.settimeout(0.2)
-        self.address = self.sock.getsockname()
+        raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+        raw.bind(bind)
+        raw.settimeout(0.2)
+        self.address = raw.getsockname()
+        # Runs of datagrams per system call both ways (udpio: GSO and GRO): a worker's burst
+        # comes up in one receive, and the results of a run go to each worker in one send.
+        self.sock: udpio.BatchSocket | ImpairedSocket = udpio.BatchSocket(raw)
         if faults is not None and faults.active:  # tests: loss, dup, reorder at this socket
             self.sock = ImpairedSocket(self.sock, faults)
         self._stop = threading.Event()
@@ -422,17 +436,21 @@ class SoftSwitchServer:
 
     def serve(self) -> None:
         sock, sw = self.sock, self.switch
-        buf = bytearray(4096)
+        buf = bytearray(udpio.RECV_BYTES)
         while not self._stop.is_set():
             try:
-                nb, src = sock.recvfrom_into(buf)
+                nb, seg, src = sock.recv_many(buf)
             except (TimeoutError, BlockingIOError):
                 continue
             except OSError:
                 break
-            for d, a in sw.handle(bytes(buf[:nb]), src):
+            for a, replies in sw.handle_run(memoryview(buf)[:nb], seg, src).items():
                 try:
-                    sock.sendto(d, a)
+                    if len(replies) > 1 and len({len(d) for d in replies}) == 1:
+                        sock.send_many(b"".join(replies), len(replies[0]), a)
+                    else:
+                        for d in replies:
+                            sock.sendto(d, a)
                 except OSError as e:  # a worker gone: the others still get theirs
                     log.debug("send to %s failed: %s", a, e)
 
@@ -534,7 +552,7 @@ def main(argv=None) -> int:
         while thread.is_alive():
             thread.join(0.2)
             if a.stats_file:
-                _write_stats(a.stats_file, sw)
+                _write_stats(a.stats_file, sw, server)
     except KeyboardInterrupt:
         pass
     finally:
@@ -542,15 +560,16 @@ def main(argv=None) -> int:
         if p4rt is not None:
             p4rt.stop()
         if a.stats_file:
-            _write_stats(a.stats_file, sw)
+            _write_stats(a.stats_file, sw, server)
     return 0
 
 
-def _write_stats(path: Path, sw: SoftSwitch) -> None:
+def _write_stats(path: Path, sw: SoftSwitch, server: SoftSwitchServer) -> None:
     """The counters as JSON, replaced in one rename: a reader (the launcher, a test) polling
-    the file never sees it half written."""
+    the file never sees it half written. ``io``: the socket's system calls and datagrams."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(sw.read_stats(), indent=1))
+    tmp.write_text(json.dumps({**sw.read_stats(), "io": udpio.io_counts(server.sock)},
+                              indent=1))
     os.replace(tmp, path)
 
 
