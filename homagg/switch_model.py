@@ -189,35 +189,9 @@ class SwitchModel:
         gen = h[_GEN]
         idx = 2 * (job.base + slot) + (1 if flags & _FLAG_PHASE else 0)
         me = 1 << worker
-        seen, count, tag = m.seen[idx], m.count[idx], m.tag[idx]
+        seen, count = m.seen[idx], m.count[idx]
         workers = len(job.workers)
-
-        # slot_state.p4
-        first = False
-        verdict = _V_ACCEPT
-        if m.epoch[idx] != job.epoch:
-            first = True
-        elif m.gen[idx] != gen:  # another run's state: an earlier one's is empty to us
-            if newer_gen(gen, m.gen[idx]):
-                first = True
-            else:
-                verdict = _V_STALE
-        elif seen & me:
-            if count == workers and tag == seq:
-                verdict = _V_RETRANS_REPLY
-            elif tag == seq:
-                verdict = _V_DUP_PENDING
-            else:
-                verdict = _V_STALE
-        elif seen == 0:
-            if newer(seq, tag):
-                first = True
-            else:
-                verdict = _V_STALE
-        elif count >= workers or newer(tag, seq):
-            verdict = _V_STALE  # finished and this worker moved on, or an older round
-        elif tag != seq or m.op[idx] != op:
-            verdict = _V_SEQ_MISMATCH
+        verdict, first = self._slot_verdict(idx, job.epoch, workers, me, seq, gen, op)
 
         kinds = wire.JOB_STATS_PER_JOB * job.id
         jstats = self.job_stats
@@ -269,6 +243,127 @@ class SwitchModel:
         out = self._refuse(_SEQ_MISMATCH if verdict == _V_SEQ_MISMATCH else _STALE, job, data,
                            src, flags)
         out.verdict = _V[verdict]
+        return out
+
+    def _slot_verdict(self, idx: int, epoch: int, workers: int, me: int, seq: int, gen: int,
+                      op: int) -> tuple[int, bool]:
+        """slot_state.p4: the verdict for a packet of worker bit ``me`` on slot copy ``idx``,
+        and whether it starts the copy's round afresh (``first``). Reads state, writes none."""
+        m = self.mem
+        seen, count, tag = m.seen[idx], m.count[idx], m.tag[idx]
+        if m.epoch[idx] != epoch:
+            return _V_ACCEPT, True
+        if m.gen[idx] != gen:  # another run's state: an earlier one's is empty to us
+            return (_V_ACCEPT, True) if newer_gen(gen, m.gen[idx]) else (_V_STALE, False)
+        if seen & me:
+            if count == workers and tag == seq:
+                return _V_RETRANS_REPLY, False
+            return (_V_DUP_PENDING if tag == seq else _V_STALE), False
+        if seen == 0:
+            return (_V_ACCEPT, True) if newer(seq, tag) else (_V_STALE, False)
+        if count >= workers or newer(tag, seq):
+            return _V_STALE, False  # finished and this worker moved on, or an older round
+        if tag != seq or m.op[idx] != op:
+            return _V_SEQ_MISMATCH, False
+        return _V_ACCEPT, False
+
+    def process_run(self, run, size: int, src: Address) -> list[tuple[bytes, Address]]:
+        """Datagrams of ``size`` bytes end to end (the last may be shorter), all from ``src``
+        (a coalesced receive, ``homagg.udpio``); the datagrams to send out, as ``process``
+        one by one would give them (same state, counters and replies; replies grouped by
+        kind, not interleaved by arrival).
+
+        The common case, a worker's burst of a round's packets to distinct slots, is taken
+        with array operations: the words of every accepted packet added at once, and the
+        replies of every completed round built at once. Anything else (another size, a
+        join, an unknown sender, a refusal, two packets for one slot) goes through
+        ``process`` packet by packet, and so does every packet whose verdict is not ACCEPT:
+        distinct slots never touch each other's state, so the order does not matter."""
+        view = memoryview(run).cast("B")
+        n = len(view) // size if size else 0
+        hit = self.senders.get(src)
+        rec = (np.frombuffer(view, wire.packet_dtype(self.k), n)
+               if size == self.packet_bytes and n * size == len(view) and n > 1
+               and hit is not None else None)  # (no switch port here: nothing is SPOOFED)
+        if rec is not None:
+            job, worker = hit  # type: ignore[misc]
+            vo, flags, slots = rec["version_op"], rec["flags"], rec["slot"]
+            if not ((vo >> 4 == _VERSION_VALUE).all() and ((vo & 0xF) == (vo[0] & 0xF)).all()
+                    and vo[0] & 0xF in (_OP_ADD, _OP_OR) and not (flags & _FLAG_RESULT).any()
+                    and (rec["job"] == job.id).all() and (rec["worker"] == worker).all()
+                    and int(slots.max()) < job.size and np.unique(slots).size == n):
+                rec = None
+        if rec is None:
+            out = []
+            for at in range(0, len(view), size or 1):
+                out += self.process(bytes(view[at:at + size]), src).replies
+            return out
+        return self._accept_run(view, rec, job, worker, src)
+
+    def _accept_run(self, view: memoryview, rec: np.ndarray, job: JobEntry, worker: int,
+                    src: Address) -> list[tuple[bytes, Address]]:
+        """``process_run``'s array path: admission passed for every packet of ``rec``."""
+        m, size, op = self.mem, self.packet_bytes, int(rec["version_op"][0] & 0xF)
+        workers, me, epoch = len(job.workers), 1 << worker, job.epoch
+        phase = (rec["flags"] & _FLAG_PHASE) != 0
+        idxs = (2 * (job.base + rec["slot"].astype(np.int64)) + phase).tolist()
+        seqs, gens = rec["seq"].tolist(), rec["gen"].tolist()
+        out: list[tuple[bytes, Address]] = []
+        # rows accepted: first of their round, added to it; rows that completed it
+        fresh: list[int] = []
+        added: list[int] = []
+        done: list[int] = []
+        for r, (idx, seq, gen) in enumerate(zip(idxs, seqs, gens)):
+            verdict, first = self._slot_verdict(idx, epoch, workers, me, seq, gen, op)
+            if verdict != _V_ACCEPT:
+                out += self.process(bytes(view[r * size:(r + 1) * size]), src).replies
+                continue
+            seen, count = (me, 1) if first else (m.seen[idx] | me, m.count[idx] + 1)
+            m.seen[idx], m.count[idx], m.tag[idx] = seen, count, seq
+            m.op[idx], m.epoch[idx], m.gen[idx] = op, epoch, gen
+            m.seen[idx ^ 1] &= ~me
+            (fresh if first else added).append(r)
+            if count == workers:
+                done.append(r)
+        accepted = len(fresh) + len(added)
+        if not accepted:
+            return out
+        words = rec["words"]
+        if fresh:
+            at = [idxs[r] for r in fresh]
+            m.words[at] = words[fresh]
+            for i in at:
+                m.overflow[i] = False
+        if added:
+            at = [idxs[r] for r in added]
+            acc, w = m.words[at], words[added].astype(np.int32)
+            if op == _OP_ADD:
+                total = acc + w  # int32 arrays wrap, as the switch's lanes do (lanes.p4)
+                for i, o in zip(at, (((acc ^ total) & (w ^ total)).min(axis=1) < 0).tolist()):
+                    if o:
+                        m.overflow[i] = True
+            else:
+                total = acc | w
+            m.words[at] = total
+        stats, jstats = self.stats, self.job_stats
+        kinds = wire.JOB_STATS_PER_JOB * job.id
+        stats[_RX] += accepted
+        stats[_ACCEPTED] += accepted
+        jstats[kinds + wire.JOB_STAT_ACCEPTED] += accepted
+        if done:  # reply.p4: complete, multicast to the job's workers
+            at = [idxs[r] for r in done]
+            ovf = np.array([m.overflow[i] for i in at])
+            replies = rec[done].copy()
+            replies["flags"] = (_FLAG_RESULT | (replies["flags"] & _FLAG_PHASE)
+                                | np.where(ovf, _FLAG_OVERFLOW, 0))
+            replies["words"] = m.words[at]
+            stats[_COMPLETED] += len(done)
+            jstats[kinds + wire.JOB_STAT_COMPLETED] += len(done)
+            stats[_OVERFLOW] += int(ovf.sum())
+            blob = replies.tobytes()
+            pkts = [blob[i * size:(i + 1) * size] for i in range(len(done))]
+            for a in job.result_addresses:
+                out += [(p, a) for p in pkts]
         return out
 
     def _join(self, data: bytes, src: Address, h, job: JobEntry, worker: int) -> Outcome:

@@ -401,11 +401,10 @@ class SoftSwitch:
         """Datagrams of ``size`` bytes end to end (the last may be shorter), all from ``src``;
         the datagrams to send, by destination, each destination's in order."""
         out: dict[tuple[str, int], list[bytes]] = {}
-        process = self.model.process
         with self.lock:
-            for at in range(0, len(run), size or 1):
-                for d, a in process(bytes(run[at:at + size]), src).replies:
-                    out.setdefault(a, []).append(d)
+            replies = self.model.process_run(run, size, src)
+        for d, a in replies:
+            out.setdefault(a, []).append(d)
         return out
 
 
