@@ -7,6 +7,7 @@ the controller; ``SoftTarget`` calls the software aggregator's ``handle`` direct
 from __future__ import annotations
 
 import collections
+from dataclasses import replace
 
 from homagg import wire
 from homagg.controller import jobs
@@ -54,8 +55,9 @@ class Bmv2Target:
     def __init__(self, testbed):
         self.bed = testbed
 
-    def add_job(self, job_id, workers, slots=8, udp_port=wire.DEFAULT_AGENT_PORT):
-        return jobs.add_job(self.bed.conn, self.bed.job(job_id, list(workers), slots, udp_port))
+    def add_job(self, job_id, workers, slots=8, udp_port=wire.DEFAULT_AGENT_PORT, uplink=None):
+        spec = self.bed.job(job_id, list(workers), slots, udp_port)
+        return jobs.add_job(self.bed.conn, replace(spec, uplink=uplink))
 
     def remove_job(self, job_id):
         jobs.remove_job(self.bed.conn, job_id)

@@ -2,8 +2,9 @@
 
 Each row sets up a slot's state with a few contributions, then sends one probe packet and
 states what must happen: which counter moves (the counters are one per verdict or drop reason,
-so this is the verdict too), who gets a reply, with which flags and words. The same table runs
-on three targets:
+so this is the verdict too), who gets a reply, with which flags and words. Rows marked
+``tree`` install the job as a tree's child job (uplink.p4) whose parent is host 3: its partial
+sums go there, and host 3 sends the parent's answers. The same table runs on three targets:
 - ``model``: homagg.switch_model.SwitchModel, in memory;
 - ``soft``: the software aggregator's server on a UDP socket (loopback addresses as hosts);
 - ``bmv2``: simple_switch_grpc running p4/homagg.p4 on veth pairs (skips without bmv2/root).
@@ -22,12 +23,15 @@ import pytest
 from bmv2_tests.conftest import bmv2_skip_reason
 from bmv2_tests.targets import Bmv2Target
 from homagg import wire
-from homagg.switch_model import JobEntry, SwitchModel
+from homagg.netconfig import Uplink as UplinkSpec
+from homagg.switch_model import JobEntry, SwitchModel, Uplink
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
-from homagg.targets.testbed import host_ip
+from homagg.targets.testbed import host_ip, host_mac
 
 K = wire.WORDS_PER_PACKET
 WORKERS = 3          # hosts 0..2 are the job's workers; host 3 is registered nowhere
+PARENT = 3           # (or, for a tree's child job, its parent switch)
+PJ, LW = 5, 1        # the parent's job id, and this switch's worker id in it
 SLOTS = 4
 _job_ids = itertools.count()
 
@@ -45,11 +49,15 @@ class Pkt:
     version: int = wire.HOMAGG_VERSION
     size: int | None = None    # payload bytes (truncate or pad); None: the packet's own
     gen: int = 0               # the run's generation (join.p4)
+    job: int | None = None     # header job id (default: the case's job)
+    status: tuple[int, int] | None = None  # words of a status reply (a parent's)
 
     def payload(self, job: int) -> bytes:
         flags = self.flags | (wire.FLAG_PHASE if self.phase else 0)
         n = wire.JOIN_WORDS if self.op == wire.OP_JOIN else K  # a join's words, whatever K
-        words = np.full(n, self.value, np.int64).astype(np.uint32)
+        words = (np.full(n, self.value, np.int64).astype(np.uint32) if self.status is None
+                 else wire.status_words(*self.status, n))
+        job = job if self.job is None else self.job
         p = wire.pack(self.op, job, self.host if self.worker is None else self.worker,
                       self.slot, self.seq, words, flags=flags, version=self.version,
                       gen=self.gen)
@@ -65,6 +73,10 @@ class Reply:
     value: int | None = None          # every word equals this (results)
     status: tuple[int, int] | None = None  # (contributors bitmap, count) (status replies)
     refused: str | None = None        # the DROP_* reason a FLAG_REFUSED reply carries
+    job: int | None = None            # its job id (default: the case's job)
+    seq: int | None = None            # its seq (default: the probe's; ANY: not checked)
+    slot: int | None = None           # its slot (default: the probe's, K for a join's)
+    gen: int | None = None            # its gen, where checked
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,7 @@ class Case:
     counter: str                    # the one STATS counter the probe moves (besides STAT_RX)
     replies: tuple[Reply, ...] = ()
     also: tuple[str, ...] = field(default=())  # further counters the probe moves
+    tree: bool = False              # the job is a tree's child job, host 3 its parent
 
 R, S, T, OVF = wire.FLAG_RESULT, wire.FLAG_STATUS, wire.FLAG_RETRANS, wire.FLAG_OVERFLOW
 P, F = wire.FLAG_PHASE, wire.FLAG_REFUSED
@@ -87,6 +100,68 @@ def J(host: int, nonce: int) -> Pkt:
 
 
 JOINED = (J(0, 11), J(1, 12), J(2, 13))  # one run's complete join
+U, ANY = wire.FLAG_UPSTREAM, -1
+ROUND = (Pkt(0, value=1), Pkt(1, value=2), Pkt(2, value=3))  # a round complete here (sum 6)
+
+
+def FROM_PARENT(value: int = 42, flags: int = R, **kw) -> Pkt:
+    """The parent's answer to this switch's partial (its result, by default)."""
+    return Pkt(PARENT, value=value, flags=flags, worker=LW, **{"job": PJ, **kw})
+
+
+def UP(value: int | None, **kw) -> Reply:
+    """This switch's partial (or join) to its parent: the parent job's identity, no flags."""
+    return Reply(PARENT, 0, value, job=PJ, **kw)
+
+
+TREE_CASES = [
+    Case("tree: a round complete here goes up as one partial sum, not to the workers",
+         (Pkt(0, value=5), Pkt(1, value=-7)), Pkt(2, value=100), "STAT_ACCEPTED",
+         (UP(98),), ("STAT_PARTIAL_UP",)),
+    Case("tree: a retransmission before the parent's answer sends the partial up again",
+         ROUND, Pkt(1), "STAT_PARTIAL_RESENT", (UP(6),)),
+    Case("tree: the parent's result is multicast to the workers",
+         ROUND, FROM_PARENT(42), "STAT_FROM_PARENT", tuple(Reply(h, R, 42) for h in ALL),
+         ("STAT_COMPLETED",)),
+    Case("tree: after the parent's result, a retransmission gets it by unicast",
+         ROUND + (FROM_PARENT(42),), Pkt(0), "STAT_RETRANS_REPLY", (Reply(0, R | T, 42),)),
+    Case("tree: the parent's result twice is dropped", ROUND + (FROM_PARENT(42),),
+         FROM_PARENT(42), "DROP_PARENT_DUP"),
+    Case("tree: a parent's result for a round not complete here is dropped",
+         ROUND[:2], FROM_PARENT(42), "DROP_PARENT_DUP"),
+    Case("tree: the parent's result for another round is dropped",
+         ROUND, FROM_PARENT(42, seq=2), "DROP_PARENT_DUP"),
+    Case("tree: the parent's status is relayed to every worker, marked upstream",
+         ROUND, FROM_PARENT(0, R | S, status=(0b10, 1)), "STAT_FROM_PARENT",
+         tuple(Reply(h, R | S | U, status=(0b10, 1)) for h in ALL)),
+    Case("tree: the parent's refusal is relayed to every worker, marked upstream",
+         ROUND, FROM_PARENT(0, R | F, status=(0, wire.STAT_INDEX["DROP_BAD_SLOT"])),
+         "STAT_FROM_PARENT", tuple(Reply(h, R | F | U, refused="DROP_BAD_SLOT") for h in ALL)),
+    Case("tree: the parent's overflow flag reaches the workers",
+         ROUND, FROM_PARENT(7, R | OVF), "STAT_FROM_PARENT",
+         tuple(Reply(h, R | OVF, 7) for h in ALL), ("STAT_COMPLETED", "STAT_OVERFLOW")),
+    Case("tree: a round that overflowed here goes up flagged",
+         (Pkt(0, value=2**31 - 1), Pkt(1, value=1)), Pkt(2, value=0), "STAT_ACCEPTED",
+         (Reply(PARENT, OVF, -(2**31), job=PJ),), ("STAT_PARTIAL_UP",)),
+    Case("tree: the parent's answer from another job id is forged", ROUND,
+         FROM_PARENT(42, job=PJ + 1), "DROP_FORGED_RESULT"),
+    Case("tree: a join complete here goes up as this switch's join",
+         JOINED[:2], JOINED[2], "STAT_ACCEPTED", (UP(0, seq=ANY, slot=0, gen=0),),
+         ("STAT_PARTIAL_UP",)),
+    Case("tree: a retransmitted join before the root's answer goes up again",
+         JOINED, J(1, 12), "STAT_PARTIAL_RESENT", (UP(0, seq=ANY, slot=0, gen=0),)),
+    Case("tree: the root's join answer hands its generation to every worker",
+         JOINED, FROM_PARENT(0, op=wire.OP_JOIN, seq=77, gen=9), "STAT_FROM_PARENT",
+         tuple(Reply(h, R, 0, gen=9) for h in ALL), ("STAT_COMPLETED",)),
+    Case("tree: after the root's answer, a retransmitted join gets the root's generation",
+         JOINED + (FROM_PARENT(0, op=wire.OP_JOIN, seq=77, gen=9),), J(1, 12),
+         "STAT_RETRANS_REPLY", (Reply(1, R | T, 0, gen=9),)),
+    Case("tree: a root's join answer of an older generation is dropped",
+         JOINED + (FROM_PARENT(0, op=wire.OP_JOIN, seq=77, gen=9), J(0, 21), J(1, 22),
+                   J(2, 23)), FROM_PARENT(0, op=wire.OP_JOIN, seq=78, gen=9),
+         "DROP_PARENT_DUP"),
+]
+TREE_CASES = [replace(c, tree=True) for c in TREE_CASES]
 
 CASES = [
     Case("first contribution is absorbed", (), Pkt(0), "STAT_ACCEPTED"),
@@ -156,6 +231,9 @@ CASES = [
     Case("a result flag from a host", (), Pkt(0, flags=R), "DROP_FORGED_RESULT"),
     Case("another protocol version", (), Pkt(0, version=2), "DROP_BAD_VERSION"),
     Case("an unknown op", (), Pkt(0, op=7), "DROP_BAD_OP"),
+    Case("a contribution flagged as overflowed (a child switch's partial) flags its round",
+         (Pkt(0), Pkt(1)), Pkt(2, flags=OVF), "STAT_ACCEPTED",
+         tuple(Reply(h, R | OVF, 3) for h in ALL), ("STAT_COMPLETED", "STAT_OVERFLOW")),
     Case("a truncated packet", (), Pkt(0, size=wire.PACKET_BYTES - 4), "DROP_MALFORMED"),
     Case("an overlong packet", (), Pkt(0, size=wire.PACKET_BYTES + 4), "DROP_BAD_LENGTH"),
     Case("a join carries JOIN_WORDS words whatever K: one of K words is a wrong length", (),
@@ -170,7 +248,7 @@ CASES = [
 REFUSED = {"DROP_STALE", "DROP_SEQ_MISMATCH", "DROP_WRONG_IDENTITY", "DROP_BAD_SLOT"}
 CASES = [replace(c, replies=(Reply(c.probe.host, R | F | (P if c.probe.phase else 0),
                                    refused=c.counter),))
-         if c.counter in REFUSED else c for c in CASES]
+         if c.counter in REFUSED else c for c in CASES] + TREE_CASES
 
 
 # -- targets ------------------------------------------------------------------------------
@@ -186,12 +264,13 @@ class ModelTarget:
         self.host_of = {a: i for i, a in self.addr.items()}
         self.epoch = 0
 
-    def add_job(self, job_id: int) -> None:
+    def add_job(self, job_id: int, tree: bool = False) -> None:
         for old in list(self.model.jobs):
             self.model.uninstall(old)
         self.epoch += 1
         self.model.install(JobEntry(job_id, [self.addr[i] for i in ALL], self.epoch,
-                                    (job_id % 8) * SLOTS, SLOTS))
+                                    (job_id % 8) * SLOTS, SLOTS,
+                                    uplink=Uplink(PJ, LW, self.addr[PARENT]) if tree else None))
 
     def send(self, host: int, payload: bytes) -> None:
         for data, dst in self.model.process(payload, self.addr[host]).replies:
@@ -223,10 +302,12 @@ class SoftUdpTarget:
             s.setblocking(False)
             self.socks[i] = s
 
-    def add_job(self, job_id: int) -> None:
+    def add_job(self, job_id: int, tree: bool = False) -> None:
         for old in list(self.switch.jobs):
             self.switch.remove_job(old)
-        self.switch.add_job(job_id, [self.socks[i].getsockname() for i in ALL], SLOTS)
+        ip, port = self.socks[PARENT].getsockname()
+        self.switch.add_job(job_id, [self.socks[i].getsockname() for i in ALL], SLOTS,
+                            uplink=UplinkSpec(PJ, LW, ip, port) if tree else None)
 
     def send(self, host: int, payload: bytes) -> None:
         self.socks[host].sendto(payload, self.server.address)
@@ -259,9 +340,12 @@ class Bmv2ConformanceTarget:
         self.t = Bmv2Target(testbed)
         self.jobs: list[int] = []
 
-    def add_job(self, job_id: int) -> None:
+    def add_job(self, job_id: int, tree: bool = False) -> None:
         self.close()
-        self.t.add_job(job_id, list(ALL), SLOTS)
+        self.t.add_job(job_id, list(ALL), SLOTS,
+                       uplink=UplinkSpec(PJ, LW, host_ip(PARENT), wire.DEFAULT_AGENT_PORT,
+                                         host_mac(PARENT), wire.HOMAGG_UDP_PORT_MIN,
+                                         PARENT + 1) if tree else None)
         self.jobs = [job_id]
         self.t.drain()
 
@@ -307,7 +391,7 @@ def settled_stats(target, before: dict[str, int], moved: set[str], timeout: floa
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_rule(target, case):
     job = 20 + next(_job_ids) % 40  # a job id below MAX_JOBS; the previous job is removed
-    target.add_job(job)
+    target.add_job(job, case.tree)
     for p in case.setup:
         target.send(p.host, p.payload(job))
     target.recv_all(0.3 if not isinstance(target, ModelTarget) else 0)
@@ -332,7 +416,14 @@ def test_rule(target, case):
         assert pkt.flags == r.flags, f"host {host}: flags {pkt.flags:#x}, expected {r.flags:#x}"
         # a join's replies say K, the switch's words per packet, in the slot field
         slot = K if case.probe.op == wire.OP_JOIN else case.probe.slot
-        assert (pkt.job, pkt.slot, pkt.seq) == (job, slot, case.probe.seq)
+        slot = slot if r.slot is None else r.slot
+        seq = case.probe.seq if r.seq is None else r.seq
+        assert (pkt.job, pkt.slot) == (job if r.job is None else r.job, slot)
+        assert seq == ANY or pkt.seq == seq
+        if r.job == PJ:  # up to the parent: this switch's worker id there
+            assert pkt.worker == LW
+        if r.gen is not None:
+            assert pkt.gen == r.gen
         if r.value is not None:
             n = wire.JOIN_WORDS if case.probe.op == wire.OP_JOIN else K
             expected_words = np.full(n, r.value, np.int64).astype(np.uint32).view(np.int32)

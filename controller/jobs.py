@@ -10,6 +10,7 @@ methods: a real switch, or ``homagg.controller.testing.FakeSwitch``.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from homagg import _p4consts as P4
@@ -21,7 +22,7 @@ from homagg.controller.p4client import (
     TableEntry,
 )
 from homagg.errors import JobError
-from homagg.netconfig import Config, JobSpec
+from homagg.netconfig import Config, JobSpec, Uplink
 from homagg.regions import allocate_region, mcast_group
 
 __all__ = ["InstalledJob", "JobCounters", "JobError", "ResetResult", "SwitchStats",
@@ -47,6 +48,7 @@ class InstalledJob:
     base: int
     size: int
     group: int
+    uplink: Uplink | None = None  # a tree's child job: its parent (uplink table)
 
     @property
     def region(self) -> range:
@@ -57,10 +59,15 @@ class InstalledJob:
         return len(self.senders)
 
     def to_json(self) -> dict:
-        return {"id": self.id, "workers": [{"worker": s.worker, "ip": s.ip,
-                                            "udp_port": s.udp_port} for s in self.senders],
-                "epoch": self.epoch, "slot_base": self.base, "slots": self.size,
-                "group": self.group}
+        out = {"id": self.id, "workers": [{"worker": s.worker, "ip": s.ip,
+                                           "udp_port": s.udp_port} for s in self.senders],
+               "epoch": self.epoch, "slot_base": self.base, "slots": self.size,
+               "group": self.group}
+        if self.uplink is not None:
+            u = self.uplink
+            out["uplink"] = {"job": u.job, "worker": u.worker, "ip": u.ip,
+                             "udp_port": u.udp_port}
+        return out
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,10 @@ def mac_int(mac: str) -> int:
     return int(mac.replace(":", ""), 16)
 
 
+def int_mac(v: int) -> str:
+    return ":".join(f"{(v >> s) & 0xFF:02x}" for s in range(40, -8, -8))
+
+
 # -- base forwarding -----------------------------------------------------------------------
 
 
@@ -143,9 +154,34 @@ def list_jobs(sw: P4RuntimeSwitch) -> list[InstalledJob]:
         j = by_job.setdefault(p["job"], {"senders": [], **p})
         j["senders"].append(Sender(p["worker"], int_ip(e.match["src_addr"]),
                                    e.match["src_port"], p["port"]))
+    ups = {e.match["job"]: e.params for e in sw.read(P4.TABLE_UPLINK)
+           if e.action == P4.ACTION_SET_UPLINK}
     return [InstalledJob(j, tuple(sorted(v["senders"], key=lambda s: s.worker)), v["epoch"],
-                         v["region_base"], v["region_size"], v["mcast_group"])
+                         v["region_base"], v["region_size"], v["mcast_group"],
+                         _uplink_of(ups[j]) if j in ups else None)
             for j, v in sorted(by_job.items())]
+
+
+def _uplink_of(p: Mapping[str, int]) -> Uplink:
+    return Uplink(p["job"], p["worker"], int_ip(p["ip"]), p["udp_port"], int_mac(p["mac"]),
+                  p["src_port"], p["port"])
+
+
+def _uplink_entry(job_id: int, u: Uplink) -> TableEntry:
+    return TableEntry(P4.TABLE_UPLINK, {"job": job_id}, P4.ACTION_SET_UPLINK,
+                      {"job": u.job, "worker": u.worker, "mac": mac_int(u.mac),
+                       "ip": ip_int(u.ip), "udp_port": u.udp_port, "src_port": u.src_port,
+                       "port": u.switch_port})
+
+
+def _parent_entry(job_id: int, u: Uplink, workers: int, epoch: int, base: int, size: int,
+                  group: int) -> TableEntry:
+    """Admission's parents table: the parent's answers carry this job (uplink.p4)."""
+    return TableEntry(P4.TABLE_PARENTS, {"src_addr": ip_int(u.ip), "src_port": u.udp_port,
+                                         "parent_job": u.job},
+                      P4.ACTION_SET_PARENT,
+                      {"job": job_id, "workers": workers, "epoch": epoch, "region_base": base,
+                       "region_size": size, "mcast_group": group, "port": u.switch_port})
 
 
 def next_epoch(sw: P4RuntimeSwitch) -> int:
@@ -193,10 +229,14 @@ def add_job(sw: P4RuntimeSwitch, job: JobSpec, pool: int = wire.SLOTS) -> Instal
     sw.set_multicast_group(group, [(w.switch_port, wid + wire.RID_WORKER_OFFSET)
                                    for wid, w in enumerate(job.workers)])
     new = tuple(Sender(wid, w.ip, w.udp_port, w.switch_port) for wid, w in enumerate(job.workers))
+    if job.uplink is not None:  # a tree's child job: the parent's answers, then where to go
+        sw.insert(_parent_entry(job.id, job.uplink, len(new), epoch, base, job.slots, group),
+                  or_modify=True)
+        sw.insert(_uplink_entry(job.id, job.uplink), or_modify=True)
     for s in new:
         sw.insert(_worker_entry(job.id, s, len(new), epoch, base, job.slots, group))
     reset_job_counters(sw, job.id)
-    return InstalledJob(job.id, new, epoch, base, job.slots, group)
+    return InstalledJob(job.id, new, epoch, base, job.slots, group, job.uplink)
 
 
 def find_job(sw: P4RuntimeSwitch, job_id: int) -> InstalledJob:
@@ -220,6 +260,13 @@ def remove_job(sw: P4RuntimeSwitch, job_id: int) -> InstalledJob:
         sw.delete_multicast_group(job.group)
     except SwitchError:
         pass
+    if job.uplink is not None:
+        for entry in (_uplink_entry(job.id, job.uplink),
+                      _parent_entry(job.id, job.uplink, 0, 0, 0, 0, 0)):
+            try:
+                sw.delete(TableEntry(entry.table, entry.match))
+            except SwitchError:
+                pass
     return job
 
 
@@ -235,6 +282,9 @@ def reset_job(sw: P4RuntimeSwitch, job_id: int, thrift_port: int | None = None) 
     CLI is installed the region's registers are zeroed too."""
     job = find_job(sw, job_id)
     epoch = next_epoch(sw)
+    if job.uplink is not None:
+        sw.modify(_parent_entry(job.id, job.uplink, job.workers, epoch, job.base, job.size,
+                                job.group))
     for s in job.senders:
         sw.modify(_worker_entry(job.id, s, job.workers, epoch, job.base, job.size, job.group))
     reset_job_counters(sw, job.id)

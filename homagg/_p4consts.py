@@ -24,6 +24,7 @@ JOB_TABLE_SIZE = 1024
 RESULT_TABLE_SIZE = 1024
 ARP_TABLE_SIZE = 1024
 ROUTE_TABLE_SIZE = 1024
+PARENT_TABLE_SIZE = 64
 HOMAGG_UDP_PORT_MIN = 48864
 HOMAGG_UDP_PORT_MAX = 48879
 HOMAGG_VERSION = 1
@@ -36,6 +37,7 @@ FLAG_PHASE = 32
 FLAG_RETRANS = 16
 FLAG_STATUS = 8
 FLAG_REFUSED = 4
+FLAG_UPSTREAM = 2
 WORDS_PER_PACKET = 256
 MAX_WORDS_PER_PACKET = 365
 MIN_WORDS_PER_PACKET = 16
@@ -64,6 +66,10 @@ DROP_BAD_SLOT = 13
 DROP_SEQ_MISMATCH = 14
 DROP_STALE = 15
 DROP_SPOOFED = 16
+STAT_PARTIAL_UP = 17
+STAT_PARTIAL_RESENT = 18
+STAT_FROM_PARENT = 19
+DROP_PARENT_DUP = 20
 EPOCH_STORE = 31
 FWD_ROUTED = 0
 FWD_ARP_REPLIES = 1
@@ -92,15 +98,19 @@ EPOCH_HI = 27
 EPOCH_LO = 12
 GEN_HI = 11
 GEN_LO = 4
-JOIN_BITS = 96
-JOIN_SEEN_HI = 95
-JOIN_SEEN_LO = 32
-JOIN_COUNT_HI = 31
-JOIN_COUNT_LO = 24
-JOIN_GEN_HI = 23
-JOIN_GEN_LO = 16
-JOIN_EPOCH_HI = 15
-JOIN_EPOCH_LO = 0
+FINAL_BIT = 3
+JOIN_BITS = 105
+JOIN_SEEN_HI = 104
+JOIN_SEEN_LO = 41
+JOIN_COUNT_HI = 40
+JOIN_COUNT_LO = 33
+JOIN_GEN_HI = 32
+JOIN_GEN_LO = 25
+JOIN_EPOCH_HI = 24
+JOIN_EPOCH_LO = 9
+JOIN_HANDED_HI = 8
+JOIN_HANDED_LO = 1
+JOIN_FINAL = 0
 ETHERTYPE_IPV4 = 2048
 ETHERTYPE_ARP = 2054
 IP_PROTO_UDP = 17
@@ -124,7 +134,11 @@ STATS: dict[int, str] = {0: 'STAT_RX',
  13: 'DROP_BAD_SLOT',
  14: 'DROP_SEQ_MISMATCH',
  15: 'DROP_STALE',
- 16: 'DROP_SPOOFED'}
+ 16: 'DROP_SPOOFED',
+ 17: 'STAT_PARTIAL_UP',
+ 18: 'STAT_PARTIAL_RESENT',
+ 19: 'STAT_FROM_PARENT',
+ 20: 'DROP_PARENT_DUP'}
 FWD_STATS: dict[int, str] = {0: 'FWD_ROUTED', 1: 'FWD_ARP_REPLIES', 2: 'FWD_NO_ROUTE', 3: 'FWD_SPOOFED'}
 JOB_STATS: dict[int, str] = {0: 'JOB_STAT_ACCEPTED',
  1: 'JOB_STAT_COMPLETED',
@@ -139,7 +153,8 @@ ENUMS: dict[str, dict[str, int]] = {'Verdict': {'ACCEPT': 0,
              'RETRANS_REPLY': 1,
              'DUP_PENDING': 2,
              'SEQ_MISMATCH': 3,
-             'STALE': 4}}
+             'STALE': 4,
+             'RESEND_UP': 5}}
 
 
 class Verdict(enum.IntEnum):
@@ -148,13 +163,16 @@ class Verdict(enum.IntEnum):
     DUP_PENDING = 2
     SEQ_MISMATCH = 3
     STALE = 4
+    RESEND_UP = 5
 
 
 # ---- P4Info: full names, ids, match fields and parameters ----
 TABLE_ARP_PROXY = 'HomaggIngress.forwarding.arp_proxy'
 TABLE_IPV4_ROUTE = 'HomaggIngress.forwarding.ipv4_route'
 TABLE_AGGREGATORS = 'HomaggIngress.forwarding.aggregators'
+TABLE_PARENTS = 'HomaggIngress.aggregation.admission.parents'
 TABLE_JOB_WORKERS = 'HomaggIngress.aggregation.admission.job_workers'
+TABLE_UPLINK = 'HomaggIngress.aggregation.uplink.uplink'
 TABLE_LOCAL_IP = 'HomaggIngress.local_ip'
 TABLE_RESULT_DST = 'HomaggEgress.result_addressing.result_dst'
 ACTION_NOACTION = 'NoAction'
@@ -162,7 +180,9 @@ ACTION_ARP_REPLY = 'HomaggIngress.forwarding.arp_reply'
 ACTION_ROUTE = 'HomaggIngress.forwarding.route'
 ACTION_TRUSTED = 'HomaggIngress.forwarding.trusted'
 ACTION_SET_WORKER = 'HomaggIngress.aggregation.admission.set_worker'
+ACTION_SET_PARENT = 'HomaggIngress.aggregation.admission.set_parent'
 ACTION_FIRST_WORDS = 'HomaggIngress.aggregation.words.first_words'
+ACTION_KEEP_FINAL = 'HomaggIngress.aggregation.words.keep_final'
 ACTION_MERGE_OVERFLOW = 'HomaggIngress.aggregation.words.merge_overflow'
 ACTION_ADD_WORDS = 'HomaggIngress.aggregation.words.add_words'
 ACTION_ADD_WORDS_EMIT = 'HomaggIngress.aggregation.words.add_words_emit'
@@ -171,6 +191,8 @@ ACTION_OR_WORDS_EMIT = 'HomaggIngress.aggregation.words.or_words_emit'
 ACTION_READ_RESULT = 'HomaggIngress.aggregation.words.read_result'
 ACTION_FROM_SWITCH = 'HomaggIngress.aggregation.reply.from_switch'
 ACTION_TO_SENDER = 'HomaggIngress.aggregation.reply.to_sender'
+ACTION_TO_PARENT = 'HomaggIngress.aggregation.reply.to_parent'
+ACTION_SET_UPLINK = 'HomaggIngress.aggregation.uplink.set_uplink'
 ACTION_JOB_COUNT = 'HomaggIngress.aggregation.job_count'
 ACTION_TO_SWITCH = 'HomaggIngress.to_switch'
 ACTION_SET_RESULT_DST = 'HomaggEgress.result_addressing.set_result_dst'
@@ -208,6 +230,19 @@ TABLES: dict[str, dict] = {'HomaggIngress.forwarding.arp_proxy': {'id': 46778369
                                                             'match': 'exact'}},
                                           'actions': [31068107, 21257015],
                                           'size': 16},
+ 'HomaggIngress.aggregation.admission.parents': {'id': 44515412,
+                                                 'keys': {'src_addr': {'id': 1,
+                                                                       'bits': 32,
+                                                                       'match': 'exact'},
+                                                          'src_port': {'id': 2,
+                                                                       'bits': 16,
+                                                                       'match': 'exact'},
+                                                          'parent_job': {'id': 3,
+                                                                         'bits': 16,
+                                                                         'match': 'exact'}},
+                                                 'actions': [32922292,
+                                                             21257015],
+                                                 'size': 64},
  'HomaggIngress.aggregation.admission.job_workers': {'id': 43387275,
                                                      'keys': {'src_addr': {'id': 1,
                                                                            'bits': 32,
@@ -218,6 +253,12 @@ TABLES: dict[str, dict] = {'HomaggIngress.forwarding.arp_proxy': {'id': 46778369
                                                      'actions': [28042185,
                                                                  21257015],
                                                      'size': 1024},
+ 'HomaggIngress.aggregation.uplink.uplink': {'id': 36720590,
+                                             'keys': {'job': {'id': 1,
+                                                              'bits': 16,
+                                                              'match': 'exact'}},
+                                             'actions': [26515050, 21257015],
+                                             'size': 64},
  'HomaggIngress.local_ip': {'id': 46086682,
                             'keys': {'dst_addr': {'id': 1,
                                                   'bits': 32,
@@ -260,7 +301,23 @@ ACTIONS: dict[str, dict] = {'NoAction': {'id': 21257015, 'params': {}},
                                                                                'bits': 16},
                                                                'port': {'id': 8,
                                                                         'bits': 9}}},
+ 'HomaggIngress.aggregation.admission.set_parent': {'id': 32922292,
+                                                    'params': {'job': {'id': 1,
+                                                                       'bits': 16},
+                                                               'workers': {'id': 2,
+                                                                           'bits': 8},
+                                                               'epoch': {'id': 3,
+                                                                         'bits': 16},
+                                                               'region_base': {'id': 4,
+                                                                               'bits': 16},
+                                                               'region_size': {'id': 5,
+                                                                               'bits': 16},
+                                                               'mcast_group': {'id': 6,
+                                                                               'bits': 16},
+                                                               'port': {'id': 7,
+                                                                        'bits': 9}}},
  'HomaggIngress.aggregation.words.first_words': {'id': 32712911, 'params': {}},
+ 'HomaggIngress.aggregation.words.keep_final': {'id': 21381883, 'params': {}},
  'HomaggIngress.aggregation.words.merge_overflow': {'id': 22662305,
                                                     'params': {}},
  'HomaggIngress.aggregation.words.add_words': {'id': 20455334, 'params': {}},
@@ -272,6 +329,22 @@ ACTIONS: dict[str, dict] = {'NoAction': {'id': 21257015, 'params': {}},
  'HomaggIngress.aggregation.words.read_result': {'id': 28358244, 'params': {}},
  'HomaggIngress.aggregation.reply.from_switch': {'id': 24461643, 'params': {}},
  'HomaggIngress.aggregation.reply.to_sender': {'id': 22346923, 'params': {}},
+ 'HomaggIngress.aggregation.reply.to_parent': {'id': 29373596, 'params': {}},
+ 'HomaggIngress.aggregation.uplink.set_uplink': {'id': 26515050,
+                                                 'params': {'job': {'id': 1,
+                                                                    'bits': 16},
+                                                            'worker': {'id': 2,
+                                                                       'bits': 8},
+                                                            'mac': {'id': 3,
+                                                                    'bits': 48},
+                                                            'ip': {'id': 4,
+                                                                   'bits': 32},
+                                                            'udp_port': {'id': 5,
+                                                                         'bits': 16},
+                                                            'src_port': {'id': 6,
+                                                                         'bits': 16},
+                                                            'port': {'id': 7,
+                                                                     'bits': 9}}},
  'HomaggIngress.aggregation.job_count': {'id': 28004196, 'params': {}},
  'HomaggIngress.to_switch': {'id': 32762413, 'params': {}},
  'HomaggEgress.result_addressing.set_result_dst': {'id': 21954054,

@@ -73,11 +73,28 @@ class Worker:
 
 
 @dataclass(frozen=True)
+class Uplink:
+    """A tree's child job (p4/include/control/uplink.p4): this switch is worker ``worker`` of
+    job ``job`` at the parent switch, whose homagg address is ``ip``:``udp_port`` (``mac``),
+    through this switch's port ``switch_port``. Partial sums leave from ``src_port``, the port
+    this switch's workers send to, where the parent's answers come back."""
+
+    job: int
+    worker: int
+    ip: str
+    udp_port: int = wire.HOMAGG_UDP_PORT_MIN
+    mac: str = "00:00:00:00:00:00"
+    src_port: int = wire.HOMAGG_UDP_PORT_MIN
+    switch_port: int = 0
+
+
+@dataclass(frozen=True)
 class JobSpec:
     id: int
     workers: tuple[Worker, ...]
     slots: int = 64
     place: str = "auto"  # one of PLACES
+    uplink: Uplink | None = None  # a tree's child job: where its partial sums go
 
 
 @dataclass(frozen=True)

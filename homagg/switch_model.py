@@ -53,6 +53,19 @@ def newer_gen(gen: int, than: int) -> bool:
 Address = tuple[str, int]
 
 
+@dataclass(frozen=True)
+class Uplink:
+    """A tree job's parent (uplink.p4): this switch is worker ``worker`` of job ``job`` at the
+    parent switch, whose homagg address is ``parent``. A round complete here goes up as one
+    contribution (the partial sum); the parent's result (the final) comes down from
+    ``parent`` and is multicast to this switch's workers."""
+
+    job: int
+    worker: int
+    parent: Address
+    port: int | None = None  # the switch port to the parent (None: the target cannot tell)
+
+
 @dataclass
 class JobEntry:
     """What the controller installs for a job (the job table and its multicast group)."""
@@ -66,6 +79,8 @@ class JobEntry:
     #: where a completed round's result goes, one datagram per entry (the multicast group's
     #: replicas as egress addresses them); None: to every worker's own address
     results: list[Address] | None = None
+    #: a tree's leaf (or any switch below the root): where its partial sums go
+    uplink: Uplink | None = None
 
     @property
     def result_addresses(self) -> list[Address]:
@@ -101,6 +116,7 @@ class SlotMemory:
         self.epoch = [0] * n
         self.gen = [0] * n
         self.overflow = [False] * n
+        self.final = [False] * n  # a tree job's copy holds the parent's result, not a partial
         self.words = np.zeros((n, k), np.int32)
 
 
@@ -117,7 +133,10 @@ class SwitchModel:
         self.job_stats = np.zeros(wire.JOB_STATS_SIZE, np.int64)
         self.senders: dict[Address, tuple[JobEntry, int]] = {}
         self.jobs: dict[int, JobEntry] = {}
-        # join.p4's registers: per job id [seen, count, gen, epoch]; per (job, worker) nonce
+        # uplink.p4's parent table: (parent address, parent's job id) -> the job here
+        self.children_of: dict[tuple[Address, int], JobEntry] = {}
+        # join.p4's registers: per job id [seen, count, gen, epoch, final gen or -1 (a tree's
+        # job whose join is complete here but not yet at the root)]; per (job, worker) nonce
         self.join_state: dict[int, list[int]] = {}
         self.join_nonce: dict[tuple[int, int], int] = {}
 
@@ -126,11 +145,15 @@ class SwitchModel:
         self.jobs[job.id] = job
         for w, addr in enumerate(job.workers):
             self.senders[addr] = (job, w)
+        if job.uplink is not None:
+            self.children_of[(job.uplink.parent, job.uplink.job)] = job
 
     def uninstall(self, job_id: int) -> JobEntry:
         job = self.jobs.pop(job_id)
         for addr in job.workers:
             self.senders.pop(addr, None)
+        if job.uplink is not None:
+            self.children_of.pop((job.uplink.parent, job.uplink.job), None)
         return job
 
     def clear_job_stats(self, job_id: int) -> None:
@@ -169,7 +192,14 @@ class SwitchModel:
             return self._drop(_BAD_OP)
         flags = h[_FLAGS]
         if flags & _FLAG_RESULT:
-            return self._drop(_FORGED_RESULT)
+            # only a tree job's parent sends results to a switch (uplink.p4)
+            child = self.children_of.get((src, h[_JOB])) if self.children_of else None
+            if child is None:
+                return self._drop(_FORGED_RESULT)
+            up = child.uplink
+            if port is not None and up is not None and up.port is not None and port != up.port:
+                return self._drop(_SPOOFED, child)
+            return self._from_parent(data, h, child)
         hit = self.senders.get(src)
         if hit is None:
             return self._drop(_UNKNOWN_SENDER)
@@ -201,6 +231,7 @@ class SwitchModel:
             m.seen[idx], m.count[idx], m.tag[idx] = seen, count, seq
             m.op[idx], m.epoch[idx], m.gen[idx] = op, job.epoch, gen
             m.seen[idx ^ 1] &= ~me
+            m.final[idx] = False
             # words.p4
             if first:
                 result = words
@@ -213,10 +244,16 @@ class SwitchModel:
             else:
                 result = lane_or(m.words[idx], words)
             m.words[idx] = result
+            if flags & _FLAG_OVERFLOW:  # a child switch's partial sum overflowed (trees)
+                m.overflow[idx] = True
             stats[_ACCEPTED] += 1
             jstats[kinds + wire.JOB_STAT_ACCEPTED] += 1
             out = Outcome("STAT_ACCEPTED", _V[verdict])
-            if count == workers:  # reply.p4: complete, multicast to the job's workers
+            if count == workers and job.uplink is not None:  # uplink.p4: the partial goes up
+                stats[_PARTIAL_UP] += 1
+                out.replies = [self._up(data, job.uplink, flags, idx)]
+            elif count == workers:  # reply.p4: complete, multicast to the job's workers
+                m.final[idx] = True
                 stats[_COMPLETED] += 1
                 jstats[kinds + wire.JOB_STAT_COMPLETED] += 1
                 rflags = _FLAG_RESULT | (flags & _FLAG_PHASE)
@@ -234,6 +271,11 @@ class SwitchModel:
                 rflags |= _FLAG_OVERFLOW
             return Outcome("STAT_RETRANS_REPLY", _V[verdict], [(_reply(data, rflags, m.words[idx]),
                                                             src)])
+        if verdict == _V_RESEND_UP:
+            stats[_PARTIAL_RESENT] += 1
+            jstats[kinds + wire.JOB_STAT_RETRANS] += 1
+            return Outcome("STAT_PARTIAL_RESENT", _V[verdict],
+                           [self._up(data, job.uplink, flags, idx)])  # type: ignore[arg-type]
         if verdict == _V_DUP_PENDING:
             stats[_DUP_PENDING] += 1
             jstats[kinds + wire.JOB_STAT_RETRANS] += 1
@@ -257,7 +299,8 @@ class SwitchModel:
             return (_V_ACCEPT, True) if newer_gen(gen, m.gen[idx]) else (_V_STALE, False)
         if seen & me:
             if count == workers and tag == seq:
-                return _V_RETRANS_REPLY, False
+                # the final result, or (a tree's round still at the parent) the partial again
+                return (_V_RETRANS_REPLY if m.final[idx] else _V_RESEND_UP), False
             return (_V_DUP_PENDING if tag == seq else _V_STALE), False
         if seen == 0:
             return (_V_ACCEPT, True) if newer(seq, tag) else (_V_STALE, False)
@@ -266,6 +309,51 @@ class SwitchModel:
         if tag != seq or m.op[idx] != op:
             return _V_SEQ_MISMATCH, False
         return _V_ACCEPT, False
+
+    # -- trees (uplink.p4) ----------------------------------------------------------------------
+    def _up(self, data: bytes, up: Uplink, flags: int, idx: int) -> tuple[bytes, Address]:
+        """The partial sum of slot copy ``idx`` as this switch's contribution to its parent's
+        job: the worker's header (slot, round tag, gen, phase) with the parent job's identity,
+        and the round's overflow as a flag the parent merges into its own."""
+        rflags = (flags & _FLAG_PHASE) | (_FLAG_OVERFLOW if self.mem.overflow[idx] else 0)
+        return _reply(data, rflags, self.mem.words[idx], job=up.job, worker=up.worker), up.parent
+
+    def _from_parent(self, data: bytes, h, job: JobEntry) -> Outcome:
+        """A tree job's parent answers this switch: its result (the final sum) is kept in the
+        slot copy, so that retransmissions get it, and multicast to the workers here; its
+        status replies and refusals are relayed to them marked FLAG_UPSTREAM."""
+        stats, flags = self.stats, h[_FLAGS]
+        kinds = wire.JOB_STATS_PER_JOB * job.id
+        if h[_OP] == _OP_JOIN:
+            return self._join_from_parent(data, h, job)
+        slot = h[_SLOT]
+        if slot >= job.size:
+            return self._drop(_BAD_SLOT, job)
+        m = self.mem
+        idx = 2 * (job.base + slot) + (1 if flags & _FLAG_PHASE else 0)
+        # the round must be the one this switch sent up and still waits for
+        if not (m.epoch[idx] == job.epoch and m.gen[idx] == h[_GEN] and m.tag[idx] == h[_SEQ]
+                and m.count[idx] == len(job.workers) and not m.final[idx]):
+            return self._drop(_PARENT_DUP, job)
+        stats[_FROM_PARENT] += 1
+        out = Outcome("STAT_FROM_PARENT")
+        if flags & (_FLAG_STATUS | _FLAG_REFUSED):
+            pkt = _reply(data, (flags & ~_FLAG_RETRANS) | _FLAG_UPSTREAM,
+                         np.frombuffer(data, ">i4", self.k, _WORDS_AT), job=job.id)
+            out.replies = [(pkt, a) for a in job.result_addresses]
+            return out
+        m.words[idx] = np.frombuffer(data, ">i4", self.k, _WORDS_AT)
+        m.overflow[idx] = m.overflow[idx] or bool(flags & _FLAG_OVERFLOW)
+        m.final[idx] = True
+        stats[_COMPLETED] += 1
+        self.job_stats[kinds + wire.JOB_STAT_COMPLETED] += 1
+        rflags = _FLAG_RESULT | (flags & _FLAG_PHASE)
+        if m.overflow[idx]:
+            rflags |= _FLAG_OVERFLOW
+            stats[_OVERFLOW] += 1
+        pkt = _reply(data, rflags, m.words[idx], job=job.id)
+        out.replies = [(pkt, a) for a in job.result_addresses]
+        return out
 
     def process_run(self, run, size: int, src: Address) -> list[tuple[bytes, Address]]:
         """Datagrams of ``size`` bytes end to end (the last may be shorter), all from ``src``
@@ -322,6 +410,7 @@ class SwitchModel:
             m.seen[idx], m.count[idx], m.tag[idx] = seen, count, seq
             m.op[idx], m.epoch[idx], m.gen[idx] = op, epoch, gen
             m.seen[idx ^ 1] &= ~me
+            m.final[idx] = False
             (fresh if first else added).append(r)
             if count == workers:
                 done.append(r)
@@ -345,31 +434,46 @@ class SwitchModel:
             else:
                 total = acc | w
             m.words[at] = total
+        for r in np.flatnonzero(rec["flags"] & _FLAG_OVERFLOW).tolist():
+            if r in fresh or r in added:  # a child switch's partial sum overflowed (trees)
+                m.overflow[idxs[r]] = True
         stats, jstats = self.stats, self.job_stats
         kinds = wire.JOB_STATS_PER_JOB * job.id
         stats[_RX] += accepted
         stats[_ACCEPTED] += accepted
         jstats[kinds + wire.JOB_STAT_ACCEPTED] += accepted
-        if done:  # reply.p4: complete, multicast to the job's workers
+        if done:  # reply.p4: complete, multicast to the job's workers (uplink.p4: or go up)
             at = [idxs[r] for r in done]
             ovf = np.array([m.overflow[i] for i in at])
             replies = rec[done].copy()
-            replies["flags"] = (_FLAG_RESULT | (replies["flags"] & _FLAG_PHASE)
+            replies["flags"] = ((replies["flags"] & _FLAG_PHASE)
                                 | np.where(ovf, _FLAG_OVERFLOW, 0))
             replies["words"] = m.words[at]
-            stats[_COMPLETED] += len(done)
-            jstats[kinds + wire.JOB_STAT_COMPLETED] += len(done)
-            stats[_OVERFLOW] += int(ovf.sum())
+            up = job.uplink
+            if up is None:
+                replies["flags"] |= _FLAG_RESULT
+                for i in at:
+                    m.final[i] = True
+                stats[_COMPLETED] += len(done)
+                jstats[kinds + wire.JOB_STAT_COMPLETED] += len(done)
+                stats[_OVERFLOW] += int(ovf.sum())
+                dests = job.result_addresses
+            else:
+                replies["job"], replies["worker"] = up.job, up.worker
+                stats[_PARTIAL_UP] += len(done)
+                dests = [up.parent]
             blob = replies.tobytes()
             pkts = [blob[i * size:(i + 1) * size] for i in range(len(done))]
-            for a in job.result_addresses:
+            for a in dests:
                 out += [(p, a) for p in pkts]
         return out
 
     def _join(self, data: bytes, src: Address, h, job: JobEntry, worker: int) -> Outcome:
-        """join.p4: a new run's barrier; the reply carries the run's generation."""
-        st = self.join_state.setdefault(job.id, [0, 0, 0, 0])
-        seen, count, gen, epoch = st
+        """join.p4: a new run's barrier; the reply carries the run's generation. In a tree, a
+        join complete here goes up as this switch's join of the parent's job, and the run's
+        generation is the one the root hands out (``_join_from_parent``)."""
+        st = self.join_state.setdefault(job.id, [0, 0, 0, 0, 0, 0])
+        seen, count, gen, epoch, final, handed = st
         same_epoch = epoch == job.epoch
         if not same_epoch:
             seen, count = 0, 0
@@ -382,12 +486,17 @@ class SwitchModel:
         if same_epoch and self.join_nonce.get((job.id, worker), 0) == nonce:
             if not seen & me:
                 verdict = _V_STALE
+            elif count == workers and not final:  # a tree's join, still at the parent
+                stats[_PARTIAL_RESENT] += 1
+                jstats[kinds + wire.JOB_STAT_RETRANS] += 1
+                return Outcome("STAT_PARTIAL_RESENT", _V[_V_RESEND_UP],
+                               [self._join_up(data, job, gen)])
             elif count == workers:
                 stats[_RETRANS_REPLY] += 1
                 jstats[kinds + wire.JOB_STAT_RETRANS] += 1
                 rflags = _FLAG_RESULT | _FLAG_RETRANS | (flags & _FLAG_PHASE)
                 return Outcome("STAT_RETRANS_REPLY", _V[_V_RETRANS_REPLY],
-                               [(self._join_reply(data, rflags, None, gen), src)])
+                               [(self._join_reply(data, rflags, None, handed), src)])
             else:
                 stats[_DUP_PENDING] += 1
                 jstats[kinds + wire.JOB_STAT_RETRANS] += 1
@@ -404,15 +513,59 @@ class SwitchModel:
         elif not seen & me:
             seen, count = seen | me, count + 1
         # else: this worker's process restarted during a join it is counted in
-        st[:] = [seen, count, gen, job.epoch]
+        st[:] = [seen, count, gen, job.epoch, 0, handed]
         stats[_ACCEPTED] += 1
         jstats[kinds + wire.JOB_STAT_ACCEPTED] += 1
         out = Outcome("STAT_ACCEPTED", _V[_V_ACCEPT])
-        if count == workers:
+        if count == workers and job.uplink is not None:  # uplink.p4: the join goes up
+            stats[_PARTIAL_UP] += 1
+            out.replies = [self._join_up(data, job, gen)]
+        elif count == workers:
+            st[4:] = [1, gen]
             stats[_COMPLETED] += 1
             jstats[kinds + wire.JOB_STAT_COMPLETED] += 1
             pkt = self._join_reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, gen)
             out.replies = [(pkt, a) for a in job.result_addresses]
+        return out
+
+    def _join_up(self, data: bytes, job: JobEntry, gen: int) -> tuple[bytes, Address]:
+        """This switch's join of its parent's job, for the local run ``gen``: its nonce is
+        the job's epoch and that generation, so each local run is a new run at the parent,
+        and a resend is the same join."""
+        up = job.uplink
+        assert up is not None
+        hdr = bytearray(_reply(data, 0, np.zeros(wire.JOIN_WORDS, np.int32), 0, job=up.job,
+                               worker=up.worker))
+        hdr[_SEQ_AT:_SEQ_AT + 4] = _join_nonce(job.epoch, gen).to_bytes(4, "big")
+        hdr[_SLOT_AT:_SLOT_AT + 2] = bytes(2)
+        return bytes(hdr), up.parent
+
+    def _join_from_parent(self, data: bytes, h, job: JobEntry) -> Outcome:
+        """The parent's answer to this switch's join: its result hands out the run's
+        generation, kept here for retransmissions and multicast to the workers; a status or
+        refusal is relayed to them marked FLAG_UPSTREAM."""
+        st = self.join_state.get(job.id)
+        flags = h[_FLAGS]
+        answer = flags & (_FLAG_STATUS | _FLAG_REFUSED)
+        # a status or refusal answers our own join (its nonce); a result is the parent's
+        # multicast, which echoes whichever child completed the join, so any newer
+        # generation than the last one handed out is ours while we wait
+        if (st is None or st[3] != job.epoch or st[1] != len(job.workers) or st[4]
+                or (h[_SEQ] != _join_nonce(job.epoch, st[2]) if answer
+                    else not newer_gen(h[_GEN], st[5]))):
+            return self._drop(_PARENT_DUP, job)
+        self.stats[_FROM_PARENT] += 1
+        out = Outcome("STAT_FROM_PARENT")
+        words = np.frombuffer(data, ">i4", wire.JOIN_WORDS, _WORDS_AT)
+        if answer:
+            pkt = self._join_reply(data, (flags & ~_FLAG_RETRANS) | _FLAG_UPSTREAM, words, None)
+        else:
+            st[4:] = [1, h[_GEN]]
+            self.stats[_COMPLETED] += 1
+            self.job_stats[wire.JOB_STATS_PER_JOB * job.id + wire.JOB_STAT_COMPLETED] += 1
+            pkt = self._join_reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, h[_GEN])
+        pkt = pkt[:_JOB_AT] + job.id.to_bytes(2, "big") + pkt[_JOB_AT + 2:]
+        out.replies = [(pkt, a) for a in job.result_addresses]
         return out
 
     def _refuse(self, index: int, job: JobEntry, data: bytes, src: Address, flags: int,
@@ -427,6 +580,7 @@ class SwitchModel:
         out.replies = [(self._join_reply(data, rflags, words, gen) if join
                         else _reply(data, rflags, words, gen), src)]
         return out
+
 
     def _join_reply(self, data: bytes, flags: int, words: np.ndarray | None,
                     gen: int | None) -> bytes:
@@ -444,14 +598,26 @@ class SwitchModel:
         return Outcome(wire.STATS[index])
 
 
-def _reply(data: bytes, flags: int, words: np.ndarray, gen: int | None = None) -> bytes:
+def _reply(data: bytes, flags: int, words: np.ndarray, gen: int | None = None,
+           job: int | None = None, worker: int | None = None) -> bytes:
     """The switch echoes the packet's header (worker included) with new flags, and the gen
-    the join hands out, followed by ``words``."""
+    the join hands out, followed by ``words``; in a tree, with the job (and worker) of the
+    switch it goes to."""
     hdr = bytearray(data[:_WORDS_AT])
     hdr[_FLAGS_AT] = flags
     if gen is not None:
         hdr[_GEN_AT] = gen
+    if job is not None:
+        hdr[_JOB_AT:_JOB_AT + 2] = job.to_bytes(2, "big")
+    if worker is not None:
+        hdr[_WORKER_AT] = worker
     return bytes(hdr) + np.asarray(words, ">i4").tobytes()
+
+
+def _join_nonce(epoch: int, gen: int) -> int:
+    """A tree job's join of its parent's job, for its local run ``gen``: unique per run and
+    job incarnation (uplink.p4)."""
+    return (epoch << 8 | gen) & 0xFFFFFFFF
 
 
 # Per-packet constants, resolved once (names from the generated protocol module).
@@ -469,13 +635,17 @@ _F = wire.FIELD
 _VERSION, _OP, _FLAGS, _JOB, _WORKER, _SLOT, _SEQ, _GEN = (_F[n] for n in (
     "version", "op", "flags", "job", "worker", "slot", "seq", "gen"))
 _HDR_BYTES, _JOIN_BYTES = wire.HOMAGG_HDR_BYTES, wire.JOIN_BYTES
-_WORDS_AT, _FLAGS_AT, _GEN_AT, _SLOT_AT = (wire.OFFSETS[n] for n in ("words", "flags", "gen",
-                                                                       "slot"))
+_WORDS_AT, _FLAGS_AT, _GEN_AT, _SLOT_AT, _JOB_AT, _WORKER_AT, _SEQ_AT = (
+    wire.OFFSETS[n] for n in ("words", "flags", "gen", "slot", "job", "worker", "seq"))
 _VERSION_VALUE, _OP_ADD, _OP_OR, _OP_JOIN = (wire.HOMAGG_VERSION, wire.OP_ADD, wire.OP_OR,
                                              wire.OP_JOIN)
 _FLAG_RESULT, _FLAG_PHASE, _FLAG_OVERFLOW = wire.FLAG_RESULT, wire.FLAG_PHASE, wire.FLAG_OVERFLOW
 _FLAG_RETRANS, _FLAG_STATUS, _FLAG_REFUSED = wire.FLAG_RETRANS, wire.FLAG_STATUS, wire.FLAG_REFUSED
+_FLAG_UPSTREAM = wire.FLAG_UPSTREAM
+_PARTIAL_UP, _PARTIAL_RESENT, _FROM_PARENT, _PARENT_DUP = (_S[n] for n in (
+    "STAT_PARTIAL_UP", "STAT_PARTIAL_RESENT", "STAT_FROM_PARENT", "DROP_PARENT_DUP"))
 # Verdicts as plain ints in the per-packet path (enum attribute access is slow), and back.
 _V = {int(v): v for v in Verdict}
-_V_ACCEPT, _V_RETRANS_REPLY, _V_DUP_PENDING, _V_SEQ_MISMATCH, _V_STALE = (int(Verdict[n]) for n in (
-    "ACCEPT", "RETRANS_REPLY", "DUP_PENDING", "SEQ_MISMATCH", "STALE"))
+_V_ACCEPT, _V_RETRANS_REPLY, _V_DUP_PENDING, _V_SEQ_MISMATCH, _V_STALE, _V_RESEND_UP = (
+    int(Verdict[n]) for n in ("ACCEPT", "RETRANS_REPLY", "DUP_PENDING", "SEQ_MISMATCH", "STALE",
+                              "RESEND_UP"))

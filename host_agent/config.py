@@ -57,6 +57,13 @@ class AgentConfig:
     max_rescales: int = 6
     words: int | None = None     # K, words per packet: None learns the switch's at the join;
                                  # a number is checked against it (a mismatch fails at once)
+    # In a tree of switches, ``workers`` is every worker of the tree (the sum's contributors:
+    # the scale's headroom and the mean divide by it), ``worker`` this agent's id at its own
+    # switch and ``local_workers`` how many that switch's job has (None: not a tree). The
+    # parent switch's children (its workers, in id order) are named in ``siblings``, so that a
+    # timeout names the missing one; empty: they are named by number.
+    local_workers: int | None = None
+    siblings: tuple[str, ...] = ()
     # Fault injection, for tests and demos: loss/duplication/reordering at this agent's socket
     # (where the kernel has no netem), and a scale finer than negotiated by this many bits
     # (forces the switch's overflow flag; every worker of the job must use the same value).
@@ -64,9 +71,14 @@ class AgentConfig:
     shift_bias: int = 0
 
     def __post_init__(self):
-        if not 0 <= self.worker < self.workers <= wire.MAX_WORKERS:
+        if not 0 <= self.worker < self.workers <= wire.MAX_WORKERS * wire.MAX_WORKERS:
             raise AgentError(f"worker {self.worker} of {self.workers}: need 0 <= worker < "
-                             f"workers <= {wire.MAX_WORKERS}")
+                             f"workers")
+        here = self.workers if self.local_workers is None else self.local_workers
+        if not 0 <= self.worker < here <= min(self.workers, wire.MAX_WORKERS):
+            raise AgentError(f"worker {self.worker} of {here} at its switch: need 0 <= worker "
+                             f"< {here} <= {wire.MAX_WORKERS}, and no more than the "
+                             f"{self.workers} workers in all")
         if not 1 <= self.slots <= wire.SLOTS:
             raise AgentError(f"slots {self.slots}: 1 to {wire.SLOTS}")
         if self.words is not None and not (wire.MIN_WORDS_PER_PACKET <= self.words

@@ -188,6 +188,7 @@ class _Round:
         self.next_send = time.monotonic()
         self.last_progress = time.monotonic()
         self.status: dict[int, tuple[int, int]] = {}
+        self.upstream: set[int] = set()  # chunks whose status came from a parent switch
         self.refused: dict[int, str] = {}  # chunk -> the DROP_* reason the switch gave
         self.t_start = time.monotonic()
         self.seq0 = (g0 + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
@@ -387,7 +388,8 @@ class _Round:
         K = self.k
         if flags & wire.FLAG_REFUSED:
             self.refused_by_switch(c, int.from_bytes(pkt[_WORDS_AT + 4 * (K - 1):
-                                                         _WORDS_AT + 4 * K], "big"))
+                                                         _WORDS_AT + 4 * K], "big"),
+                                   bool(flags & wire.FLAG_UPSTREAM))
             return
         if self.join and not flags & wire.FLAG_STATUS:
             self.gen = head[_GEN]
@@ -396,6 +398,9 @@ class _Round:
             # a lost result could need us again: resend after the longest timeout.
             # Not progress: the deadline still runs.
             self.status[c] = wire.parse_status(np.frombuffer(pkt, ">i4", K, _WORDS_AT))
+            # (a tree's parent: our switch holds every local contribution; the parent waits
+            # for another child switch)
+            (self.upstream.add if flags & wire.FLAG_UPSTREAM else self.upstream.discard)(c)
             self.sent_at[c] = time.monotonic()
             self.rto[c] = cfg.max_timeout
             return
@@ -413,13 +418,19 @@ class _Round:
         self.last_progress = time.monotonic()
         self.status.pop(c, None)
 
-    def refused_by_switch(self, c: int, reason: int) -> None:
+    def refused_by_switch(self, c: int, reason: int, upstream: bool = False) -> None:
         """The switch dropped our chunk ``c`` and said why (FLAG_REFUSED). A wrong identity or
         slot is this agent's configuration: no retransmission can fix it, so fail now. A stale
         or mismatched round is kept for the timeout's message (a late duplicate's refusal is
-        harmless: the chunk's result may still come)."""
+        harmless: the chunk's result may still come). ``upstream``: a tree's parent switch
+        refused our switch's partial sum, which is the tree's configuration."""
         t, cfg = self.t, self.cfg
         name = wire.STATS.get(reason, f"drop reason {reason}")
+        if upstream and name in _CONFIG_ERRORS:
+            t.broken = name
+            raise AgentError(f"{t.who}: the parent switch of {t.switch[0]}:{t.switch[1]} drops "
+                             f"its partial sums of job {cfg.job} as {name}: the tree's jobs "
+                             "disagree (`homagg-ctl` installs a tree's jobs together)")
         if name in _CONFIG_ERRORS:
             t.broken = name
             why = _CONFIG_ERRORS[name].format(job=cfg.job, worker=cfg.worker, slots=cfg.slots)
@@ -430,7 +441,8 @@ class _Round:
     # -- giving up -----------------------------------------------------------------------------
     def timeout(self, pending: np.ndarray) -> AggregationTimeout:
         t, cfg, g0 = self.t, self.cfg, self.g0
-        S, W = cfg.slots, cfg.workers
+        S = cfg.slots
+        W = cfg.workers if cfg.local_workers is None else cfg.local_workers  # at our switch
         c = int(pending[0]) if len(pending) else 0
         slot = (g0 + c) % S
         if self.join:
@@ -449,14 +461,26 @@ class _Round:
         elif st is None:
             msg += (f"the switch {t.switch[0]}:{t.switch[1]} did not answer at all: is it "
                     f"up, and is this worker's address installed in job {cfg.job}?")
+        elif (c if c in self.status else next(iter(self.status), c)) in self.upstream:
+            seen, count = st
+            names = cfg.siblings
+            missing = [n for i, n in enumerate(names) if not seen >> i & 1]
+            have = [names[i] if i < len(names) else f"child {i}"
+                    for i in range(wire.MAX_WORKERS) if seen >> i & 1]
+            what = "joins" if self.join else "partial sums"
+            msg += (f"every worker under switch {t.switch[0]} has sent; its parent switch holds "
+                    f"{count} {what} (from {', '.join(have)})")
+            msg += (f" and waits for {', '.join(missing)} (a dead switch, or a dead worker "
+                    "under it)" if names else "; another child switch (or a worker under "
+                    "it) is missing")
         else:
             seen, count = st
-            missing = [w for w in range(W) if not seen >> w & 1]
+            absent = [w for w in range(W) if not seen >> w & 1]
             if self.join:
                 msg += (f"{count} of {W} workers joined; waiting for worker(s) "
-                        f"{', '.join(map(str, missing))} to start")
+                        f"{', '.join(map(str, absent))} to start")
             else:
                 msg += (f"the switch holds {count} of {W} contributions; waiting for "
-                        f"worker(s) {', '.join(map(str, missing))} (dead, or stuck in another "
+                        f"worker(s) {', '.join(map(str, absent))} (dead, or stuck in another "
                         "round)")
         return AggregationTimeout(msg)

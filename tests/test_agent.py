@@ -60,22 +60,8 @@ class Job:
         self.agents = [Agent(c) for c in self.configs]
 
     def run(self, fn_per_worker):
-        """Run fn(agent, w) on every worker at once; return results or raise the first error."""
-        results, errors = [None] * len(self.agents), [None] * len(self.agents)
-
-        def work(w):
-            try:
-                results[w] = fn_per_worker(self.agents[w], w)
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors[w] = e
-
-        threads = [threading.Thread(target=work, args=(w,)) for w in range(len(self.agents))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not any(t.is_alive() for t in threads), "an agent hung"
-        return results, errors
+        """Run fn(agent, w) on every worker at once: (results, errors), by worker."""
+        return run_agents(self.agents, fn_per_worker)
 
     def close(self):
         for a in self.agents:
@@ -83,18 +69,43 @@ class Job:
         self.server.stop()
 
 
-@pytest.fixture
-def make_job():
+def run_agents(agents, fn, skip=()):
+    """Run fn(agent, i) on every agent at once, each in its own thread (except those in
+    ``skip``): (results, errors), by agent; an agent still running after 60 s fails."""
+    results, errors = [None] * len(agents), [None] * len(agents)
+
+    def work(i):
+        try:
+            results[i] = fn(agents[i], i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors[i] = e
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(agents))
+               if i not in skip]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "an agent hung"
+    return results, errors
+
+
+def closing_factory(cls):
+    """A fixture body: make(*a, **kw) builds ``cls`` instances, all closed at teardown."""
     made = []
 
     def make(*a, **kw):
-        j = Job(*a, **kw)
-        made.append(j)
-        return j
+        made.append(cls(*a, **kw))
+        return made[-1]
 
     yield make
-    for j in made:
-        j.close()
+    for m in made:
+        m.close()
+
+
+@pytest.fixture
+def make_job():
+    yield from closing_factory(Job)
 
 
 def fresh_bytes(agent):

@@ -83,7 +83,7 @@ def test_lengths_are_consistent():
 
 def test_verdict_enum_comes_from_p4():
     assert wire.VERDICTS == {"ACCEPT": 0, "RETRANS_REPLY": 1, "DUP_PENDING": 2,
-                             "SEQ_MISMATCH": 3, "STALE": 4}
+                             "SEQ_MISMATCH": 3, "STALE": 4, "RESEND_UP": 5}
 
 
 def test_pack_unpack_round_trip():

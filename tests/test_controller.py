@@ -193,6 +193,37 @@ def test_second_job_gets_a_disjoint_region_and_cannot_steal_senders():
     assert [x.id for x in jobs.list_jobs(sw)] == [5] and 4 not in sw.groups
 
 
+def test_a_tree_child_job_writes_its_uplink_and_parent_and_keeps_them_in_step():
+    """A child job (uplink.p4): the uplink entry says where partials go, the parents entry lets
+    the parent's answers in with this job's parameters; a reset moves both to the new epoch
+    and a removal takes both away."""
+    from dataclasses import replace
+
+    from homagg.netconfig import Uplink
+
+    cfg = parse(__import__("tomllib").loads(GOOD))
+    sw = FakeSwitch()
+    up = Uplink(7, 1, "10.0.1.254", wire.HOMAGG_UDP_PORT_MIN, "00:00:0a:00:01:fe",
+                wire.HOMAGG_UDP_PORT_MIN, 9)
+    j = jobs.add_job(sw, replace(cfg.job(3), uplink=up))
+    assert j.uplink == up and jobs.find_job(sw, 3).uplink == up
+    (u,) = sw.entries(P4.TABLE_UPLINK)
+    assert u.match == {"job": 3} and u.params == {
+        "job": 7, "worker": 1, "mac": jobs.mac_int(up.mac), "ip": jobs.ip_int(up.ip),
+        "udp_port": up.udp_port, "src_port": up.src_port, "port": 9}
+    (par,) = sw.entries(P4.TABLE_PARENTS)
+    assert par.match == {"src_addr": jobs.ip_int(up.ip), "src_port": up.udp_port,
+                         "parent_job": 7}
+    assert par.params == {"job": 3, "workers": 2, "epoch": j.epoch, "region_base": j.base,
+                          "region_size": j.size, "mcast_group": j.group, "port": 9}
+    epoch = jobs.reset_job(sw, 3).epoch
+    assert epoch != j.epoch and sw.entries(P4.TABLE_PARENTS)[0].params["epoch"] == epoch
+    assert jobs.find_job(sw, 3).to_json()["uplink"] == {"job": 7, "worker": 1,
+                                                         "ip": up.ip, "udp_port": up.udp_port}
+    jobs.remove_job(sw, 3)
+    assert not sw.entries(P4.TABLE_UPLINK) and not sw.entries(P4.TABLE_PARENTS)
+
+
 def test_remove_unknown_job_is_an_error():
     with pytest.raises(jobs.JobError, match="job 9 is not installed"):
         jobs.remove_job(FakeSwitch(), 9)

@@ -43,7 +43,7 @@ from homagg.controller.p4client import (  # noqa: E402
     SwitchError,
     TableEntry,
 )
-from homagg.netconfig import Config, Host, JobSpec, SwitchSpec, Worker  # noqa: E402
+from homagg.netconfig import Config, Host, JobSpec, SwitchSpec, Uplink, Worker  # noqa: E402
 from homagg.targets.p4runtime_server import (  # noqa: E402
     P4RuntimeServer,
     load_p4info,
@@ -574,12 +574,17 @@ class P4RuntimeConformanceTarget(conformance.SoftUdpTarget):
             self.socks[i] = s
         self.conn = P4RuntimeSwitch(self.p4rt.address).open()
 
-    def add_job(self, job_id: int) -> None:
+    def add_job(self, job_id: int, tree: bool = False) -> None:
+        """(``tree``: a tree's child job, its parent host 3, as controller.jobs writes it)"""
         for old in J.list_jobs(self.conn):
             J.remove_job(self.conn, old.id)
+        ip, port = self.socks[conformance.PARENT].getsockname()
+        up = Uplink(conformance.PJ, conformance.LW, ip, port) if tree else None
         J.add_job(self.conn, JobSpec(job_id, tuple(
             Worker(*self.socks[i].getsockname(), "00:00:00:00:00:01", i + 1)
-            for i in conformance.ALL), conformance.SLOTS))
+            for i in conformance.ALL), conformance.SLOTS, uplink=up))
+        if tree:  # the job table reads back with its uplink
+            assert J.find_job(self.conn, job_id).uplink == up
 
     def stats(self) -> dict[str, int]:
         return J.read_stats(self.conn).switch

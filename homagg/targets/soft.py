@@ -54,8 +54,9 @@ from homagg import _p4consts as P4
 from homagg import udpio, wire
 from homagg.errors import HomaggError, JobError
 from homagg.faults import FaultSpec, ImpairedSocket
+from homagg.netconfig import Uplink as UplinkSpec
 from homagg.regions import allocate_region, mcast_group
-from homagg.switch_model import Address, JobEntry, SwitchModel
+from homagg.switch_model import Address, JobEntry, SwitchModel, Uplink
 
 log = logging.getLogger("homagg.softswitch")
 
@@ -269,9 +270,13 @@ class SoftSwitch:
             e = dst.get((job_id, rid))
             if e is not None and e.action == P4.ACTION_SET_RESULT_DST:
                 results.append((int_ip(e.params["ip"]), e.params["port"]))
+        up = self.tables[P4.TABLE_UPLINK].get((job_id,))
+        uplink = (Uplink(up.params["job"], up.params["worker"],
+                         (int_ip(up.params["ip"]), up.params["udp_port"]), up.params["port"])
+                  if up is not None and up.action == P4.ACTION_SET_UPLINK else None)
         return JobEntry(job_id, [(int_ip(k[0]), k[1]) for k, _ in rows], latest["epoch"],
                         latest["region_base"], latest["region_size"],
-                        [e.params["port"] for _, e in rows], results)
+                        [e.params["port"] for _, e in rows], results, uplink)
 
     def _job_from(self, job_id: int, rows: list[tuple[Match, Entry]]) -> JobEntry | None:
         counts = {e.params["workers"] for _, e in rows}
@@ -299,6 +304,29 @@ class SoftSwitch:
             m.uninstall(old)
         for job in active:
             m.install(job)
+        # admission's parents table, as bmv2 has it: which answers reach which job (uplink.p4)
+        m.children_of = {((int_ip(k[0]), k[1]), k[2]): m.jobs[e.params["job"]]
+                         for k, e in self.tables[P4.TABLE_PARENTS].items()
+                         if e.action == P4.ACTION_SET_PARENT and e.params["job"] in m.jobs}
+
+    def _write_uplink(self, job_id: int, u: UplinkSpec, workers: int, epoch: int, base: int,
+                      slots: int, group: int) -> None:
+        """controller.jobs' parents and uplink entries (the soft target sends its partials
+        from its own socket: src_port is what it is bound to)."""
+        pkey = {"src_addr": ip_int(u.ip), "src_port": u.udp_port, "parent_job": u.job}
+        exists = self._key(P4.TABLE_PARENTS, pkey) in self.tables[P4.TABLE_PARENTS]
+        self._write_entry("MODIFY" if exists else "INSERT", P4.TABLE_PARENTS, pkey,
+                          P4.ACTION_SET_PARENT,
+                          {"job": job_id, "workers": workers, "epoch": epoch,
+                           "region_base": base, "region_size": slots, "mcast_group": group,
+                           "port": u.switch_port})
+        ukey = {"job": job_id}
+        exists = self._key(P4.TABLE_UPLINK, ukey) in self.tables[P4.TABLE_UPLINK]
+        self._write_entry("MODIFY" if exists else "INSERT", P4.TABLE_UPLINK, ukey,
+                          P4.ACTION_SET_UPLINK,
+                          {"job": u.job, "worker": u.worker, "mac": 0, "ip": ip_int(u.ip),
+                           "udp_port": u.udp_port, "src_port": u.src_port,
+                           "port": u.switch_port})
 
     def _next_epoch(self) -> int:
         """As the controller does it: the STATS counter's EPOCH_STORE cell, 1..65535."""
@@ -309,9 +337,10 @@ class SoftSwitch:
 
     # -- what the controller does, for jobs from a config file, SIGHUP and tests ---------------
     def add_job(self, job_id: int, workers: list[Address], slots: int,
-                ports: list[int] | None = None) -> JobEntry:
+                ports: list[int] | None = None, uplink: UplinkSpec | None = None) -> JobEntry:
         """Install a job: region first-fit, a new epoch, result addressing, its multicast group
-        and job table entries, zeroed job counters (controller.jobs.add_job's writes)."""
+        and job table entries, zeroed job counters (controller.jobs.add_job's writes). With
+        ``uplink``, a tree's child job: its parent's answers and where its partials go."""
         if not 0 <= job_id < wire.MAX_JOBS:
             raise JobError(f"job id {job_id} is outside 0-{wire.MAX_JOBS - 1}")
         if not 1 <= len(workers) <= wire.MAX_WORKERS:
@@ -338,6 +367,8 @@ class SoftSwitch:
                                   P4.ACTION_SET_RESULT_DST, dst)
             self._write_group("MODIFY" if group in self.groups else "INSERT", group,
                               [(ports[w], w + wire.RID_WORKER_OFFSET) for w in range(len(keys))])
+            if uplink is not None:
+                self._write_uplink(job_id, uplink, len(keys), epoch, base, slots, group)
             for w, key in enumerate(keys):
                 self._write_entry("INSERT", P4.TABLE_JOB_WORKERS,
                                   {"src_addr": key[0], "src_port": key[1]}, P4.ACTION_SET_WORKER,
@@ -360,6 +391,10 @@ class SoftSwitch:
                 self.tables[P4.TABLE_RESULT_DST].pop(
                     (job_id, e.params["worker"] + wire.RID_WORKER_OFFSET), None)
             self.groups.pop(group, None)
+            self.tables[P4.TABLE_UPLINK].pop((job_id,), None)
+            for key in [k for k, e in self.tables[P4.TABLE_PARENTS].items()
+                        if e.params.get("job") == job_id]:
+                del self.tables[P4.TABLE_PARENTS][key]
             self._sync_jobs()
             return job
 
@@ -370,6 +405,10 @@ class SoftSwitch:
             if not rows:
                 raise JobError(f"job {job_id} is not installed")
             epoch = self._next_epoch()
+            for key, e in list(self.tables[P4.TABLE_PARENTS].items()):
+                if e.params.get("job") == job_id:
+                    self.tables[P4.TABLE_PARENTS][key] = Entry(e.action, {**e.params,
+                                                                          "epoch": epoch}, e.seq)
             for key, e in rows:
                 self._write_entry("MODIFY", P4.TABLE_JOB_WORKERS,
                                   {"src_addr": key[0], "src_port": key[1]}, e.action,
@@ -524,7 +563,7 @@ def main(argv=None) -> int:
         sw = SoftSwitch(words=a.words)
         for j in cfg.jobs if cfg else ():
             job = sw.add_job(j.id, [(w.ip, w.udp_port) for w in j.workers], j.slots,
-                             [w.switch_port for w in j.workers])
+                             [w.switch_port for w in j.workers], j.uplink)
             log.info("job %d: %d workers, slots %d-%d", j.id, len(j.workers), job.base,
                      job.base + job.size - 1)
         server = SoftSwitchServer(sw, (a.bind or (cfg.switch.ip if cfg else "0.0.0.0"), a.port))

@@ -33,6 +33,9 @@ const bit<8>  FLAG_REFUSED   = 0x04;   /* reply to a packet of a registered send
                                           switch dropped (wrong identity, bad slot, stale,
                                           round mismatch): word 63 = the DROP_* reason, so the
                                           agent can say why; not a result */
+const bit<8>  FLAG_UPSTREAM  = 0x02;   /* a status or refusal that a tree's parent switch sent
+                                          (relayed down by the leaf): its bitmap and count
+                                          are the parent's children, not workers */
 
 /* Words per packet (K), set at build time: `homagg-ctl build --words K` compiles with
  * -DWORDS_PER_PACKET=K. 64 x 32 bit (256 B of payload, 310 B frames) is SwitchML's choice and
@@ -83,6 +86,14 @@ const bit<32> DROP_BAD_SLOT        = 13;  /* slot outside the job's region */
 const bit<32> DROP_SEQ_MISMATCH    = 14;  /* contribution for another round than the slot's */
 const bit<32> DROP_STALE           = 15;  /* a round that already finished (late duplicate) */
 const bit<32> DROP_SPOOFED         = 16;  /* a registered sender's address from another port */
+/* Trees (a leaf switch whose job has a parent: uplink.p4). */
+const bit<32> STAT_PARTIAL_UP      = 17;  /* rounds complete here, partial sum sent to the parent */
+const bit<32> STAT_PARTIAL_RESENT  = 18;  /* partial sums re-sent to the parent for a worker's
+                                             retransmission (the parent's answer was lost) */
+const bit<32> STAT_FROM_PARENT     = 19;  /* results (finals), statuses and refusals from the
+                                             parent, multicast to this switch's workers */
+const bit<32> DROP_PARENT_DUP      = 20;  /* a parent's result this switch already holds, or
+                                             for a round it does not (late duplicate) */
 /* Never counted by the data plane: the controller keeps the last job epoch it handed out here
  * (P4Runtime can write counters but not registers), so epochs stay unique for the switch's
  * lifetime, across controller restarts, and restart with the registers when the switch does. */

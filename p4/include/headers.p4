@@ -132,6 +132,17 @@ struct metadata_t {
     bit<1>          overflowed;     /* some add of this round overflowed (this one included) */
     bit<1>          overflow;       /* some lane of this packet's add overflowed */
     bit<1>          refuse;         /* tell the sender its packet was dropped, and why */
+    /* trees (uplink.p4) */
+    bit<1>          from_parent;    /* a result, status or refusal from the job's parent */
+    bit<1>          tree;           /* the job has a parent (the uplink table's entry) */
+    bit<1>          flagged;        /* the packet's FLAG_OVERFLOW: a child's partial overflowed */
+    job_id_t        up_job;
+    worker_id_t     up_worker;
+    bit<48>         up_mac;
+    bit<32>         up_ip;
+    bit<16>         up_udp_port;
+    bit<16>         up_src_port;
+    bit<9>          up_port;
 }
 
 #endif

@@ -31,5 +31,7 @@
 #define RESULT_TABLE_SIZE 1024
 #define ARP_TABLE_SIZE 1024
 #define ROUTE_TABLE_SIZE 1024
+/* Trees: one parent per child job (uplink.p4). */
+#define PARENT_TABLE_SIZE MAX_JOBS
 
 #endif

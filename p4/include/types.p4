@@ -43,7 +43,8 @@ typedef bit<CHUNK_BITS> chunk_t;
 #endif
 
 /* A slot copy's bookkeeping, packed (slot_state.p4): seen ++ count ++ tag ++ op ++ epoch ++ gen
- * ++ 4 spare bits, most significant first; a slot's two copies side by side (copy 1 high). */
+ * ++ final ++ 3 spare bits, most significant first; a slot's two copies side by side (copy 1
+ * high). final: a child job's copy holds the parent's result, not its partial (uplink.p4). */
 #define SLOT_COPY_BITS 136
 #define SEEN_HI 135
 #define SEEN_LO 72
@@ -57,19 +58,25 @@ typedef bit<CHUNK_BITS> chunk_t;
 #define EPOCH_LO 12
 #define GEN_HI 11
 #define GEN_LO 4
+#define FINAL_BIT 3
 typedef bit<SLOT_COPY_BITS> slot_copy_t;
 typedef bit<(2 * SLOT_COPY_BITS)> slot_pair_t;
 
-/* A job's join (join.p4), packed: seen ++ count ++ gen ++ epoch, most significant first. */
-#define JOIN_BITS 96
-#define JOIN_SEEN_HI 95
-#define JOIN_SEEN_LO 32
-#define JOIN_COUNT_HI 31
-#define JOIN_COUNT_LO 24
-#define JOIN_GEN_HI 23
-#define JOIN_GEN_LO 16
-#define JOIN_EPOCH_HI 15
-#define JOIN_EPOCH_LO 0
+/* A job's join (join.p4), packed: seen ++ count ++ gen ++ epoch ++ handed ++ final, most
+ * significant first. handed: the generation the last complete join handed out (the root's,
+ * in a tree); final: the current join is complete at the root, not only here (uplink.p4). */
+#define JOIN_BITS 105
+#define JOIN_SEEN_HI 104
+#define JOIN_SEEN_LO 41
+#define JOIN_COUNT_HI 40
+#define JOIN_COUNT_LO 33
+#define JOIN_GEN_HI 32
+#define JOIN_GEN_LO 25
+#define JOIN_EPOCH_HI 24
+#define JOIN_EPOCH_LO 9
+#define JOIN_HANDED_HI 8
+#define JOIN_HANDED_LO 1
+#define JOIN_FINAL 0
 typedef bit<JOIN_BITS> join_state_t;
 
 /* What the slot state machine decides for a contribution that passed admission. */
@@ -78,7 +85,9 @@ enum bit<8> Verdict {
     RETRANS_REPLY = 1,   /* a duplicate of a finished round: its result goes back by unicast */
     DUP_PENDING   = 2,   /* a duplicate of an unfinished round: a status reply goes back */
     SEQ_MISMATCH  = 3,   /* a contribution for another round than the slot's */
-    STALE         = 4    /* a round that already finished, or an older one */
+    STALE         = 4,   /* a round that already finished, or an older one */
+    RESEND_UP     = 5    /* a duplicate of a round complete here whose final (the parent's
+                            result) has not come down: the partial goes up again (trees) */
 }
 
 #endif

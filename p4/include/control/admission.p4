@@ -23,6 +23,33 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
         meta.mcast_group = mcast_group;
     }
 
+    /* A child job's parent (uplink.p4): its results, statuses and refusals, identified by
+     * the parent's address and its job id, carry this switch's job for the rest of the
+     * pipeline (the same parameters as the job's set_worker entries). */
+    action set_parent(job_id_t job, bit<8> workers, epoch_t epoch, bit<16> region_base,
+                      bit<16> region_size, bit<16> mcast_group, bit<9> port) {
+        meta.from_parent = 1;
+        meta.sender_port = port;
+        meta.job = job;
+        meta.worker = 0;
+        meta.workers = workers;
+        meta.epoch = epoch;
+        meta.region_base = region_base;
+        meta.region_size = region_size;
+        meta.mcast_group = mcast_group;
+    }
+
+    table parents {
+        key = {
+            hdr.ipv4.src_addr: exact @name("src_addr");
+            hdr.udp.src_port: exact @name("src_port");
+            hdr.homagg.job: exact @name("parent_job");
+        }
+        actions = { set_parent; NoAction; }
+        default_action = NoAction();
+        size = PARENT_TABLE_SIZE;
+    }
+
     table job_workers {
         key = {
             hdr.ipv4.src_addr: exact @name("src_addr");
@@ -36,6 +63,8 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
     apply {
         meta.drop_reason = NO_DROP;
         meta.job_known = 0;
+        meta.from_parent = 0;
+        meta.flagged = ((hdr.homagg.flags & FLAG_OVERFLOW) != 0) ? 1w1 : 1w0;
         bool join = hdr.join_words.isValid();
         if (standard_metadata.parser_error != error.NoError
                 || (!hdr.words.isValid() && !join)) {
@@ -52,7 +81,17 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
                    && hdr.homagg.op != OP_JOIN) {
             meta.drop_reason = DROP_BAD_OP;
         } else if ((hdr.homagg.flags & FLAG_RESULT) != 0) {
-            meta.drop_reason = DROP_FORGED_RESULT;
+            /* only a child job's parent sends results to a switch */
+            if (!parents.apply().hit) {
+                meta.drop_reason = DROP_FORGED_RESULT;
+            } else {
+                meta.job_known = 1;
+                if (standard_metadata.ingress_port != meta.sender_port) {
+                    meta.drop_reason = DROP_SPOOFED;
+                } else if (!join && hdr.homagg.slot >= meta.region_size) {
+                    meta.drop_reason = DROP_BAD_SLOT;     /* (a join's answer says K there) */
+                }
+            }
         } else if (!job_workers.apply().hit) {
             meta.drop_reason = DROP_UNKNOWN_SENDER;
         } else {

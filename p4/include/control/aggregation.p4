@@ -9,6 +9,7 @@
 #include "slot_state.p4"
 #include "words.p4"
 #include "reply.p4"
+#include "uplink.p4"
 
 control Aggregation(inout headers_t hdr, inout metadata_t meta,
                     inout standard_metadata_t standard_metadata) {
@@ -20,6 +21,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
     SlotState() slot_state;
     Words() words;
     Reply() reply;
+    UplinkLookup() uplink;
 
     action job_count(bit<32> kind) {
         job_stats.count((bit<32>)meta.job * JOB_STATS_PER_JOB + kind);
@@ -33,15 +35,17 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             if (meta.job_known == 1) {
                 job_count(JOB_STAT_DROPPED);
                 /* a registered sender (its address and port are the job table's): a config
-                 * error the agent should name, not wait out */
-                if (meta.drop_reason == DROP_WRONG_IDENTITY
-                        || meta.drop_reason == DROP_BAD_SLOT) {
+                 * error the agent should name, not wait out (never the parent: no answer to
+                 * an answer) */
+                if (meta.from_parent == 0 && (meta.drop_reason == DROP_WRONG_IDENTITY
+                        || meta.drop_reason == DROP_BAD_SLOT)) {
                     meta.refuse = 1;
                     reply.apply(hdr, meta, standard_metadata);
                 }
             }
             return;
         }
+        uplink.apply(meta);
         if (hdr.homagg.op == OP_JOIN) {
             join.apply(hdr, meta);                    /* its words: zeros, or a status */
         } else {
@@ -50,16 +54,35 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         }
         reply.apply(hdr, meta, standard_metadata);
 
-        if (meta.verdict == Verdict.ACCEPT) {
+        if (meta.from_parent == 1) {
+            if (meta.verdict == Verdict.ACCEPT) {
+                stats.count(STAT_FROM_PARENT);
+                if (meta.complete == 1) {             /* the round (or join) is final here */
+                    stats.count(STAT_COMPLETED);
+                    job_count(JOB_STAT_COMPLETED);
+                    if (meta.overflowed == 1) {
+                        stats.count(STAT_OVERFLOW);
+                    }
+                }
+            } else {
+                stats.count(DROP_PARENT_DUP);
+                job_count(JOB_STAT_DROPPED);
+            }
+        } else if (meta.verdict == Verdict.ACCEPT) {
             stats.count(STAT_ACCEPTED);
             job_count(JOB_STAT_ACCEPTED);
-            if (meta.complete == 1) {
+            if (meta.complete == 1 && meta.tree == 1) {
+                stats.count(STAT_PARTIAL_UP);         /* complete here: the partial went up */
+            } else if (meta.complete == 1) {
                 stats.count(STAT_COMPLETED);
                 job_count(JOB_STAT_COMPLETED);
                 if (meta.overflowed == 1) {
                     stats.count(STAT_OVERFLOW);
                 }
             }
+        } else if (meta.verdict == Verdict.RESEND_UP) {
+            stats.count(STAT_PARTIAL_RESENT);
+            job_count(JOB_STAT_RETRANS);
         } else if (meta.verdict == Verdict.RETRANS_REPLY) {
             stats.count(STAT_RETRANS_REPLY);
             job_count(JOB_STAT_RETRANS);

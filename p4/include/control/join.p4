@@ -15,6 +15,10 @@
  * starts the next generation; a worker that joins again while a join is pending (its
  * process restarted) is counted once.
  *
+ * In a tree (uplink.p4) a child job's join, complete here, goes up as this switch's join of
+ * the parent's job; the parent's result hands out the root's generation (handed), which is
+ * what retransmissions get, and a resend of a worker's join resends it up until it does.
+ *
  * Touched only by OP_JOIN packets: once per run per worker, so the data path pays nothing. */
 #ifndef HOMAGG_JOIN_P4
 #define HOMAGG_JOIN_P4
@@ -39,20 +43,48 @@ control Join(inout headers_t hdr, inout metadata_t meta) {
             worker_bitmap_t seen = st[JOIN_SEEN_HI:JOIN_SEEN_LO];
             bit<8> count = st[JOIN_COUNT_HI:JOIN_COUNT_LO];
             gen_t gen = st[JOIN_GEN_HI:JOIN_GEN_LO];
+            gen_t handed = st[JOIN_HANDED_HI:JOIN_HANDED_LO];
+            bit<1> final = st[JOIN_FINAL:JOIN_FINAL];
             bool same_epoch = st[JOIN_EPOCH_HI:JOIN_EPOCH_LO] == meta.epoch;
             if (!same_epoch) {
                 seen = 0;                             /* no join yet in this incarnation */
                 count = 0;
             }
-            if (same_epoch && last == hdr.homagg.seq) {
+            /* a child job's join of its parent's job, for this switch's run gen (uplink.p4):
+             * unique per run and job incarnation, so a resend is the same join */
+            seq_t nonce = (seq_t)(meta.epoch ++ gen);
+            bool up = false;
+            if (meta.from_parent == 1) {
+                /* the parent's answer: a status or refusal answers our own join (its nonce);
+                 * a result is the parent's multicast, which echoes whichever child completed
+                 * the join, so any newer generation than the last handed out is ours */
+                bool answer = (hdr.homagg.flags & (FLAG_STATUS | FLAG_REFUSED)) != 0;
+                bool ok = same_epoch && count == meta.workers && final == 0;
+                if (answer) {
+                    ok = ok && hdr.homagg.seq == nonce;
+                } else {
+                    ok = ok && (int<8>)(hdr.homagg.gen - handed) > 0;
+                }
+                if (!ok) {
+                    meta.verdict = Verdict.STALE;
+                } else if (!answer) {
+                    join_state.write(job, seen ++ count ++ gen ++ meta.epoch ++ hdr.homagg.gen
+                                          ++ 1w1);
+                    meta.complete = 1;
+                }
+            } else if (same_epoch && last == hdr.homagg.seq) {
                 /* this agent's join again (its reply was lost, or the join is pending) */
                 if ((seen & me) == 0) {
                     meta.verdict = Verdict.STALE;     /* a newer run's join replaced it */
+                } else if (count == meta.workers && final == 0) {
+                    meta.verdict = Verdict.RESEND_UP; /* a child job's, still at the parent */
+                    up = true;
                 } else if (count == meta.workers) {
                     meta.verdict = Verdict.RETRANS_REPLY;
                 } else {
                     meta.verdict = Verdict.DUP_PENDING;
                 }
+                hdr.homagg.gen = (meta.verdict == Verdict.RETRANS_REPLY) ? handed : gen;
             } else {
                 join_nonce.write(at, hdr.homagg.seq);
                 if (count == meta.workers || count == 0) {
@@ -64,12 +96,26 @@ control Join(inout headers_t hdr, inout metadata_t meta) {
                     seen = seen | me;
                     count = count + 1;
                 }
-                join_state.write(job, seen ++ count ++ gen ++ meta.epoch);
+                bit<1> fin = 0;
                 if (count == meta.workers) {
                     meta.complete = 1;
+                    if (meta.tree == 0) {
+                        fin = 1;                      /* the root hands out its generation */
+                        handed = gen;
+                    } else {
+                        up = true;                    /* a child job's join goes up */
+                    }
                 }
+                join_state.write(job, seen ++ count ++ gen ++ meta.epoch ++ handed ++ fin);
+                nonce = (seq_t)(meta.epoch ++ gen);
+                hdr.homagg.gen = gen;
             }
-            hdr.homagg.gen = gen;
+            if (up) {
+                hdr.homagg.seq = nonce;
+                hdr.homagg.gen = 0;
+                hdr.homagg.flags = 0;
+                hdr.join_words.w = 0;
+            }
             meta.seen = seen;
             meta.count = count;
         }

@@ -38,6 +38,22 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
         standard_metadata.egress_spec = standard_metadata.ingress_port;
     }
 
+    /* A child job's partial (or join) goes up as this switch's contribution to the parent's
+     * job (uplink.p4), from the address its workers send to. */
+    action to_parent() {
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ethernet.dst_addr = meta.up_mac;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.ipv4.dst_addr = meta.up_ip;
+        hdr.udp.src_port = meta.up_src_port;
+        hdr.udp.dst_port = meta.up_udp_port;
+        hdr.udp.checksum = 0;
+        hdr.ipv4.ttl = 64;
+        hdr.homagg.job = meta.up_job;
+        hdr.homagg.worker = meta.up_worker;
+        standard_metadata.egress_spec = meta.up_port;
+    }
+
     apply {
         bool join = hdr.join_words.isValid();
         if (join) {
@@ -45,7 +61,31 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
         }
         bit<8> phase = hdr.homagg.flags & FLAG_PHASE;
         bit<8> overflow = (meta.overflowed == 1) ? FLAG_OVERFLOW : 8w0;
-        if (meta.refuse == 1 || meta.verdict == Verdict.STALE
+        if (meta.from_parent == 1) {
+            /* the parent's answer to a round (or join) of this switch: a result (final) is
+             * multicast to the workers here; a status or refusal is relayed to them, marked
+             * as the parent's (its bitmap names the parent's children) */
+            if (meta.verdict == Verdict.ACCEPT) {
+                if (meta.complete == 1) {
+                    hdr.homagg.flags = FLAG_RESULT | phase | overflow;
+                } else {
+                    hdr.homagg.flags = (hdr.homagg.flags & ~FLAG_RETRANS) | FLAG_UPSTREAM;
+                }
+                hdr.homagg.job = meta.job;
+                from_switch();
+                standard_metadata.mcast_grp = meta.mcast_group;
+                meta.mcast_result = 1;
+            }
+        } else if (meta.tree == 1 && ((meta.verdict == Verdict.ACCEPT && meta.complete == 1)
+                                      || meta.verdict == Verdict.RESEND_UP)) {
+            /* (a join's was set up by Join: its nonce, no flags, zero words) */
+            if (join) {
+                hdr.homagg.slot = 0;
+            } else {
+                hdr.homagg.flags = phase | overflow;
+            }
+            to_parent();
+        } else if (meta.refuse == 1 || meta.verdict == Verdict.STALE
                    || meta.verdict == Verdict.SEQ_MISMATCH) {
             hdr.homagg.flags = FLAG_RESULT | FLAG_REFUSED | phase;
             bit<32> reason = meta.drop_reason;

@@ -54,9 +54,25 @@ control SlotState(in headers_t hdr, inout metadata_t meta) {
             bit<4> op = cur[OP_HI:OP_LO];
             epoch_t epoch = cur[EPOCH_HI:EPOCH_LO];
             gen_t gen = cur[GEN_HI:GEN_LO];
+            bit<1> final = cur[FINAL_BIT:FINAL_BIT];
 
             meta.first = 0;
-            if (epoch != meta.epoch) {
+            if (meta.from_parent == 1) {
+                /* the parent answers the round this switch sent up (uplink.p4): it must
+                 * still wait for it; a result makes the copy final */
+                if (epoch != meta.epoch || gen != hdr.homagg.gen || tag != hdr.homagg.seq
+                        || count != meta.workers || final == 1) {
+                    meta.verdict = Verdict.STALE;
+                } else if ((hdr.homagg.flags & (FLAG_STATUS | FLAG_REFUSED)) == 0) {
+                    cur[FINAL_BIT:FINAL_BIT] = 1;
+                    if (phase == 0) {
+                        slot_state.write(slot, other ++ cur);
+                    } else {
+                        slot_state.write(slot, cur ++ other);
+                    }
+                    meta.complete = 1;
+                }
+            } else if (epoch != meta.epoch) {
                 meta.first = 1;                       /* left by another job incarnation */
             } else if (gen != hdr.homagg.gen) {
                 if ((int<8>)(hdr.homagg.gen - gen) > 0) {
@@ -66,7 +82,11 @@ control SlotState(in headers_t hdr, inout metadata_t meta) {
                 }
             } else if ((seen & me) != 0) {
                 if (count == meta.workers && tag == hdr.homagg.seq) {
-                    meta.verdict = Verdict.RETRANS_REPLY;  /* finished: send the result again */
+                    if (final == 1 || meta.tree == 0) {
+                        meta.verdict = Verdict.RETRANS_REPLY;  /* finished: the result again */
+                    } else {
+                        meta.verdict = Verdict.RESEND_UP;  /* the parent's answer was lost */
+                    }
                 } else if (tag == hdr.homagg.seq) {
                     meta.verdict = Verdict.DUP_PENDING;    /* still waiting for other workers */
                 } else {
@@ -87,7 +107,7 @@ control SlotState(in headers_t hdr, inout metadata_t meta) {
                 meta.verdict = Verdict.SEQ_MISMATCH;
             }
 
-            if (meta.verdict == Verdict.ACCEPT) {
+            if (meta.verdict == Verdict.ACCEPT && meta.from_parent == 0) {
                 if (meta.first == 1) {
                     seen = me;
                     count = 1;
@@ -96,7 +116,7 @@ control SlotState(in headers_t hdr, inout metadata_t meta) {
                     count = count + 1;
                 }
                 cur = seen ++ count ++ hdr.homagg.seq ++ hdr.homagg.op ++ meta.epoch ++ hdr.homagg.gen
-                      ++ 4w0;
+                      ++ 1w0 ++ 3w0;   /* not final: the round is open */
                 /* This worker has the other copy's result: release its claim there. */
                 other[SEEN_HI:SEEN_LO] = other[SEEN_HI:SEEN_LO] & ~me;
                 if (phase == 0) {

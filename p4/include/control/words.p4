@@ -45,10 +45,16 @@ control Words(inout headers_t hdr, inout metadata_t meta) {
     FOR_CHUNKS(WORDS_REGISTER)
     register<bit<1>>(SLOT_STATE_SIZE) slot_overflow;   /* an int32 add of this round overflowed */
 
+    /* a round's first packet; meta.flagged: a child switch's partial that overflowed */
     action first_words() {
         FOR_CHUNKS(WRITE_CHUNK)
-        slot_overflow.write(meta.idx, 0);
-        meta.overflowed = 0;
+        slot_overflow.write(meta.idx, meta.flagged);
+        meta.overflowed = meta.flagged;
+    }
+
+    /* the parent's result (uplink.p4) replaces this switch's partial */
+    action keep_final() {
+        FOR_CHUNKS(WRITE_CHUNK)
     }
 
     /* meta.overflowed: this round's flag so far, this packet's lanes included */
@@ -87,7 +93,12 @@ control Words(inout headers_t hdr, inout metadata_t meta) {
     }
 
     apply {
-        if (meta.verdict == Verdict.ACCEPT) {
+        if (meta.from_parent == 1) {
+            if (meta.verdict == Verdict.ACCEPT && meta.complete == 1) {
+                keep_final();
+                merge_overflow(meta.flagged);
+            }
+        } else if (meta.verdict == Verdict.ACCEPT) {
             if (meta.first == 1) {
                 first_words();               /* the header already holds the words */
             } else {
@@ -96,9 +107,9 @@ control Words(inout headers_t hdr, inout metadata_t meta) {
                 } else {
                     if (meta.complete == 1) { or_words_emit(); } else { or_words(); }
                 }
-                merge_overflow(meta.overflow);
+                merge_overflow(meta.overflow | meta.flagged);
             }
-        } else if (meta.verdict == Verdict.RETRANS_REPLY) {
+        } else if (meta.verdict == Verdict.RETRANS_REPLY || meta.verdict == Verdict.RESEND_UP) {
             read_result();
         }
     }

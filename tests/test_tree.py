@@ -1,0 +1,206 @@
+"""Trees of switches (p4/include/control/uplink.p4) on the software target: two leaf switches of
+four workers each under one spine, every switch a software aggregator on its own loopback
+address, real agents on sockets. Every sum is compared bit for bit with the integer sum of all
+eight workers' quantized inputs; faults on the spine's socket are loss, duplication and
+reordering on the leaf-spine links, both ways."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from homagg import wire
+from homagg.faults import FaultSpec
+from homagg.host_agent import Agent, AgentConfig, AggregationTimeout
+from homagg.netconfig import Uplink
+from homagg.targets.soft import SoftSwitch, SoftSwitchServer
+from tests.test_agent import (
+    assert_exact,
+    closing_factory,
+    free_udp_port,
+    run_agents,
+    sparse_tensors,
+)
+
+_nets = itertools.count(1)
+PORT = wire.HOMAGG_UDP_PORT_MIN
+
+
+class Tree:
+    """A spine, ``leaves`` leaf switches and ``per_leaf`` agents under each, one thread per
+    agent; job ``job`` on every switch (the leaves' is the spine's child job)."""
+
+    def __init__(self, leaves=2, per_leaf=4, slots=16, job=1, spine_faults=None, **agent_kw):
+        net = next(_nets)
+        self.spine_ip = f"127.0.{100 + net}.1"
+        self.leaf_ips = [f"127.0.{100 + net}.{2 + i}" for i in range(leaves)]
+        self.names = [f"leaf{i}" for i in range(leaves)]
+        self.spine = SoftSwitchServer(SoftSwitch(), (self.spine_ip, PORT), spine_faults).start()
+        self.spine.switch.add_job(job, [(ip, PORT) for ip in self.leaf_ips], slots)
+        self.leaves = []
+        kw = dict(timeout=0.01, deadline=5.0)
+        kw.update(agent_kw)
+        self.configs = []
+        for i, ip in enumerate(self.leaf_ips):
+            leaf = SoftSwitchServer(SoftSwitch(), (ip, PORT)).start()
+            ports = [free_udp_port() for _ in range(per_leaf)]
+            leaf.switch.add_job(job, [("127.0.0.1", p) for p in ports], slots,
+                                uplink=Uplink(job, i, self.spine_ip, PORT))
+            self.leaves.append(leaf)
+            self.configs += [AgentConfig(job=job, worker=w, workers=leaves * per_leaf,
+                                         local_workers=per_leaf, switch=(ip, PORT),
+                                         bind=("127.0.0.1", ports[w]), slots=slots,
+                                         siblings=tuple(self.names), **kw)
+                             for w in range(per_leaf)]
+        self.agents = [Agent(c) for c in self.configs]
+
+    def stat(self, server, name):
+        return int(server.switch.model.stats[wire.STAT_INDEX[name]])
+
+    def new_run(self):
+        for a in self.agents:
+            a.close()
+        self.agents = [Agent(c) for c in self.configs]
+
+    def run(self, fn, skip=()):
+        return run_agents(self.agents, fn, skip)
+
+    def close(self):
+        for a in self.agents:
+            a.close()
+        for s in [*self.leaves, self.spine]:
+            s.stop()
+
+
+@pytest.fixture
+def make_tree():
+    yield from closing_factory(Tree)
+
+
+@pytest.mark.parametrize("mode", ["auto", "dense", "union", "sketch"])
+def test_tree_sums_are_exact_in_every_mode(make_tree, mode):
+    tree = make_tree(mode=mode)
+    xs = sparse_tensors(np.random.default_rng(11), 8, 20_000, 0.01)
+    res, err = tree.run(lambda a, i: a.allreduce_detailed(xs[i]))
+    assert not any(err), err
+    assert_exact(res, xs)
+    assert res[0].mode == ("union" if mode == "auto" else mode)
+    # each leaf sent its rounds up once; the spine multicast each to the two leaves only
+    for leaf in tree.leaves:
+        assert tree.stat(leaf, "STAT_PARTIAL_UP") == tree.stat(leaf, "STAT_COMPLETED") > 0
+    assert tree.stat(tree.spine, "STAT_ACCEPTED") == sum(tree.stat(s, "STAT_PARTIAL_UP")
+                                                        for s in tree.leaves)
+
+
+def test_tree_integer_sum_is_exact(make_tree):
+    tree = make_tree()
+    rng = np.random.default_rng(12)
+    qs = [rng.integers(-(2**27), 2**27, 3000).astype(np.int32) for _ in range(8)]
+    res, err = tree.run(lambda a, i: a.allreduce_int(qs[i]))
+    assert not any(err), err
+    for r in res:
+        np.testing.assert_array_equal(r, np.sum(qs, axis=0, dtype=np.int64))
+
+
+def test_loss_duplication_and_reordering_on_the_leaf_spine_links_stay_exact(make_tree):
+    tree = make_tree(spine_faults=FaultSpec(loss=0.05, dup=0.05, reorder=0.1, seed=5))
+    rng = np.random.default_rng(13)
+    for _ in range(3):
+        xs = sparse_tensors(rng, 8, 50_000, 0.01)
+        res, err = tree.run(lambda a, i, xs=xs: a.allreduce_detailed(xs[i]))
+        assert not any(err), err
+        assert_exact(res, xs)
+    # losses were recovered through the leaves (partials sent up again), and the spine's
+    # duplicates (sent twice, or by the fault injector) were never added twice
+    assert sum(tree.stat(s, "STAT_PARTIAL_RESENT") for s in tree.leaves) > 0
+    assert tree.stat(tree.spine, "STAT_DUP_PENDING") + tree.stat(
+        tree.spine, "STAT_RETRANS_REPLY") + tree.stat(tree.spine, "DROP_STALE") > 0
+
+
+def test_overflow_at_the_spine_is_flagged_to_every_worker(make_tree):
+    # A scale 6 bits finer than negotiated: the sum of 8 overflows somewhere in the tree; the
+    # flag reaches every worker, and all rescale the same way.
+    tree = make_tree(mode="dense", shift_bias=6)
+    x = np.full(500, -3.0, np.float32)
+    res, err = tree.run(lambda a, i: a.allreduce_detailed(x))
+    assert not any(err), err
+    assert all(a.counters.rescales >= 1 for a in tree.agents)
+    assert_exact(res, [x] * 8)
+    assert tree.stat(tree.spine, "STAT_OVERFLOW") > 0
+
+
+def test_runs_that_follow_each_other_get_the_roots_generation(make_tree):
+    tree = make_tree(slots=8)
+    rng = np.random.default_rng(14)
+    for run in range(3):
+        if run:
+            tree.new_run()
+        xs = sparse_tensors(rng, 8, 5_000, 0.05)
+        res, err = tree.run(lambda a, i, xs=xs: a.allreduce_detailed(xs[i]))
+        assert not any(err), err
+        assert_exact(res, xs)
+        assert {a.transport.gen for a in tree.agents} == {run + 1}
+    for s in [*tree.leaves, tree.spine]:
+        assert tree.stat(s, "DROP_STALE") == 0
+
+
+def test_a_dead_worker_is_named_under_its_leaf_and_its_leaf_elsewhere(make_tree):
+    tree = make_tree(deadline=1.0)
+    x = np.ones(1000, np.float32)
+    dead = 6  # leaf 1's worker 2
+    tree.run(lambda a, i: a.allreduce(x))  # every worker joined: a run in progress
+    res, err = tree.run(lambda a, i: a.allreduce(x), skip={dead})
+    for i in range(8):
+        if i == dead:
+            continue
+        assert isinstance(err[i], AggregationTimeout), err[i]
+        if i >= 4:  # the dead worker's own leaf names it
+            assert "waiting for worker(s) 2" in str(err[i])
+        else:  # the other leaf's workers: the spine waits for leaf1
+            assert "waits for leaf1" in str(err[i]) and "from leaf0" in str(err[i])
+
+
+def test_a_dead_leaf_is_named(make_tree):
+    tree = make_tree(deadline=1.0)
+    x = np.ones(1000, np.float32)
+    tree.run(lambda a, i: a.allreduce(x))
+    tree.leaves[1].stop()
+    res, err = tree.run(lambda a, i: a.allreduce(x), skip=set(range(4, 8)))
+    for i in range(4):
+        assert isinstance(err[i], AggregationTimeout), err[i]
+        assert "waits for leaf1" in str(err[i])
+
+
+def test_the_spine_takes_one_stream_per_leaf(make_tree):
+    """What the spine adds is a quarter of what a star's switch would add for the same 8
+    workers: one partial per leaf per round (the join included), where the leaves take one
+    contribution per worker per round."""
+    tree = make_tree(mode="dense")
+    xs = [np.random.default_rng(i).standard_normal(40_000).astype(np.float32) for i in range(8)]
+    res, err = tree.run(lambda a, i: a.allreduce_detailed(xs[i]))
+    assert not any(err), err
+    assert_exact(res, xs)
+    rounds = tree.stat(tree.leaves[0], "STAT_COMPLETED")  # the join and the data rounds
+    assert rounds > 10
+    assert tree.stat(tree.spine, "STAT_ACCEPTED") == 2 * rounds
+    assert sum(tree.stat(s, "STAT_ACCEPTED") for s in tree.leaves) == 8 * rounds
+
+
+def test_a_reset_tree_runs_again_exactly(make_tree):
+    """homagg-ctl reset on every switch of the tree (new epochs: the leaves' parents entries
+    move with their jobs), then a new run."""
+    tree = make_tree(slots=8)
+    rng = np.random.default_rng(15)
+    for run in range(2):
+        if run:
+            for s in [tree.spine, *tree.leaves]:
+                s.switch.reset_job(1)
+            tree.new_run()
+        xs = sparse_tensors(rng, 8, 5_000, 0.05)
+        res, err = tree.run(lambda a, i, xs=xs: a.allreduce_detailed(xs[i]))
+        assert not any(err), err
+        assert_exact(res, xs)
+    for s in tree.leaves:
+        assert tree.stat(s, "DROP_PARENT_DUP") == 0
