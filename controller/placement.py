@@ -153,6 +153,9 @@ class Fabric:
                 other = senders[(w.ip, w.udp_port)]
                 raise JobError(f"{w.ip}:{w.udp_port} already sends for job {other.job.id} "
                                f"(on {other.place.name})")
+        if spec.uplink is not None and spec.place == "fallback":
+            raise JobError(f"job {spec.id}: a tree's child job stays on its switch, where its "
+                           "parent answers (uplink): not place 'fallback'")
         if spec.place == "fallback":
             assert fb is not None
             return PlacedJob(J.add_job(self.session(fb), spec, fb.pool), fb,
@@ -161,8 +164,8 @@ class Fabric:
             return PlacedJob(J.add_job(self.session(self.switch), spec, self.switch.pool),
                              self.switch)
         except NoFreeRegion as full:
-            if spec.place == "switch" or fb is None:
-                raise
+            if spec.place == "switch" or fb is None or spec.uplink is not None:
+                raise  # (a child job cannot fall back: its parent answers this switch)
             try:
                 job = J.add_job(self.session(fb), spec, fb.pool)
             except JobError as e:

@@ -36,6 +36,7 @@ Every problem is a ConfigError with one line naming the key.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 import tomllib
@@ -236,12 +237,38 @@ def parse(data: dict) -> Config:
         place = j.get("place", "auto")
         if place == "fallback" and fallback is None:
             raise ConfigError(f"{where}.place: 'fallback', but the config has no [fallback]")
-        jobs.append(validate_job(_int(j["id"], f"{where}.id", 0, wire.MAX_JOBS - 1), workers,
-                                 j.get("slots", 64), place))
+        job = validate_job(_int(j["id"], f"{where}.id", 0, wire.MAX_JOBS - 1), workers,
+                           j.get("slots", 64), place)
+        if "uplink" in j:
+            if place == "fallback":
+                raise ConfigError(f"{where}: a tree's child job (uplink) stays on its switch, "
+                                  "where its parent answers: not place 'fallback'")
+            job = dataclasses.replace(job, uplink=_uplink(j["uplink"], f"{where}.uplink"))
+        jobs.append(job)
     ids = [j.id for j in jobs]
     if len(set(ids)) != len(ids):
         raise ConfigError("jobs: duplicate job ids")
     return Config(switch, tuple(hosts), tuple(jobs), fallback)
+
+
+def _uplink(u, where: str) -> Uplink:
+    """A child job's ``uplink = {job, worker, ip, udp_port, mac, src_port, port}`` (Uplink)."""
+    if not isinstance(u, dict):
+        raise ConfigError(f"{where} must be a table")
+    extra = set(u) - {"job", "worker", "ip", "udp_port", "mac", "src_port", "port"}
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
+    for key in ("job", "worker", "ip"):
+        if key not in u:
+            raise ConfigError(f"{where}: missing {key!r}")
+    d = Uplink(0, 0, "0.0.0.0")
+    return Uplink(_int(u["job"], f"{where}.job", 0, wire.MAX_JOBS - 1),
+                  _int(u["worker"], f"{where}.worker", 0, wire.MAX_WORKERS - 1),
+                  _ip(u["ip"], f"{where}.ip"),
+                  _int(u.get("udp_port", d.udp_port), f"{where}.udp_port", 1, 65535),
+                  _mac(u.get("mac", d.mac), f"{where}.mac"),
+                  _int(u.get("src_port", d.src_port), f"{where}.src_port", 1, 65535),
+                  _int(u.get("port", d.switch_port), f"{where}.port", 0, 510))
 
 
 def _fallback(fb) -> FallbackSpec | None:
@@ -292,5 +319,11 @@ def render(cfg: Config) -> str:
     for j in cfg.jobs:
         ws = ", ".join(f'{{ host = "{w.host}", udp_port = {w.udp_port} }}' for w in j.workers)
         lines += ["[[jobs]]", f"id = {j.id}", f"slots = {j.slots}", f"workers = [ {ws} ]"]
-        lines += ([f'place = "{j.place}"'] if j.place != "auto" else []) + [""]
+        lines += ([f'place = "{j.place}"'] if j.place != "auto" else [])
+        u = j.uplink
+        if u is not None:
+            lines.append(f'uplink = {{ job = {u.job}, worker = {u.worker}, ip = "{u.ip}", '
+                         f'udp_port = {u.udp_port}, mac = "{u.mac}", src_port = {u.src_port}, '
+                         f"port = {u.switch_port} }}")
+        lines.append("")
     return "\n".join(lines)

@@ -41,6 +41,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default=f"0.0.0.0:{wire.DEFAULT_AGENT_PORT}",
                    help="IP[:PORT] this agent sends from")
     p.add_argument("--slots", type=int, default=64, help="the job's slot region size")
+    tr = p.add_argument_group("trees of switches (a leaf's job: --worker is the id at the leaf, "
+                              "--workers the whole tree's)")
+    tr.add_argument("--local-workers", type=int, metavar="N",
+                    help="workers of this agent's switch (its job's size at the leaf)")
+    tr.add_argument("--rank", type=int, metavar="R",
+                    help="this worker's index among all --workers, for its share of the data "
+                         "(default: --worker)")
+    tr.add_argument("--siblings", default="", metavar="NAMES",
+                    help="comma-separated names of the parent switch's children, in worker-id "
+                         "order, so a timeout names a missing one")
     p.add_argument("--words", type=int, metavar="K",
                    help="words per packet; default: the switch's, learnt at the join (set, a "
                         "switch built otherwise is an error)")
@@ -128,15 +138,15 @@ def run_bench(agent: Agent, a) -> dict:
     W = a.workers
     seed = a.seed * 65536 + a.job  # a result that mixed two jobs' data cannot pass --check
     dense = 0
-    for it in _progress(range(a.iterations), a.worker == 0 and sys.stderr.isatty(), "all-reduce"):
+    for it in _progress(range(a.iterations), a.rank == 0 and sys.stderr.isatty(), "all-reduce"):
         src = (lambda w: 0) if a.same_tensor else (lambda w: w)
-        x = bench_tensor(seed, it, src(a.worker), a.size, a.density)
+        x = bench_tensor(seed, it, src(a.rank), a.size, a.density)
         res = agent.allreduce_detailed(x)
         dense += 4 * a.size
         if a.check:
             check_exact(res, [bench_tensor(seed, it, src(w), a.size, a.density)
                               for w in range(W)], f"iteration {it}")
-        if a.worker == 0 and not sys.stderr.isatty():
+        if a.rank == 0 and not sys.stderr.isatty():
             print(f"iter {it:4d}  mode {res.mode:6s}  wire {res.wire_bytes / (4 * a.size):7.2%} "
                   f"of dense{'  exact' if a.check else ''}", flush=True)
     return {"dense_bytes": dense}
@@ -150,11 +160,11 @@ def run_train(agent: Agent, a) -> dict:
     # Other workers' models for the check: all replicas stay identical, so one copy serves.
     dense_per_iter = 4 * sum(p.size for p in model.params().values())
     dense = 0
-    if a.worker == 0:
+    if a.rank == 0:
         print(f"{'iter':>4}  {'loss':>8}  {'homagg B':>10}  {'dense B':>10}  {'ratio':>6}  "
               f"{'modes':<24}  check", flush=True)
     for it in range(a.iterations):
-        u, i, y = data.batch(it, a.worker)
+        u, i, y = data.batch(it, a.rank)  # this worker's share: its rank in the whole job
         loss, grads = model.loss_and_grads(u, i, y)
         losses = None
         others: list = []
@@ -173,7 +183,7 @@ def run_train(agent: Agent, a) -> dict:
         model.apply(summed, a.batch * a.workers)
         dense += dense_per_iter
         global_loss = float(np.mean(losses)) if losses else loss
-        if a.worker == 0:
+        if a.rank == 0:
             print(f"{it:>4}  {global_loss:8.5f}  {nbytes:>10}  {dense_per_iter:>10}  "
                   f"{nbytes / dense_per_iter:6.1%}  {' '.join(modes):<24}  "
                   f"{'exact' if a.check else '-'}", flush=True)
@@ -182,6 +192,11 @@ def run_train(agent: Agent, a) -> dict:
 
 def main(argv=None) -> int:
     a = parser().parse_args(argv)
+    a.rank = a.worker if a.rank is None else a.rank
+    if not 0 <= a.rank < a.workers:
+        print(f"homagg-agent: error: --rank {a.rank}: need 0 <= rank < --workers {a.workers}",
+              file=sys.stderr)
+        return 2
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = AgentConfig(a.job, a.worker, a.workers, _addr(a.switch, wire.HOMAGG_UDP_PORT_MIN),
@@ -189,8 +204,10 @@ def main(argv=None) -> int:
                           deadline=a.deadline, max_timeout=a.max_timeout,
                           rate_pps=a.rate, mode=a.mode, index=a.index,
                           shift_bias=a.shift_bias, words=a.words,
+                          local_workers=a.local_workers,
+                          siblings=tuple(s for s in a.siblings.split(",") if s),
                           faults=FaultSpec(a.inject_loss / 100, a.inject_dup / 100,
-                                           a.inject_reorder / 100, seed=1000 * a.job + a.worker))
+                                           a.inject_reorder / 100, seed=1000 * a.job + a.rank))
         t0 = time.monotonic()
         with Agent(cfg) as agent:
             extra = run_bench(agent, a) if a.cmd == "bench" else run_train(agent, a)
@@ -199,7 +216,8 @@ def main(argv=None) -> int:
             io = udpio.io_counts(sk)  # system calls and the datagrams they carried
             agent_faults = {k: getattr(sk, k, 0) for k in ("dropped_out", "dropped_in",
                                                             "duplicated", "reordered")}
-        summary = {"job": a.job, "worker": a.worker, "bytes_on_wire": c.bytes_sent,
+        summary = {"job": a.job, "worker": a.worker, "rank": a.rank,
+                   "bytes_on_wire": c.bytes_sent,
                    "dense_fp32_bytes": extra.pop("dense_bytes"), "packets": c.packets_sent,
                    "rounds": c.rounds, "retransmissions": c.retransmissions,
                    "rescales": c.rescales, "ignored": c.ignored, "results": c.results,

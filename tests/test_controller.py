@@ -87,6 +87,25 @@ def test_fallback_and_places_parse_and_render_back():
     assert parse(__import__("tomllib").loads(render(plain))) == plain
 
 
+def test_a_child_jobs_uplink_parses_renders_back_and_stays_on_its_switch():
+    from homagg.netconfig import Uplink
+
+    toml = __import__("tomllib")
+    text = GOOD + 'uplink = { job = 7, worker = 1, ip = "10.0.1.254", port = 9 }\n'
+    cfg = parse(toml.loads(text))
+    assert cfg.job(3).uplink == Uplink(7, 1, "10.0.1.254", wire.HOMAGG_UDP_PORT_MIN,
+                                       "00:00:00:00:00:00", wire.HOMAGG_UDP_PORT_MIN, 9)
+    assert parse(toml.loads(render(cfg))) == cfg
+    with pytest.raises(ConfigError, match="missing 'ip'"):
+        parse(toml.loads(GOOD + "uplink = { job = 7, worker = 1 }\n"))
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse(toml.loads(text.replace("port = 9", "port = 9, spine = 1")))
+    with pytest.raises(ConfigError, match="not place 'fallback'"):
+        parse(toml.loads(text.replace(
+            'mac = "00:00:0a:00:00:fe"\n', 'mac = "00:00:0a:00:00:fe"\n\n[fallback]\n', 1)
+            + 'place = "fallback"\n'))
+
+
 def test_unreadable_config_is_one_line(tmp_path):
     p = tmp_path / "bad.toml"
     p.write_text("[switch\n")

@@ -204,3 +204,59 @@ def test_a_reset_tree_runs_again_exactly(make_tree):
         assert_exact(res, xs)
     for s in tree.leaves:
         assert tree.stat(s, "DROP_PARENT_DUP") == 0
+
+
+def test_a_tree_set_up_by_hand_from_configs_and_the_command_line(tmp_path):
+    """What a user does without homagg-net: one homagg-softswitch per switch, each from its own
+    config (the spine's job lists the leaves as its workers; each leaf's job has an uplink to
+    the spine), and homagg-agent under each leaf with its id there, the tree's size and its
+    rank in the whole job. Every aggregate is checked bit for bit (--check)."""
+    import subprocess
+    import sys
+
+    net = next(_nets)
+    spine, leaves = f"127.0.{100 + net}.1", [f"127.0.{100 + net}.{2 + i}" for i in range(2)]
+    mac = "00:00:00:00:00:01"
+
+    def config(name, ip, hosts, workers, uplink=""):
+        hs = "".join(f'[[hosts]]\nname = "{n}"\nip = "{h}"\nmac = "{mac}"\nport = {k + 1}\n'
+                     for k, (n, h) in enumerate(hosts))
+        ws = ", ".join(f'{{ host = "{n}", udp_port = {p} }}' for n, p in workers)
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f'[switch]\nname = "{name}"\ntarget = "soft"\nip = "{ip}"\n{hs}'
+                        f"[[jobs]]\nid = 1\nslots = 16\nworkers = [ {ws} ]\n{uplink}")
+        return path
+
+    procs = []
+    try:
+        cfgs = [config("spine", spine, [(f"leaf{i}", ip) for i, ip in enumerate(leaves)],
+                       [(f"leaf{i}", PORT) for i in range(2)])]
+        ports = [[free_udp_port() for _ in range(4)] for _ in leaves]
+        for i, ip in enumerate(leaves):
+            cfgs.append(config(f"leaf{i}", ip, [(f"w{w}", "127.0.0.1") for w in range(4)],
+                               [(f"w{w}", ports[i][w]) for w in range(4)],
+                               f'uplink = {{ job = 1, worker = {i}, ip = "{spine}" }}\n'))
+        for c in cfgs:
+            procs.append(subprocess.Popen([sys.executable, "-m", "homagg.targets.soft", "-c",
+                                           str(c), "--grpc", "none", "--log-level", "warning"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+        agents = []
+        for i, ip in enumerate(leaves):
+            for w in range(4):
+                agents.append(subprocess.Popen(
+                    [sys.executable, "-m", "homagg.host_agent", "--job", "1", "--worker", str(w),
+                     "--workers", "8", "--local-workers", "4", "--rank", str(4 * i + w),
+                     "--siblings", "leaf0,leaf1", "--switch", ip, "--slots", "16",
+                     "--bind", f"127.0.0.1:{ports[i][w]}", "bench", "--size", "30000",
+                     "--iterations", "3", "--check"],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs += agents
+        for k, a in enumerate(agents):
+            out, _ = a.communicate(timeout=120)
+            assert a.returncode == 0 and "every aggregate exact" in out, f"agent {k}:\n{out}"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(10)
