@@ -174,3 +174,43 @@ def test_jobs_past_the_switch_slots_fall_back_and_every_one_is_exact(target, cap
             assert st[name]["switch"][drop] == 0, (name, drop)
     if target == "bmv2":  # the fallback's traffic crossed the switch as routed IPv4
         assert sum(st["s1"]["forwarding"].values()) > 0
+
+
+# -- trees (launcher/tree.py) -------------------------------------------------------------------
+
+
+def _digest(out: str) -> str:
+    m = re.search(r"identical models \((\w+)\)", out)
+    assert m, out
+    return m.group(1)
+
+
+def test_leafspine_demo_trains_to_the_same_model_as_the_star(target, capsys):
+    """The issue's test: 2 leaves of 4 workers train, bit for bit, to the 8-worker star's
+    model, every aggregate exact."""
+    tree_dir = LOG_DIR / f"mn-tree-demo-{target}"
+    rc = _run(["demo", "--target", target, "--topo", "leafspine", "--leaves", "2",
+               "--workers-per-leaf", "4", "--iterations", "4", "--log-dir", str(tree_dir)])
+    tree = capsys.readouterr().out
+    assert rc == 0, tree
+    assert f"done on {target}" in tree and "every aggregate bit-exact" in tree
+    rc = _run(["demo", "--target", target, "--workers", "8", "--iterations", "4",
+               "--log-dir", str(LOG_DIR / f"mn-tree-star-{target}")])
+    star = capsys.readouterr().out
+    assert rc == 0, star
+    assert _digest(tree) == _digest(star)
+    # the agents ran under their leaves, with their rank in the whole job
+    w5 = json.loads((tree_dir / "worker5.json").read_text())
+    assert (w5["worker"], w5["rank"]) == (1, 5)
+
+
+def test_leafspine_stays_exact_with_loss_at_every_agent(target, capsys):
+    log_dir = LOG_DIR / f"mn-tree-loss-{target}"
+    rc = _run(["run", "--target", target, "--topo", "leafspine", "--leaves", "2",
+               "--workers-per-leaf", "2", "--inject-loss", "5", "--log-dir", str(log_dir),
+               "--", "bench", "--size", "100000", "--iterations", "3", "--check"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "every aggregate exact" in out
+    summary = json.loads((log_dir / "worker0.json").read_text())
+    assert summary["retransmissions"] > 0

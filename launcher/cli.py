@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from homagg.launcher.net import HomaggNet, NetError, NetOptions
+from homagg.launcher.tree import make_net
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,6 +61,11 @@ def parser() -> argparse.ArgumentParser:
                         help="words per packet the switch is built (bmv2) or started (soft) "
                              "with; default 256; the agents learn it from the switch")
     common.add_argument("--log-dir", type=Path, help="default build/logs/net")
+    common.add_argument("--topo", default="star", choices=["star", "leafspine"],
+                        help="one switch, or leaf switches under a spine (a tree; soft target)")
+    common.add_argument("--leaves", type=int, default=2, help="leafspine: leaf switches")
+    common.add_argument("--workers-per-leaf", type=int, default=4,
+                        help="leafspine: workers under each leaf (--workers is their product)")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", parents=[common], help="the end-to-end training demo")
     d.add_argument("--iterations", type=int, default=30)
@@ -78,7 +84,8 @@ def parser() -> argparse.ArgumentParser:
 def _options(a) -> NetOptions:
     o = NetOptions(workers=a.workers, target=a.target, bw=a.bw, delay=a.delay, loss=a.loss,
                    dup=a.dup, reorder=a.reorder, jitter=a.jitter, jobs=a.jobs, slots=a.slots,
-                   switch_slots=a.switch_slots, fallback=not a.no_fallback, words=a.words)
+                   switch_slots=a.switch_slots, fallback=not a.no_fallback, words=a.words,
+                   topo=a.topo, leaves=a.leaves, workers_per_leaf=a.workers_per_leaf)
     for flag in ("inject_loss", "inject_dup", "inject_reorder"):
         if getattr(a, flag):
             o.agent_args += (f"--{flag.replace('_', '-')}", str(getattr(a, flag)))
@@ -142,10 +149,10 @@ def run_everywhere(net: HomaggNet, command: list[str]) -> int:
 
 
 def demo(a) -> int:
-    net = HomaggNet(_options(a))
+    net = make_net(_options(a))
     label = "bmv2 (simple_switch_grpc running p4/homagg.p4)" if net.target == "bmv2" else \
         "software aggregator"
-    print(f"homagg demo: {a.workers} workers training an NCF-style recommender through the "
+    print(f"homagg demo: {net.opts.workers} workers training an NCF-style recommender through the "
           f"switch\ntarget: {label} [{net.why}]", flush=True)
     t0 = time.monotonic()
     with net:
@@ -181,7 +188,7 @@ def main(argv=None) -> int:
             args = a.agent_args[1:] if a.agent_args[:1] == ["--"] else a.agent_args
             if not args:
                 raise NetError("run needs the agent's subcommand after --, e.g. -- bench --check")
-            with HomaggNet(_options(a)) as net:
+            with make_net(_options(a)) as net:
                 print(f"target: {net.target} [{net.why}]\n{net.placement()}", flush=True)
                 run_agents(net, args)
             return 0
@@ -189,7 +196,7 @@ def main(argv=None) -> int:
             command = a.command[1:] if a.command[:1] == ["--"] else a.command
             if not command:
                 raise NetError("exec needs a command after --, e.g. -- python train.py")
-            with HomaggNet(_options(a)) as net:
+            with make_net(_options(a)) as net:
                 print(f"target: {net.target} [{net.why}]\n{net.placement()}", flush=True)
                 rc = run_everywhere(net, command)
             if rc:
@@ -198,7 +205,7 @@ def main(argv=None) -> int:
         if a.cmd == "cli":
             from mininet.cli import CLI
 
-            with HomaggNet(_options(a)) as net:
+            with make_net(_options(a)) as net:
                 print(f"target: {net.target} [{net.why}]; agents: "
                       f"{' '.join(net.agent_command(0, 'bench', '--check'))}", flush=True)
                 CLI(net.net)

@@ -101,6 +101,9 @@ class NetOptions:
     words: int | None = None     # K, words per packet (None: the P4 default); agents learn it
     job: int = 1
     log_dir: Path = field(default_factory=lambda: paths.log_dir("net"))
+    topo: str = "star"           # star | leafspine (launcher/tree.py)
+    leaves: int = 2              # leafspine: leaf switches ...
+    workers_per_leaf: int = 4    # ... and the workers under each (workers = their product)
 
 
 def _bmv2_switch_class():

@@ -1,0 +1,238 @@
+"""The leaf/spine Mininet topology: ``--topo leafspine --leaves L --workers-per-leaf N``.
+
+One job over L x N workers, aggregated in a tree (p4/include/control/uplink.p4): each leaf
+switch aggregates its N workers and sends one partial sum per round to the spine, whose result
+comes back down through the leaves. The spine's job has the leaves as its workers; each leaf's
+job is a child job with an uplink to the spine. One controller process (this one) installs
+every switch over P4Runtime.
+
+On bmv2 every switch is its own simple_switch_grpc: the spine at the usual switch address,
+leaf i at 10.0.0.(200 + i), each leaf's port N + 1 cabled to the spine's port i + 1 (the
+uplink and the spine's job address the leaves by port, so no routes are needed for homagg
+traffic; each switch routes to what hangs off it). On the soft target every switch is a Linux
+bridge with a software aggregator on its own host (``agg`` for the spine, ``aggN`` for leaf
+N) at the same addresses, all bridges in one L2 segment. Worker k sits under leaf k // N; its
+agent runs with its id at the leaf (k mod N), the tree's size (L x N) and its rank k in the
+whole job, so it trains on the same share of data as worker k of an L x N star, and
+ends with the same model.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from homagg import wire
+from homagg.launcher.net import (
+    AGENT_PORT,
+    SWITCH_IP,
+    SWITCH_MAC,
+    HomaggNet,
+    NetError,
+    NetOptions,
+    _bmv2_switch_class,
+    preflight,
+)
+from homagg.netconfig import (
+    Config,
+    Host,
+    JobSpec,
+    SwitchSpec,
+    Uplink,
+    Worker,
+    host_ip,
+    host_mac,
+    render,
+)
+
+PORT = wire.HOMAGG_UDP_PORT_MIN
+
+
+def leaf_ip(i: int) -> str:
+    """Leaf i's aggregator address (0-based): 10.0.0.(200 + i), clear of the workers'."""
+    return f"10.0.0.{200 + i}"
+
+
+def leaf_mac(i: int) -> str:
+    return f"00:00:0a:00:00:{200 + i:02x}"
+
+
+class TreeNet(HomaggNet):
+    """HomaggNet's lifecycle and host commands over a leaf/spine tree (module docstring)."""
+
+    def __init__(self, opts: NetOptions):
+        if opts.jobs != 1:
+            raise NetError("--topo leafspine: one job over the whole tree (--jobs 1)")
+        n = opts.workers_per_leaf
+        if not (2 <= opts.leaves <= 50 and 1 <= n <= wire.MAX_WORKERS and opts.leaves * n < 200):
+            raise NetError(f"--leaves {opts.leaves} --workers-per-leaf {n}: need 2 to 50 "
+                           f"leaves of 1 to {wire.MAX_WORKERS} workers, under 200 in all "
+                           "(worker hosts are 10.0.0.1-199, leaves 10.0.0.200 and up)")
+        opts.workers = opts.leaves * opts.workers_per_leaf
+        opts.fallback = False  # a child job never falls back: its parent answers its switch
+        super().__init__(opts)
+        self.why = f"{self.why}; leaf/spine tree: {opts.leaves} leaves of " \
+                   f"{opts.workers_per_leaf} workers"
+
+    # -- the topology and its configs -----------------------------------------------------------
+    @property
+    def per_leaf(self) -> int:
+        return self.opts.workers_per_leaf
+
+    def leaf_of(self, worker: int) -> int:
+        return worker // self.per_leaf
+
+    def _config(self) -> Config:
+        """The spine's config: the leaves are its hosts and its job's workers."""
+        o = self.opts
+        leaves = tuple(Host(f"leaf{i + 1}", leaf_ip(i), leaf_mac(i), i + 1)
+                       for i in range(o.leaves))
+        job = JobSpec(o.job, tuple(Worker(h.ip, PORT, h.mac, h.port, h.name) for h in leaves),
+                      self.slots)
+        return Config(self._spec("spine", "s1", "agg", SWITCH_IP, SWITCH_MAC), leaves, (job,))
+
+    def _spec(self, name: str, node: str, agg: str, ip: str, mac: str) -> SwitchSpec:
+        """A switch of the tree: bmv2 node ``node`` (its ports are known once it runs), or
+        the software aggregator on host ``agg``."""
+        if self.target == "bmv2" and self.net is not None:
+            b = self.net.get(node).bmv2
+            return SwitchSpec(name, b.grpc_addr, 1, b.thrift_port, ip, mac)
+        if self.target == "bmv2":
+            return SwitchSpec(name, "127.0.0.1:9559", 1, 9090, ip, mac)
+        return SwitchSpec(name, self._socket(agg), 1, 9090, ip, mac, target="soft")
+
+    def leaf_config(self, i: int) -> Config:
+        """Leaf i's config: its workers, and its job's uplink to the spine."""
+        n = self.per_leaf
+        hosts = tuple(Host(f"h{k + 1}", host_ip(k), host_mac(k), k - i * n + 1)
+                      for k in range(i * n, (i + 1) * n))
+        up = Uplink(self.opts.job, i, SWITCH_IP, PORT, SWITCH_MAC, PORT, n + 1)
+        job = JobSpec(self.opts.job, tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name)
+                                           for h in hosts), self.slots, uplink=up)
+        sw = self._spec(f"leaf{i + 1}", f"s{i + 2}", f"agg{i + 1}", leaf_ip(i), leaf_mac(i))
+        return Config(sw, hosts, (job,))
+
+    def configs(self) -> list[Config]:
+        return [self.config] + [self.leaf_config(i) for i in range(self.opts.leaves)]
+
+    def start(self) -> TreeNet:
+        preflight()
+        from mininet.link import Link
+        from mininet.log import setLogLevel
+        from mininet.net import Mininet
+        from mininet.nodelib import LinuxBridge
+
+        setLogLevel("error")
+        o = self.opts
+        o.log_dir.mkdir(parents=True, exist_ok=True)
+        net = Mininet(topo=None, controller=None, link=Link, build=False, autoSetMacs=False,
+                      waitConnected=False)
+        self.net = net
+        soft = self.target == "soft"
+        kw = {"cls": LinuxBridge} if soft else {"cls": _bmv2_switch_class(),
+                                                "log_dir": o.log_dir}
+        try:
+            spine = net.addSwitch("s1", **kw)
+            if soft:
+                agg = net.addHost("agg", ip=f"{SWITCH_IP}/24", mac=SWITCH_MAC)
+                net.addLink(agg, spine, port2=o.leaves + 1)
+            for i in range(o.leaves):
+                leaf = net.addSwitch(f"s{i + 2}", **kw)
+                net.addLink(leaf, spine, port1=self.per_leaf + 1, port2=i + 1)
+                if soft:
+                    a = net.addHost(f"agg{i + 1}", ip=f"{leaf_ip(i)}/24", mac=leaf_mac(i))
+                    net.addLink(a, leaf, port2=self.per_leaf + 2)
+                for k in range(i * self.per_leaf, (i + 1) * self.per_leaf):
+                    h = net.addHost(f"h{k + 1}", ip=f"{host_ip(k)}/24", mac=host_mac(k))
+                    net.addLink(h, leaf, port2=k - i * self.per_leaf + 1)
+            net.build()
+            net.start()
+            for h in net.hosts:
+                h.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
+                if not soft:  # bmv2 reads and writes whole frames (net.py says why)
+                    h.cmd(f"ethtool -K {h.defaultIntf()} tx off rx off >/dev/null 2>&1")
+            self._shape(self.worker_hosts())
+            if soft:
+                self.aggregator = self._start_aggregator("agg", self.config.switch.grpc)
+                for i in range(o.leaves):
+                    self._start_aggregator(f"agg{i + 1}", self.leaf_config(i).switch.grpc)
+            else:
+                self.config = self._config()  # now with each bmv2's P4Runtime address
+            self._install_tree()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _install_tree(self) -> None:
+        """Every switch's pipeline and job, from this one process: the spine first, so the
+        leaves' partial sums find their parent's job in place."""
+        from homagg.controller import jobs
+        from homagg.controller.build import build, soft_pipeline
+        from homagg.controller.p4client import P4RuntimeSwitch
+
+        pipeline = (soft_pipeline(self.opts.log_dir) if self.target == "soft"
+                    else build(words=self.opts.words))
+        for cfg in self.configs():
+            (self.opts.log_dir / f"{cfg.switch.name}.toml").write_text(render(cfg))
+            s = cfg.switch
+            with P4RuntimeSwitch(s.grpc, s.device_id, name=s.name,
+                                 request_log=self.opts.log_dir / f"{s.name}-p4runtime.log"
+                                 ).open(pipeline) as sw:
+                if self.target == "bmv2":  # its address, proxy ARP, routes to what hangs off it
+                    jobs.install_base(sw, cfg)
+                for j in cfg.jobs:
+                    jobs.add_job(sw, j)
+
+    # -- what the CLI asks of a network ---------------------------------------------------------
+    def placement(self) -> str:
+        names = ", ".join(f"leaf{i + 1} ({leaf_ip(i)})" for i in range(self.opts.leaves))
+        return (f"job {self.opts.job}: a tree: {self.opts.leaves} leaves of {self.per_leaf} "
+                f"workers ({names}) under the spine ({SWITCH_IP}); configs "
+                f"{self.opts.log_dir}/{{spine,leaf1,...}}.toml")
+
+    def job_address(self, job: int) -> str:
+        raise NetError("in a tree each worker sends to its own leaf: see agent_command")
+
+    def stats_all(self) -> dict[str, dict]:
+        """Counters of every switch of the tree, by name (spine, leaf1, ...)."""
+        from homagg.controller import jobs
+        from homagg.controller.p4client import P4RuntimeSwitch
+
+        out = {}
+        for cfg in self.configs():
+            s = cfg.switch
+            with P4RuntimeSwitch(s.grpc, s.device_id, name=s.name).open() as sw:
+                out[s.name] = jobs.read_stats(sw).to_json()
+        return out
+
+    def agent_command(self, worker: int, *args: str) -> list[str]:
+        i, n = self.leaf_of(worker), self.per_leaf
+        return [sys.executable, "-m", "homagg.host_agent", "--job", str(self.opts.job),
+                "--worker", str(worker - i * n), "--workers", str(self.opts.workers),
+                "--local-workers", str(n), "--rank", str(worker),
+                "--siblings", ",".join(f"leaf{k + 1}" for k in range(self.opts.leaves)),
+                "--switch", leaf_ip(i), "--bind", f"{host_ip(worker)}:{AGENT_PORT}",
+                "--slots", str(self.opts.slots), *self.opts.agent_args, *args]
+
+    def worker_env(self, worker: int) -> dict[str, str]:
+        raise NetError("exec on a tree is not supported yet (the DDP hook's environment "
+                       "has no leaf settings): use demo or run")
+
+    def reset_jobs(self) -> None:
+        raise NetError("reset on a tree: homagg-ctl -c <log dir>/<switch>.toml reset 1, "
+                       "on every switch")
+
+    def restart_switch(self) -> None:
+        raise NetError("restart_switch is for the star topology")
+
+
+def make_net(opts: NetOptions) -> HomaggNet:
+    """The topology ``opts.topo`` asks for."""
+    if opts.topo == "leafspine":
+        return TreeNet(opts)
+    if opts.topo != "star":
+        raise NetError(f"--topo {opts.topo}: star or leafspine")
+    return HomaggNet(opts)
+
+
+__all__ = ["TreeNet", "leaf_ip", "make_net"]
