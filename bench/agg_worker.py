@@ -42,12 +42,16 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true",
                    help="after timing, compare every aggregate with the exact integer sum")
     p.add_argument("--deadline", type=float, default=30.0)
+    p.add_argument("--local-workers", type=int, help="a tree: workers at this agent's leaf")
+    p.add_argument("--rank", type=int, help="a tree: index among all --workers (its tensors)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     ip, _, port = a.bind.partition(":")
     cfg = AgentConfig(a.job, a.worker, a.workers, (a.switch, wire.HOMAGG_UDP_PORT_MIN),
-                      (ip, int(port)), a.slots, mode=a.mode, index=a.index, deadline=a.deadline)
-    xs = [_tensor(0, it, a.worker, a.size, a.density, a.rows_of)
+                      (ip, int(port)), a.slots, mode=a.mode, index=a.index, deadline=a.deadline,
+                      local_workers=a.local_workers)
+    rank = a.worker if a.rank is None else a.rank
+    xs = [_tensor(0, it, rank, a.size, a.density, a.rows_of)
           for it in range(a.iterations + 1)]
     times, modes, results = [], [], []
     with Agent(cfg) as agent:
@@ -67,7 +71,7 @@ def main(argv=None) -> int:
             check_exact(res, [_tensor(0, it, w, a.size, a.density, a.rows_of)
                               for w in range(a.workers)], f"iteration {it}")
         exact = True
-    out = {"worker": a.worker, "seconds": times, "modes": modes,
+    out = {"worker": a.worker, "rank": rank, "seconds": times, "modes": modes,
            "bytes_on_wire": c.bytes_sent - c0[0], "packets": c.packets_sent - c0[1],
            "retransmissions": c.retransmissions - c0[2], "exact": exact,
            "index": results[0].index if results else None}
