@@ -214,3 +214,39 @@ def test_leafspine_stays_exact_with_loss_at_every_agent(target, capsys):
     assert "every aggregate exact" in out
     summary = json.loads((log_dir / "worker0.json").read_text())
     assert summary["retransmissions"] > 0
+
+
+def _tree_agents(net, workers, *args):
+    """homagg-agent bench on ``workers`` only (the others never start), a short deadline;
+    each one's exit status and output."""
+    hosts = net.worker_hosts()
+    procs = {w: net.popen(hosts[w], net.agent_command(w, "--deadline", "3", "bench", "--size",
+                                                       "20000", "--iterations", "2", *args))
+             for w in workers}
+    outs = {w: p.communicate(timeout=120)[0] for w, p in procs.items()}
+    return {w: (procs[w].returncode, outs[w]) for w in procs}
+
+
+def test_leafspine_names_a_dead_worker_and_a_dead_leaf(target):
+    from homagg.launcher.net import NetOptions
+    from homagg.launcher.tree import TreeNet
+
+    opts = NetOptions(target=target, topo="leafspine", leaves=2, workers_per_leaf=2,
+                      fallback=False, log_dir=LOG_DIR / f"mn-tree-dead-{target}")
+    with TreeNet(opts) as net:
+        # a run of every worker, leaf2 included
+        for rc, out in _tree_agents(net, [0, 1, 2, 3], "--check").values():
+            assert rc == 0 and "every aggregate exact" in out, out
+        # the next run, without worker 3 (leaf2's second): leaf2's other worker names it;
+        # leaf1's workers name leaf2, which the spine waits for
+        got = _tree_agents(net, [0, 1, 2])
+        for rc, out in got.values():
+            assert rc == 1, out
+        assert "waiting for worker(s) 1 to start" in got[2][1]
+        for w in (0, 1):
+            assert "waits for leaf2" in got[w][1] and "from leaf1" in got[w][1], got[w][1]
+        # then leaf2 dies: leaf1's workers (a new run) name it
+        net.kill_leaf(1)
+        got = _tree_agents(net, [0, 1])
+        for rc, out in got.values():
+            assert rc == 1 and "waits for leaf2" in out, out

@@ -70,6 +70,7 @@ class TreeNet(HomaggNet):
         opts.workers = opts.leaves * opts.workers_per_leaf
         opts.fallback = False  # a child job never falls back: its parent answers its switch
         super().__init__(opts)
+        self.leaf_aggregators: list = []  # the soft target's leaf aggregator processes
         self.why = f"{self.why}; leaf/spine tree: {opts.leaves} leaves of " \
                    f"{opts.workers_per_leaf} workers"
 
@@ -153,8 +154,9 @@ class TreeNet(HomaggNet):
             self._shape(self.worker_hosts())
             if soft:
                 self.aggregator = self._start_aggregator("agg", self.config.switch.grpc)
-                for i in range(o.leaves):
+                self.leaf_aggregators = [
                     self._start_aggregator(f"agg{i + 1}", self.leaf_config(i).switch.grpc)
+                    for i in range(o.leaves)]
             else:
                 self.config = self._config()  # now with each bmv2's P4Runtime address
             self._install_tree()
@@ -224,6 +226,15 @@ class TreeNet(HomaggNet):
 
     def restart_switch(self) -> None:
         raise NetError("restart_switch is for the star topology")
+
+    def kill_leaf(self, i: int) -> None:
+        """Leaf i (0-based) dies with all its state: a failure to test against."""
+        if self.target == "bmv2":
+            self.net.get(f"s{i + 2}").bmv2.stop()
+        else:
+            p = self.leaf_aggregators[i]
+            p.kill()
+            p.wait()
 
 
 def make_net(opts: NetOptions) -> HomaggNet:
