@@ -174,12 +174,14 @@ def _uplink_entry(job_id: int, u: Uplink) -> TableEntry:
                        "port": u.switch_port})
 
 
+def _parent_match(u: Uplink) -> dict:
+    return {"src_addr": ip_int(u.ip), "src_port": u.udp_port, "parent_job": u.job}
+
+
 def _parent_entry(job_id: int, u: Uplink, workers: int, epoch: int, base: int, size: int,
                   group: int) -> TableEntry:
     """Admission's parents table: the parent's answers carry this job (uplink.p4)."""
-    return TableEntry(P4.TABLE_PARENTS, {"src_addr": ip_int(u.ip), "src_port": u.udp_port,
-                                         "parent_job": u.job},
-                      P4.ACTION_SET_PARENT,
+    return TableEntry(P4.TABLE_PARENTS, _parent_match(u), P4.ACTION_SET_PARENT,
                       {"job": job_id, "workers": workers, "epoch": epoch, "region_base": base,
                        "region_size": size, "mcast_group": group, "port": u.switch_port})
 
@@ -261,10 +263,10 @@ def remove_job(sw: P4RuntimeSwitch, job_id: int) -> InstalledJob:
     except SwitchError:
         pass
     if job.uplink is not None:
-        for entry in (_uplink_entry(job.id, job.uplink),
-                      _parent_entry(job.id, job.uplink, 0, 0, 0, 0, 0)):
+        for table, match in ((P4.TABLE_UPLINK, {"job": job.id}),
+                             (P4.TABLE_PARENTS, _parent_match(job.uplink))):
             try:
-                sw.delete(TableEntry(entry.table, entry.match))
+                sw.delete(TableEntry(table, match))
             except SwitchError:
                 pass
     return job

@@ -135,8 +135,9 @@ class SwitchModel:
         self.jobs: dict[int, JobEntry] = {}
         # uplink.p4's parent table: (parent address, parent's job id) -> the job here
         self.children_of: dict[tuple[Address, int], JobEntry] = {}
-        # join.p4's registers: per job id [seen, count, gen, epoch, final gen or -1 (a tree's
-        # job whose join is complete here but not yet at the root)]; per (job, worker) nonce
+        # join.p4's registers: per job id [seen, count, gen, epoch, final, handed] (final: the
+        # join is complete at the root, not only here; handed: the generation it handed
+        # out, the root's in a tree); per (job, worker) nonce
         self.join_state: dict[int, list[int]] = {}
         self.join_nonce: dict[tuple[int, int], int] = {}
 
@@ -322,10 +323,10 @@ class SwitchModel:
         """A tree job's parent answers this switch: its result (the final sum) is kept in the
         slot copy, so that retransmissions get it, and multicast to the workers here; its
         status replies and refusals are relayed to them marked FLAG_UPSTREAM."""
-        stats, flags = self.stats, h[_FLAGS]
-        kinds = wire.JOB_STATS_PER_JOB * job.id
         if h[_OP] == _OP_JOIN:
             return self._join_from_parent(data, h, job)
+        stats, flags = self.stats, h[_FLAGS]
+        kinds = wire.JOB_STATS_PER_JOB * job.id
         slot = h[_SLOT]
         if slot >= job.size:
             return self._drop(_BAD_SLOT, job)
@@ -434,9 +435,9 @@ class SwitchModel:
             else:
                 total = acc | w
             m.words[at] = total
-        for r in np.flatnonzero(rec["flags"] & _FLAG_OVERFLOW).tolist():
-            if r in fresh or r in added:  # a child switch's partial sum overflowed (trees)
-                m.overflow[idxs[r]] = True
+        flagged = set(np.flatnonzero(rec["flags"] & _FLAG_OVERFLOW).tolist())
+        for r in flagged & {*fresh, *added} if flagged else ():
+            m.overflow[idxs[r]] = True  # a child switch's partial sum overflowed (trees)
         stats, jstats = self.stats, self.job_stats
         kinds = wire.JOB_STATS_PER_JOB * job.id
         stats[_RX] += accepted
@@ -558,13 +559,14 @@ class SwitchModel:
         out = Outcome("STAT_FROM_PARENT")
         words = np.frombuffer(data, ">i4", wire.JOIN_WORDS, _WORDS_AT)
         if answer:
-            pkt = self._join_reply(data, (flags & ~_FLAG_RETRANS) | _FLAG_UPSTREAM, words, None)
+            pkt = self._join_reply(data, (flags & ~_FLAG_RETRANS) | _FLAG_UPSTREAM, words, None,
+                                   job.id)
         else:
             st[4:] = [1, h[_GEN]]
             self.stats[_COMPLETED] += 1
             self.job_stats[wire.JOB_STATS_PER_JOB * job.id + wire.JOB_STAT_COMPLETED] += 1
-            pkt = self._join_reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, h[_GEN])
-        pkt = pkt[:_JOB_AT] + job.id.to_bytes(2, "big") + pkt[_JOB_AT + 2:]
+            pkt = self._join_reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, h[_GEN],
+                                   job.id)
         out.replies = [(pkt, a) for a in job.result_addresses]
         return out
 
@@ -581,13 +583,12 @@ class SwitchModel:
                         else _reply(data, rflags, words, gen), src)]
         return out
 
-
     def _join_reply(self, data: bytes, flags: int, words: np.ndarray | None,
-                    gen: int | None) -> bytes:
+                    gen: int | None, job: int | None = None) -> bytes:
         """A reply to a join: its JOIN_WORDS words (``words``, else zeros) and K in the slot
-        field, which is how the agent learns K (reply.p4)."""
+        field, which is how the agent learns K (reply.p4); ``job``: as ``_reply``."""
         pkt = bytearray(_reply(data, flags, np.zeros(wire.JOIN_WORDS, np.int32)
-                               if words is None else words, gen))
+                               if words is None else words, gen, job))
         pkt[_SLOT_AT:_SLOT_AT + 2] = self.k.to_bytes(2, "big")
         return bytes(pkt)
 

@@ -406,9 +406,10 @@ class SoftSwitch:
                 raise JobError(f"job {job_id} is not installed")
             epoch = self._next_epoch()
             for key, e in list(self.tables[P4.TABLE_PARENTS].items()):
-                if e.params.get("job") == job_id:
-                    self.tables[P4.TABLE_PARENTS][key] = Entry(e.action, {**e.params,
-                                                                          "epoch": epoch}, e.seq)
+                if e.params.get("job") == job_id:  # the parent's answers: the new epoch too
+                    self._write_entry("MODIFY", P4.TABLE_PARENTS,
+                                      dict(zip(P4.TABLES[P4.TABLE_PARENTS]["keys"], key)),
+                                      e.action, {**e.params, "epoch": epoch})
             for key, e in rows:
                 self._write_entry("MODIFY", P4.TABLE_JOB_WORKERS,
                                   {"src_addr": key[0], "src_port": key[1]}, e.action,
