@@ -7,6 +7,7 @@ reordering on the leaf-spine links, both ways."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -260,3 +261,42 @@ def test_a_tree_set_up_by_hand_from_configs_and_the_command_line(tmp_path):
             if p.poll() is None:
                 p.terminate()
                 p.wait(10)
+
+
+def test_the_software_aggregator_serves_homaggs_ports_and_answers_from_the_one_asked():
+    """As bmv2's parser does, the software aggregator takes homagg packets on every port of
+    0xBEE0-0xBEEF; a reply leaves from the port its request came to (bmv2's from_switch)."""
+    import socket
+
+    ip = f"127.0.{100 + next(_nets)}.1"
+    with SoftSwitchServer(SoftSwitch(), (ip, PORT)) as server:
+        assert server.ports == list(range(wire.HOMAGG_UDP_PORT_MIN,
+                                          wire.HOMAGG_UDP_PORT_MAX + 1))
+        assert server.address == (ip, PORT)
+        socks = []
+        for _ in range(2):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind(("127.0.0.1", 0))
+            s.settimeout(2)
+            socks.append(s)
+        try:
+            server.switch.add_job(1, [s.getsockname() for s in socks], 4)
+            words = [np.arange(8), np.full(8, 5)]
+            # worker 0 to port +3, worker 1 (completing the round) to port +9: the result
+            # comes to both from +9; worker 0's retransmission to +15 is answered from +15
+            socks[0].sendto(wire.pack(wire.OP_ADD, 1, 0, 0, 1, words[0]), (ip, PORT + 3))
+            time.sleep(0.05)
+            socks[1].sendto(wire.pack(wire.OP_ADD, 1, 1, 0, 1, words[1]), (ip, PORT + 9))
+            for s in socks:
+                data, src = s.recvfrom(4096)
+                assert src == (ip, PORT + 9)
+                np.testing.assert_array_equal(wire.unpack(data).words[:8], words[0] + words[1])
+            socks[0].sendto(wire.pack(wire.OP_ADD, 1, 0, 0, 1, words[0]), (ip, PORT + 15))
+            data, src = socks[0].recvfrom(4096)
+            assert src == (ip, PORT + 15) and wire.unpack(data).flags & wire.FLAG_RETRANS
+        finally:
+            for s in socks:
+                s.close()
+    # bound elsewhere (port 0: a free one), it serves that port alone
+    with SoftSwitchServer(SoftSwitch(), (ip, 0)) as server:
+        assert server.ports == [server.address[1]] != [0]

@@ -8,7 +8,11 @@ homagg-ctl writes and reads them on bmv2. ``SoftSwitchServer`` puts it on a UDP 
 ``homagg.targets.p4runtime_server`` on P4Runtime, so homagg-ctl drives it as it drives bmv2.
 
     homagg-softswitch [--config net.toml] [--bind 10.0.0.254] [--grpc 127.0.0.1:9559]
-                      [--words K] [--stats-file stats.json]
+                      [--words K] [--stats-file stats.json] [--port P] [--single-port]
+
+It serves homagg's whole UDP port range (0xBEE0-0xBEEF), as bmv2's parser does, and answers
+from the port each request came to; a tree's child job sends its partial sums up from its
+uplink's src_port (``SoftSwitchServer``).
 
 Jobs come from the controller (``homagg-ctl -c net.toml install`` / ``job add``), or from the
 config's [[jobs]] at start (written to the tables as homagg-ctl would). SIGHUP resets every job
@@ -35,14 +39,17 @@ How the tables drive the model (the P4 program's meaning, see p4/include/control
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +127,10 @@ class SoftSwitch:
         self.fwd_stats = np.zeros(wire.FWD_STATS_SIZE, np.int64)
         self.counter_bytes = {n: np.zeros(c["size"], np.int64) for n, c in P4.COUNTERS.items()}
         self._seq = 0
+        #: the uplink table's source ports, for the server: parent address -> {parent job:
+        #: src_port} of the active child jobs (replaced whole on every change, so the server
+        #: reads it without the lock)
+        self.uplink_ports: dict[Address, dict[int, int]] = {}
 
     @property
     def jobs(self) -> dict[int, JobEntry]:
@@ -308,11 +319,18 @@ class SoftSwitch:
         m.children_of = {((int_ip(k[0]), k[1]), k[2]): m.jobs[e.params["job"]]
                          for k, e in self.tables[P4.TABLE_PARENTS].items()
                          if e.action == P4.ACTION_SET_PARENT and e.params["job"] in m.jobs}
+        # uplink.p4's src_port: the model sends to the parent, the server picks the port
+        ports: dict[Address, dict[int, int]] = {}
+        for (job_id,), e in self.tables[P4.TABLE_UPLINK].items():
+            if e.action == P4.ACTION_SET_UPLINK and job_id in m.jobs:
+                p = e.params
+                ports.setdefault((int_ip(p["ip"]), p["udp_port"]), {})[p["job"]] = p["src_port"]
+        self.uplink_ports = ports
 
     def _write_uplink(self, job_id: int, u: UplinkSpec, workers: int, epoch: int, base: int,
                       slots: int, group: int) -> None:
-        """controller.jobs' parents and uplink entries (the soft target sends its partials
-        from its own socket: src_port is what it is bound to)."""
+        """controller.jobs' parents and uplink entries (SoftSwitchServer sends the partials
+        from src_port's socket)."""
         pkey = {"src_addr": ip_int(u.ip), "src_port": u.udp_port, "parent_job": u.job}
         exists = self._key(P4.TABLE_PARENTS, pkey) in self.tables[P4.TABLE_PARENTS]
         self._write_entry("MODIFY" if exists else "INSERT", P4.TABLE_PARENTS, pkey,
@@ -453,45 +471,174 @@ class SoftSwitch:
 # --------------------------------------------------------------------------------------------
 
 
+#: The UDP ports homagg's switch program takes (its parser: 0xBEE0-0xBEEF), each a socket here.
+HOMAGG_PORTS = range(wire.HOMAGG_UDP_PORT_MIN, wire.HOMAGG_UDP_PORT_MAX + 1)
+
+
 class SoftSwitchServer:
-    """A SoftSwitch on a UDP socket, in a thread (tests) or in the foreground (CLI)."""
+    """A SoftSwitch on UDP sockets, in a thread (tests) or in the foreground (CLI).
+
+    Like bmv2, it takes homagg packets on every port of homagg's range (0xBEE0-0xBEEF), one
+    socket per port, when ``bind``'s port is one of them; else (port 0 in tests: any free
+    port) on that port alone. ``ports``: the ports to serve besides ``bind``'s, in place of
+    that rule (``()``: ``bind``'s alone). ``address`` is the ``bind`` socket's.
+
+    A reply leaves from the port its request came to (bmv2's from_switch: source port = the
+    request's destination port), and a tree's child job sends its partial sums up from its
+    uplink's ``src_port``: the parent knows this switch, as a worker of the parent's job, by
+    (address, source port), so each child job under one parent has a port of its own (several
+    jobs in one tree)."""
 
     def __init__(self, switch: SoftSwitch | None = None, bind: tuple[str, int] = ("0.0.0.0",
-                 wire.HOMAGG_UDP_PORT_MIN), faults: FaultSpec | None = None):
+                 wire.HOMAGG_UDP_PORT_MIN), faults: FaultSpec | None = None,
+                 ports: Iterable[int] | None = None):
         self.switch = switch or SoftSwitch()
-        raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
-        raw.bind(bind)
-        raw.settimeout(0.2)
-        self.address = raw.getsockname()
-        # Runs of datagrams per system call both ways (udpio: GSO and GRO): a worker's burst
-        # comes up in one receive, and the results of a run go to each worker in one send.
-        self.sock: udpio.BatchSocket | ImpairedSocket = udpio.BatchSocket(raw)
-        if faults is not None and faults.active:  # tests: loss, dup, reorder at this socket
-            self.sock = ImpairedSocket(self.sock, faults)
+        ip, main = bind
+        if ports is None:  # the other ports to serve
+            ports = HOMAGG_PORTS if main in HOMAGG_PORTS else ()
+        # the bind port first: a port 0 bind learns its port there
+        wanted = [main] + [p for p in dict.fromkeys(ports) if p != main]
+        self.socks: dict[int, udpio.BatchSocket | ImpairedSocket] = {}
+        try:
+            for k, port in enumerate(wanted):
+                raw = self._socket(ip, port, wanted)
+                name = raw.getsockname()
+                port = name[1]  # (port 0: the one the kernel chose)
+                if k == 0:
+                    self.address = name
+                self.socks[port] = raw
+                if faults is not None and faults.active:  # tests: loss, dup, reorder here
+                    # each port its own draw; the bind port's is ``faults`` itself
+                    self.socks[port] = ImpairedSocket(
+                        raw, dataclasses.replace(faults, seed=faults.seed + k) if k else faults)
+        except BaseException:
+            for sock in self.socks.values():
+                sock.close()
+            raise
+        self.sock = next(iter(self.socks.values()))  # the bind port's
+        self.ports = sorted(self.socks)
+        self._unserved: set[int] = set()  # uplink src_ports warned about (not served here)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @staticmethod
+    def _socket(ip: str, port: int, wanted: list[int]) -> udpio.BatchSocket:
+        raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+            raw.bind((ip, port))
+        except OSError as e:
+            raw.close()
+            more = (f" (the software aggregator serves ports {_ports_text(sorted(wanted))} "
+                    "of this address, as bmv2 takes homagg's whole range; in use by another "
+                    "process? --single-port serves --port alone)" if len(wanted) > 1 else "")
+            raise SoftSwitchError(f"cannot bind UDP {ip}:{port}: {e.strerror}{more}") from None
+        # Non-blocking: serve() waits on all the ports at once (epoll), then drains each.
+        raw.setblocking(False)
+        # Runs of datagrams per system call both ways (udpio: GSO and GRO): a worker's burst
+        # comes up in one receive, and the results of a run go to each worker in one send.
+        return udpio.BatchSocket(raw)
+
+    def io_counts(self) -> dict[str, int]:
+        """The system calls and datagrams of every port's socket, summed (udpio.io_counts)."""
+        total: dict[str, int] = {}
+        for sock in self.socks.values():
+            for name, n in udpio.io_counts(sock).items():
+                total[name] = total.get(name, 0) + n
+        return total
+
     def serve(self) -> None:
-        sock, sw = self.sock, self.switch
+        socks, sw = self.socks, self.switch
         buf = bytearray(udpio.RECV_BYTES)
-        while not self._stop.is_set():
-            try:
-                nb, seg, src = sock.recv_many(buf)
-            except (TimeoutError, BlockingIOError):
-                continue
-            except OSError:
-                break
-            for a, replies in sw.handle_run(memoryview(buf)[:nb], seg, src).items():
+        poller = select.epoll()
+        by_fd = {}
+        for port, sock in socks.items():
+            poller.register(sock.fileno(), select.EPOLLIN)
+            by_fd[sock.fileno()] = (port, sock)
+        try:
+            while not self._stop.is_set():
                 try:
-                    if len(replies) > 1 and len({len(d) for d in replies}) == 1:
-                        sock.send_many(b"".join(replies), len(replies[0]), a)
+                    ready = poller.poll(0.2)
+                except InterruptedError:
+                    continue
+                for fd, _ in ready:
+                    port, sock = by_fd[fd]
+                    # Drain the port (a bounded number of runs, so no port starves the
+                    # others): one wait per burst, not one per run.
+                    for _ in range(_DRAIN_RUNS):
+                        try:
+                            nb, seg, src = sock.recv_many(buf)
+                        except BlockingIOError:
+                            break
+                        except OSError as e:
+                            if self._stop.is_set():
+                                return
+                            log.debug("receive on port %d failed: %s", port, e)
+                            break
+                        replies = sw.handle_run(memoryview(buf)[:nb], seg, src)
+                        up = sw.uplink_ports
+                        for a, out in replies.items():
+                            ups = up.get(a) if up else None
+                            if ups is None:
+                                self._send(sock, out, a)
+                            else:
+                                self._send_up(sock, port, ups, out, a)
+        finally:
+            poller.close()
+
+    def _send_up(self, sock, port: int, ups: dict[int, int], out: list[bytes], a) -> None:
+        """Datagrams to a parent switch (``a``): each leaves from the src_port of the uplink of
+        the job it carries (``ups``: parent job -> src_port), where the parent knows this
+        switch as that job's worker; anything else to it from the port its request came to."""
+        by_port: dict[int, list[bytes]] = {}
+        for d in out:
+            p = ups.get(int.from_bytes(d[_JOB_AT:_JOB_AT + 2], "big"), port)
+            by_port.setdefault(p, []).append(d)
+        for p, ds in by_port.items():
+            s = self.socks.get(p)
+            if s is None:
+                if p not in self._unserved:
+                    self._unserved.add(p)
+                    log.warning("an uplink's src_port %d is not served here (ports %s): its "
+                                "partials leave from port %d, where the parent does not know "
+                                "them", p, _ports_text(self.ports), port)
+                s = sock
+            self._send(s, ds, a)
+
+    @staticmethod
+    def _send(sock, out: list[bytes], a) -> None:
+        """``out`` to ``a``: one run per system call where the datagrams are of one size. The
+        socket does not block: a full send buffer is waited on for up to _SEND_WAIT seconds
+        (a blocking socket's patience), then the rest is dropped (the workers' timeouts
+        recover it)."""
+        if len(out) > 1 and len({len(d) for d in out}) == 1:
+            runs = [(b"".join(out), len(out[0]), len(out))]
+        else:
+            runs = [(d, len(d), 1) for d in out]
+        for data, size, n in runs:
+            sent, deadline = 0, 0.0
+            while True:
+                try:
+                    if n == 1:
+                        sock.sendto(data, a)
+                        sent = 1
                     else:
-                        for d in replies:
-                            sock.sendto(d, a)
+                        sent += sock.send_many(memoryview(data)[sent * size:], size, a)
+                except BlockingIOError:
+                    pass
                 except OSError as e:  # a worker gone: the others still get theirs
                     log.debug("send to %s failed: %s", a, e)
+                    break
+                if sent >= n:
+                    break
+                now = time.monotonic()
+                deadline = deadline or now + _SEND_WAIT
+                if now >= deadline:
+                    log.debug("send buffer full for %.1f s: %d datagrams to %s dropped",
+                              _SEND_WAIT, n - sent, a)
+                    break
+                select.select([], [sock], [], deadline - now)
 
     def start(self) -> SoftSwitchServer:
         self._thread = threading.Thread(target=self.serve, name="softswitch", daemon=True)
@@ -502,13 +649,31 @@ class SoftSwitchServer:
         self._stop.set()
         if self._thread:
             self._thread.join(2)
-        self.sock.close()
+        for sock in self.socks.values():
+            sock.close()
 
     def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class SoftSwitchError(HomaggError):
+    """The software aggregator cannot run as asked (a port it cannot bind)."""
+
+
+#: Runs received from one port before the others get their turn.
+_DRAIN_RUNS = 16
+#: How long a send waits for room in a full socket buffer (s).
+_SEND_WAIT = 0.2
+_JOB_AT = wire.OFFSETS["job"]
+
+
+def _ports_text(ports: list[int]) -> str:
+    if len(ports) > 1 and ports == list(range(ports[0], ports[-1] + 1)):
+        return f"{ports[0]}-{ports[-1]}"
+    return ", ".join(map(str, ports))
 
 
 DEFAULT_GRPC = "127.0.0.1:9559"  # netconfig.SwitchSpec's default: where homagg-ctl looks
@@ -546,7 +711,14 @@ def main(argv=None) -> int:
                     help="TOML: the switch's addresses, and jobs to install at start")
     ap.add_argument("--bind", help="address for homagg packets (default: the config's switch "
                                    "ip, else 0.0.0.0)")
-    ap.add_argument("--port", type=int, default=wire.HOMAGG_UDP_PORT_MIN)
+    ap.add_argument("--port", type=int, default=wire.HOMAGG_UDP_PORT_MIN,
+                    help="the aggregator's port (default %(default)s). In homagg's range "
+                         f"({wire.HOMAGG_UDP_PORT_MIN}-{wire.HOMAGG_UDP_PORT_MAX}), the whole "
+                         "range is served, as bmv2 does: a tree's child jobs send up from "
+                         "ports of their own")
+    ap.add_argument("--single-port", action="store_true",
+                    help="serve --port alone (another aggregator may take the rest of the "
+                         "range on this address; a child job's uplink src_port must be --port)")
     ap.add_argument("--grpc", metavar="HOST:PORT",
                     help="serve P4Runtime here (default: the config's [switch] grpc, else "
                          f"{DEFAULT_GRPC}); 'none': do not")
@@ -567,7 +739,14 @@ def main(argv=None) -> int:
                              [w.switch_port for w in j.workers], j.uplink)
             log.info("job %d: %d workers, slots %d-%d", j.id, len(j.workers), job.base,
                      job.base + job.size - 1)
-        server = SoftSwitchServer(sw, (a.bind or (cfg.switch.ip if cfg else "0.0.0.0"), a.port))
+        server = SoftSwitchServer(sw, (a.bind or (cfg.switch.ip if cfg else "0.0.0.0"), a.port),
+                                  ports=() if a.single_port else None)
+        for j in cfg.jobs if cfg else ():
+            if j.uplink is not None and j.uplink.src_port not in server.socks:
+                server.stop()
+                raise SoftSwitchError(
+                    f"job {j.id}: its uplink's src_port {j.uplink.src_port} is not served here "
+                    f"(ports {_ports_text(server.ports)}): its partial sums must leave from it")
         p4rt = _p4runtime(a, cfg, sw)
     except (HomaggError, OSError, RuntimeError) as e:
         print(f"homagg-softswitch: error: {e}", file=sys.stderr)
@@ -581,7 +760,8 @@ def main(argv=None) -> int:
     # The operator's "reset": every job starts afresh. In a thread of its own: the handler
     # runs in the main thread, which may hold the switch's lock (the stats file) when it fires.
     signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=reset_all).start())
-    log.info("software aggregator listening on %s:%d", *server.address)
+    log.info("software aggregator listening on %s:%d (ports %s)", *server.address,
+             _ports_text(server.ports))
     if p4rt is not None:
         log.info("P4Runtime on %s (device id %d)", p4rt.address, p4rt.device_id)
     server.start()
@@ -605,10 +785,9 @@ def main(argv=None) -> int:
 
 def _write_stats(path: Path, sw: SoftSwitch, server: SoftSwitchServer) -> None:
     """The counters as JSON, replaced in one rename: a reader (the launcher, a test) polling
-    the file never sees it half written. ``io``: the socket's system calls and datagrams."""
+    the file never sees it half written. ``io``: the sockets' system calls and datagrams."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({**sw.read_stats(), "io": udpio.io_counts(server.sock)},
-                              indent=1))
+    tmp.write_text(json.dumps({**sw.read_stats(), "io": server.io_counts()}, indent=1))
     os.replace(tmp, path)
 
 
