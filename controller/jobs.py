@@ -22,7 +22,7 @@ from homagg.controller.p4client import (
     TableEntry,
 )
 from homagg.errors import JobError
-from homagg.netconfig import Config, JobSpec, Uplink
+from homagg.netconfig import Config, JobSpec, Uplink, uplink_clash
 from homagg.regions import allocate_region, mcast_group
 
 __all__ = ["InstalledJob", "JobCounters", "JobError", "ResetResult", "SwitchStats",
@@ -66,7 +66,7 @@ class InstalledJob:
         if self.uplink is not None:
             u = self.uplink
             out["uplink"] = {"job": u.job, "worker": u.worker, "ip": u.ip,
-                             "udp_port": u.udp_port}
+                             "udp_port": u.udp_port, "src_port": u.src_port}
         return out
 
 
@@ -219,6 +219,11 @@ def add_job(sw: P4RuntimeSwitch, job: JobSpec, pool: int = wire.SLOTS) -> Instal
         if (w.ip, w.udp_port) in senders:
             raise JobError(f"{w.ip}:{w.udp_port} already sends for job "
                            f"{senders[(w.ip, w.udp_port)]}")
+    if job.uplink is not None:  # several child jobs of one switch: a source port each
+        for j in installed:
+            why = None if j.uplink is None else uplink_clash(j.id, j.uplink, job.id, job.uplink)
+            if why:
+                raise JobError(why)
     base = allocate_region(job.slots, [j.region for j in installed], pool)
     epoch = next_epoch(sw)
     group = mcast_group(job.id)

@@ -30,6 +30,10 @@
     slots = 64                     # slot region size (the agents' window)
     workers = [ { host = "h1", udp_port = 50000 }, { host = "h2", udp_port = 50000 } ]
     place = "auto"                 # auto (the switch, else the fallback), switch or fallback
+    # a tree's child job (optional): its parent job, this switch's worker id there, the
+    # parent's address, and the port its partial sums leave from (one per child job under a
+    # parent: the parent knows this switch's job by its address and that port)
+    uplink = { job = 1, worker = 0, ip = "10.0.0.254", udp_port = 48864, src_port = 48864 }
 
 Every problem is a ConfigError with one line naming the key.
 """
@@ -87,6 +91,23 @@ class Uplink:
     mac: str = "00:00:00:00:00:00"
     src_port: int = wire.HOMAGG_UDP_PORT_MIN
     switch_port: int = 0
+
+
+def uplink_clash(job_a: int, a: Uplink, job_b: int, b: Uplink) -> str | None:
+    """Why child jobs ``job_a`` and ``job_b`` of one switch cannot go up as ``a`` and ``b``
+    say, or None. The parent's job table knows a worker by (address, source port): two child
+    jobs that go up to one parent address from one src_port would be one worker to it. And this
+    switch's parents table knows a parent's answers by (its address, port, its job): two child
+    jobs under one parent job could not tell whose final came down."""
+    if a.ip == b.ip and a.src_port == b.src_port:
+        return (f"jobs {job_a} and {job_b} both send their partial sums to {a.ip} from port "
+                f"{a.src_port}: the parent knows a worker by its address and source port, so "
+                f"each child job needs its own uplink src_port "
+                f"({wire.HOMAGG_UDP_PORT_MIN}-{wire.HOMAGG_UDP_PORT_MAX})")
+    if (a.ip, a.udp_port, a.job) == (b.ip, b.udp_port, b.job):
+        return (f"jobs {job_a} and {job_b} both go up to job {a.job} at {a.ip}:{a.udp_port}: "
+                "one child job per switch under a parent job")
+    return None
 
 
 @dataclass(frozen=True)
@@ -248,6 +269,12 @@ def parse(data: dict) -> Config:
     ids = [j.id for j in jobs]
     if len(set(ids)) != len(ids):
         raise ConfigError("jobs: duplicate job ids")
+    tree = [j for j in jobs if j.uplink is not None]
+    for k, a in enumerate(tree):
+        for b in tree[:k]:
+            why = uplink_clash(b.id, b.uplink, a.id, a.uplink)  # type: ignore[arg-type]
+            if why:
+                raise ConfigError(f"jobs: {why}")
     return Config(switch, tuple(hosts), tuple(jobs), fallback)
 
 
@@ -267,7 +294,9 @@ def _uplink(u, where: str) -> Uplink:
                   _ip(u["ip"], f"{where}.ip"),
                   _int(u.get("udp_port", d.udp_port), f"{where}.udp_port", 1, 65535),
                   _mac(u.get("mac", d.mac), f"{where}.mac"),
-                  _int(u.get("src_port", d.src_port), f"{where}.src_port", 1, 65535),
+                  # the parent's answers come back to it: homagg's ports only parse as homagg
+                  _int(u.get("src_port", d.src_port), f"{where}.src_port",
+                       wire.HOMAGG_UDP_PORT_MIN, wire.HOMAGG_UDP_PORT_MAX),
                   _int(u.get("port", d.switch_port), f"{where}.port", 0, 510))
 
 

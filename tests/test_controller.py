@@ -238,7 +238,8 @@ def test_a_tree_child_job_writes_its_uplink_and_parent_and_keeps_them_in_step():
     epoch = jobs.reset_job(sw, 3).epoch
     assert epoch != j.epoch and sw.entries(P4.TABLE_PARENTS)[0].params["epoch"] == epoch
     assert jobs.find_job(sw, 3).to_json()["uplink"] == {"job": 7, "worker": 1,
-                                                         "ip": up.ip, "udp_port": up.udp_port}
+                                                         "ip": up.ip, "udp_port": up.udp_port,
+                                                         "src_port": up.src_port}
     jobs.remove_job(sw, 3)
     assert not sw.entries(P4.TABLE_UPLINK) and not sw.entries(P4.TABLE_PARENTS)
 

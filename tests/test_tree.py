@@ -6,12 +6,14 @@ reordering on the leaf-spine links, both ways."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 
 import numpy as np
 import pytest
 
+from homagg import _p4consts as P4
 from homagg import wire
 from homagg.faults import FaultSpec
 from homagg.host_agent import Agent, AgentConfig, AggregationTimeout
@@ -261,6 +263,75 @@ def test_a_tree_set_up_by_hand_from_configs_and_the_command_line(tmp_path):
             if p.poll() is None:
                 p.terminate()
                 p.wait(10)
+
+
+# -- several jobs in one tree ----------------------------------------------------------------
+
+
+def test_two_child_jobs_of_a_leaf_on_one_source_port_are_an_error_not_a_wrong_sum(tmp_path,
+                                                                                   capsys):
+    """The parent knows a leaf's job by the leaf's address and source port: two child jobs of
+    one leaf that go up to one parent from one src_port would be one worker to it. The config,
+    the controller and the software aggregator each refuse that, saying so, before writing
+    anything; so do two child jobs under one parent job, and a src_port outside homagg's
+    ports (the parent's answers come back to it)."""
+    import tomllib
+
+    from homagg.controller import jobs as ctl_jobs
+    from homagg.controller.testing import FakeSwitch
+    from homagg.errors import ConfigError, JobError
+    from homagg.netconfig import parse
+    from homagg.targets.soft import main as softswitch
+
+    spine = "10.0.0.254"
+    text = ('[switch]\nname = "leaf1"\ntarget = "soft"\nip = "127.0.3.1"\n'
+            + "".join(f'[[hosts]]\nname = "h{w}"\nip = "127.0.3.{10 + w}"\n'
+                      f'mac = "00:00:00:00:00:01"\nport = {w + 1}\n' for w in range(4))
+            + "".join(f'[[jobs]]\nid = {j}\nworkers = [ {{ host = "h{2 * j - 2}" }}, '
+                      f'{{ host = "h{2 * j - 1}" }} ]\nuplink = {{ job = {j}, worker = 0, '
+                      f'ip = "{spine}", src_port = SRC{j} }}\n' for j in (1, 2)))
+
+    def config(src1, src2, text=text):
+        return text.replace("SRC1", str(src1)).replace("SRC2", str(src2))
+
+    good = parse(tomllib.loads(config(PORT, PORT + 1)))
+    assert [j.uplink.src_port for j in good.jobs] == [PORT, PORT + 1]
+    with pytest.raises(ConfigError, match=f"jobs 1 and 2 both send their partial sums to "
+                                          f"{spine} from port {PORT}.*its own uplink src_port"):
+        parse(tomllib.loads(config(PORT, PORT)))
+    with pytest.raises(ConfigError, match="both go up to job 1 at"):
+        parse(tomllib.loads(config(PORT, PORT + 1).replace("job = 2, worker", "job = 1, worker")))
+    with pytest.raises(ConfigError, match=r"src_port: 50000 is not an integer in \[48864, "):
+        parse(tomllib.loads(config(PORT, 50000)))
+
+    # what a config would say, written through the controller (bmv2's path)
+    one, two = good.jobs
+    clash = dataclasses.replace(two, uplink=dataclasses.replace(two.uplink, src_port=PORT))
+    sw = FakeSwitch()
+    ctl_jobs.add_job(sw, one)
+    with pytest.raises(JobError, match="jobs 1 and 2 both send their partial sums"):
+        ctl_jobs.add_job(sw, clash)
+    assert [j.id for j in ctl_jobs.list_jobs(sw)] == [1]  # nothing of job 2 written
+    ctl_jobs.add_job(sw, two)
+    assert {j.uplink.src_port for j in ctl_jobs.list_jobs(sw)} == {PORT, PORT + 1}
+
+    # the software aggregator's own writes (homagg-softswitch -c leaf.toml, tests)
+    soft = SoftSwitch()
+    for j in (one, clash):
+        args = (j.id, [(w.ip, w.udp_port) for w in j.workers], 8)
+        if j is clash:
+            with pytest.raises(JobError, match="jobs 1 and 2 both send their partial sums"):
+                soft.add_job(*args, uplink=j.uplink)
+        else:
+            soft.add_job(*args, uplink=j.uplink)
+    assert list(soft.jobs) == [1] and len(soft.read_entries(P4.TABLE_UPLINK)) == 1
+
+    # served on one port only, a child job going up from another is refused at start
+    path = tmp_path / "leaf1.toml"
+    path.write_text(config(PORT, PORT + 1))
+    rc = softswitch(["-c", str(path), "--grpc", "none", "--single-port"])
+    assert rc == 1
+    assert f"job 2: its uplink's src_port {PORT + 1} is not served here" in capsys.readouterr().err
 
 
 def test_the_software_aggregator_serves_homaggs_ports_and_answers_from_the_one_asked():

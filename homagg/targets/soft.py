@@ -62,6 +62,7 @@ from homagg import udpio, wire
 from homagg.errors import HomaggError, JobError
 from homagg.faults import FaultSpec, ImpairedSocket
 from homagg.netconfig import Uplink as UplinkSpec
+from homagg.netconfig import uplink_clash
 from homagg.regions import allocate_region, mcast_group
 from homagg.switch_model import Address, JobEntry, SwitchModel, Uplink
 
@@ -346,6 +347,17 @@ class SoftSwitch:
                            "udp_port": u.udp_port, "src_port": u.src_port,
                            "port": u.switch_port})
 
+    def _uplinks(self, jobs: Iterable[int]) -> dict[int, UplinkSpec]:
+        """The uplink table's entries of ``jobs``, as the config says them."""
+        out = {}
+        for job_id in jobs:
+            e = self.tables[P4.TABLE_UPLINK].get((job_id,))
+            if e is not None and e.action == P4.ACTION_SET_UPLINK:
+                p = e.params
+                out[job_id] = UplinkSpec(p["job"], p["worker"], int_ip(p["ip"]), p["udp_port"],
+                                         src_port=p["src_port"], switch_port=p["port"])
+        return out
+
     def _next_epoch(self) -> int:
         """As the controller does it: the STATS counter's EPOCH_STORE cell, 1..65535."""
         stats = self.model.stats
@@ -374,6 +386,11 @@ class SoftSwitch:
                 if key in senders:
                     raise JobError(f"{ip}:{port} already sends for job "
                                    f"{senders[key].params.get('job', '(none)')}")
+            if uplink is not None:
+                for other, up in self._uplinks(installed).items():
+                    why = uplink_clash(other, up, job_id, uplink)
+                    if why:
+                        raise JobError(why)
             base = allocate_region(slots, [range(j.base, j.base + j.size)
                                            for j in installed.values()], self.slots)
             epoch, group = self._next_epoch(), mcast_group(job_id)
