@@ -2,7 +2,8 @@
 four workers each under one spine, every switch a software aggregator on its own loopback
 address, real agents on sockets. Every sum is compared bit for bit with the integer sum of all
 eight workers' quantized inputs; faults on the spine's socket are loss, duplication and
-reordering on the leaf-spine links, both ways."""
+reordering on the leaf-spine links, both ways. Several jobs share one tree with a source port
+per child job at each leaf (the spine knows a leaf's job by it); a clash is an error."""
 
 from __future__ import annotations
 
@@ -33,31 +34,44 @@ PORT = wire.HOMAGG_UDP_PORT_MIN
 
 class Tree:
     """A spine, ``leaves`` leaf switches and ``per_leaf`` agents under each, one thread per
-    agent; job ``job`` on every switch (the leaves' is the spine's child job)."""
+    agent; job ``job`` on every switch (the leaves' is the spine's child job). With ``jobs``
+    > 1, jobs ``job`` .. ``job + jobs - 1``, each with ``per_leaf`` agents under every leaf:
+    each leaf's child job k goes up from its own port (``PORT + k``) to job ``job + k`` at the
+    spine, where the leaf is known by that port. Its agents send to the leaf at ``PORT``, or
+    with ``job_ports`` at their job's port, as homagg-net's do (then the partials would leave
+    from it even without the uplink's src_port: a reply leaves from the port asked). Agents
+    are in job order, then leaf, then worker."""
 
-    def __init__(self, leaves=2, per_leaf=4, slots=16, job=1, spine_faults=None, **agent_kw):
+    def __init__(self, leaves=2, per_leaf=4, slots=16, job=1, spine_faults=None, jobs=1,
+                 job_ports=False, **agent_kw):
         net = next(_nets)
         self.spine_ip = f"127.0.{100 + net}.1"
         self.leaf_ips = [f"127.0.{100 + net}.{2 + i}" for i in range(leaves)]
         self.names = [f"leaf{i}" for i in range(leaves)]
+        self.job_ids = [job + k for k in range(jobs)]
         self.spine = SoftSwitchServer(SoftSwitch(), (self.spine_ip, PORT), spine_faults).start()
-        self.spine.switch.add_job(job, [(ip, PORT) for ip in self.leaf_ips], slots)
-        self.leaves = []
+        for k, j in enumerate(self.job_ids):
+            self.spine.switch.add_job(j, [(ip, PORT + k) for ip in self.leaf_ips], slots)
+        self.leaves = [SoftSwitchServer(SoftSwitch(), (ip, PORT)).start() for ip in self.leaf_ips]
         kw = dict(timeout=0.01, deadline=5.0)
         kw.update(agent_kw)
         self.configs = []
-        for i, ip in enumerate(self.leaf_ips):
-            leaf = SoftSwitchServer(SoftSwitch(), (ip, PORT)).start()
-            ports = [free_udp_port() for _ in range(per_leaf)]
-            leaf.switch.add_job(job, [("127.0.0.1", p) for p in ports], slots,
-                                uplink=Uplink(job, i, self.spine_ip, PORT))
-            self.leaves.append(leaf)
-            self.configs += [AgentConfig(job=job, worker=w, workers=leaves * per_leaf,
-                                         local_workers=per_leaf, switch=(ip, PORT),
-                                         bind=("127.0.0.1", ports[w]), slots=slots,
-                                         siblings=tuple(self.names), **kw)
-                             for w in range(per_leaf)]
+        for k, j in enumerate(self.job_ids):
+            for i, (ip, leaf) in enumerate(zip(self.leaf_ips, self.leaves)):
+                ports = [free_udp_port() for _ in range(per_leaf)]
+                leaf.switch.add_job(j, [("127.0.0.1", p) for p in ports], slots,
+                                    uplink=Uplink(j, i, self.spine_ip, PORT, src_port=PORT + k))
+                self.configs += [AgentConfig(job=j, worker=w, workers=leaves * per_leaf,
+                                             local_workers=per_leaf,
+                                             switch=(ip, PORT + k if job_ports else PORT),
+                                             bind=("127.0.0.1", ports[w]), slots=slots,
+                                             siblings=tuple(self.names), **kw)
+                                 for w in range(per_leaf)]
         self.agents = [Agent(c) for c in self.configs]
+
+    def job_stat(self, server, job, kind):
+        """A job's counter (wire.JOB_STAT_*) at a switch."""
+        return int(server.switch.model.job_stats[job * wire.JOB_STATS_PER_JOB + kind])
 
     def stat(self, server, name):
         return int(server.switch.model.stats[wire.STAT_INDEX[name]])
@@ -266,6 +280,55 @@ def test_a_tree_set_up_by_hand_from_configs_and_the_command_line(tmp_path):
 
 
 # -- several jobs in one tree ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["dense", "union", "sketch"])
+def test_two_jobs_share_the_leaves_and_the_spine_every_sum_exact(make_tree, mode):
+    """Two jobs at once in one tree: every leaf has two workers of each, each job is a child
+    job of its own there (its own uplink src_port) under a parent job of its own at the spine.
+    Every agent sends to its leaf's first port, so job 2's partials leave from its src_port
+    only because the uplink says so. Each job's sums are exactly its own workers' (different
+    data, different sizes), and each leaf's partials reached its own job's parent: the spine
+    took one partial per leaf per round of each job, and refused or dropped nothing."""
+    tree = make_tree(jobs=2, per_leaf=2, mode=mode)
+    rng = np.random.default_rng(21)
+    xs = [sparse_tensors(rng, 4, 20_000, 0.01), sparse_tensors(rng, 4, 26_000, 0.02)]
+    res, err = tree.run(lambda a, i: a.allreduce_detailed(xs[i // 4][i % 4]))
+    assert not any(err), err
+    for k in range(2):
+        assert_exact(res[4 * k:4 * (k + 1)], xs[k])
+        assert {r.mode for r in res[4 * k:4 * (k + 1)]} == {mode}
+    spine = tree.spine
+    for j in tree.job_ids:
+        rounds = [tree.job_stat(leaf, j, wire.JOB_STAT_COMPLETED) for leaf in tree.leaves]
+        assert rounds[0] == rounds[1] > 2  # the join and the data rounds, finals come down
+        assert tree.job_stat(spine, j, wire.JOB_STAT_ACCEPTED) == sum(rounds)
+        assert tree.job_stat(spine, j, wire.JOB_STAT_COMPLETED) == rounds[0]
+        assert tree.job_stat(spine, j, wire.JOB_STAT_DROPPED) == 0
+    assert tree.job_stat(spine, 1, wire.JOB_STAT_COMPLETED) != tree.job_stat(
+        spine, 2, wire.JOB_STAT_COMPLETED)  # (the sizes differ: a crossed partial would show)
+    for name in ("DROP_UNKNOWN_SENDER", "DROP_WRONG_IDENTITY", "DROP_FORGED_RESULT"):
+        assert tree.stat(spine, name) == 0
+        assert sum(tree.stat(leaf, name) for leaf in tree.leaves) == 0
+
+
+def test_two_jobs_in_one_tree_stay_exact_with_faults_on_the_leaf_spine_links(make_tree):
+    """The same two jobs with loss, duplication and reordering at the spine, their agents
+    sending to their job's port (as homagg-net's do): the leaves' resent partials go up from
+    each job's own port too (the spine takes none as another job's: nothing refused as a wrong
+    identity, nothing from an unknown sender)."""
+    tree = make_tree(jobs=2, per_leaf=2, mode="auto", job_ports=True,
+                     spine_faults=FaultSpec(loss=0.05, dup=0.05, reorder=0.1, seed=7))
+    rng = np.random.default_rng(22)
+    for _ in range(2):
+        xs = [sparse_tensors(rng, 4, 30_000, 0.01) for _ in range(2)]
+        res, err = tree.run(lambda a, i, xs=xs: a.allreduce_detailed(xs[i // 4][i % 4]))
+        assert not any(err), err
+        for k in range(2):
+            assert_exact(res[4 * k:4 * (k + 1)], xs[k])
+    assert sum(tree.stat(s, "STAT_PARTIAL_RESENT") for s in tree.leaves) > 0
+    for name in ("DROP_UNKNOWN_SENDER", "DROP_WRONG_IDENTITY"):
+        assert tree.stat(tree.spine, name) == 0
 
 
 def test_two_child_jobs_of_a_leaf_on_one_source_port_are_an_error_not_a_wrong_sum(tmp_path,
