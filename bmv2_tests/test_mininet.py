@@ -250,3 +250,36 @@ def test_leafspine_names_a_dead_worker_and_a_dead_leaf(target):
         got = _tree_agents(net, [0, 1])
         for rc, out in got.values():
             assert rc == 1 and "waits for leaf2" in out, out
+
+
+def test_leafspine_runs_two_jobs_at_once_each_exact_at_its_own_parent(target):
+    """--topo leafspine --jobs 2: each leaf's 4 workers split 2 + 2 into two jobs, each a
+    child job of its own on every leaf going up from a port of its own (0xBEE0, 0xBEE1) to its
+    own job at the spine. Both run at once, each checked bit for bit against its own data
+    (bench mixes the job id in); the spine's counters show each job's partials at its own
+    parent job, and nothing refused or dropped as another job's."""
+    from homagg.launcher.cli import run_agents
+    from homagg.launcher.net import NetOptions
+    from homagg.launcher.tree import TreeNet
+
+    opts = NetOptions(target=target, topo="leafspine", leaves=2, workers_per_leaf=4, jobs=2,
+                      log_dir=LOG_DIR / f"mn-tree-jobs-{target}")
+    with TreeNet(opts) as net:
+        assert "job 2: a tree" in net.placement()
+        summaries = run_agents(net, ["bench", "--size", "100000", "--iterations", "3",
+                                     "--check"], echo_worker0=False)
+        stats = net.stats_all()
+    assert len(summaries) == 8 and all(s["checked"] for s in summaries)
+    # leaf1's workers h1, h2 are job 1's, h3, h4 job 2's; leaf2's likewise; ranks per job
+    assert [(s["job"], s["worker"], s["rank"]) for s in summaries] == [
+        (1, 0, 0), (1, 1, 1), (2, 0, 0), (2, 1, 1), (1, 0, 2), (1, 1, 3), (2, 0, 2), (2, 1, 3)]
+    spine = stats["spine"]
+    for j in (1, 2):
+        # every round (the joins included) complete at the spine came down to both leaves,
+        # and the spine took one partial per leaf per round (resent ones are not accepted)
+        rounds = [stats[f"leaf{i}"]["jobs"][j]["JOB_STAT_COMPLETED"]["packets"] for i in (1, 2)]
+        assert rounds[0] == rounds[1] == spine["jobs"][j]["JOB_STAT_COMPLETED"]["packets"] > 3
+        assert spine["jobs"][j]["JOB_STAT_ACCEPTED"]["packets"] == sum(rounds)
+    for drop in ("DROP_UNKNOWN_SENDER", "DROP_WRONG_IDENTITY", "DROP_FORGED_RESULT"):
+        for name, st in stats.items():
+            assert st["switch"][drop] == 0, (name, drop)

@@ -9,6 +9,8 @@
     homagg-net run --workers 8 --jobs 4 --slots 16 --switch-slots 32 -- bench --check
                                           4 jobs of 16 slots, 2 of them past the switch's 32:
                                           those fall back to the software aggregator on host fb
+    homagg-net run --topo leafspine --leaves 2 --workers-per-leaf 4 --jobs 2 -- bench --check
+                                          2 jobs in one tree: 2 workers of each under each leaf
 
 ``--target auto`` (default) uses bmv2 where simple_switch_grpc and p4c-bm2-ss are installed,
 else the software aggregator, and says which. Needs root.
@@ -44,7 +46,9 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--dup", type=float, help="link duplication, percent")
     common.add_argument("--reorder", type=float, help="link reordering, percent (needs --delay)")
     common.add_argument("--jitter", help="delay jitter, e.g. 1ms")
-    common.add_argument("--jobs", type=int, default=1, help="split the workers into N jobs")
+    common.add_argument("--jobs", type=int, default=1,
+                        help="split the workers into N jobs (leafspine: each leaf's workers, "
+                             "every job a tree over all the leaves)")
     common.add_argument("--inject-loss", type=float, metavar="PCT",
                         help="agents drop this percent of datagrams each way (no netem needed)")
     common.add_argument("--inject-dup", type=float, metavar="PCT")
@@ -62,7 +66,7 @@ def parser() -> argparse.ArgumentParser:
                              "with; default 256; the agents learn it from the switch")
     common.add_argument("--log-dir", type=Path, help="default build/logs/net")
     common.add_argument("--topo", default="star", choices=["star", "leafspine"],
-                        help="one switch, or leaf switches under a spine (a tree; soft target)")
+                        help="one switch, or leaf switches under a spine (a tree)")
     common.add_argument("--leaves", type=int, default=2, help="leafspine: leaf switches")
     common.add_argument("--workers-per-leaf", type=int, default=4,
                         help="leafspine: workers under each leaf (--workers is their product)")

@@ -1,10 +1,15 @@
-"""The leaf/spine Mininet topology: ``--topo leafspine --leaves L --workers-per-leaf N``.
+"""The leaf/spine Mininet topology: ``--topo leafspine --leaves L --workers-per-leaf N
+[--jobs J]``.
 
-One job over L x N workers, aggregated in a tree (p4/include/control/uplink.p4): each leaf
-switch aggregates its N workers and sends one partial sum per round to the spine, whose result
-comes back down through the leaves. The spine's job has the leaves as its workers; each leaf's
-job is a child job with an uplink to the spine. One controller process (this one) installs
-every switch over P4Runtime.
+J jobs (default 1) over L x N workers, each aggregated in a tree (p4/include/control/uplink.p4):
+each leaf switch aggregates its workers of a job and sends one partial sum per round to the
+spine, whose result comes back down through the leaves. Each job takes an equal share of every
+leaf's workers (N / J per leaf: the first N / J workers of each leaf are job 1's, the next job
+2's, ...), so every job is a tree of the same shape over all the leaves. The spine's job k has
+the leaves as its workers; each leaf's job k is a child job with an uplink to it, sending from
+port 0xBEE0 + k - 1: the spine knows a leaf's job by the leaf's address and that source port
+(up to 16 jobs, one per homagg port). Job ids are the same on every switch. One controller
+process (this one) installs every switch over P4Runtime.
 
 On bmv2 every switch is its own simple_switch_grpc: the spine at the usual switch address,
 leaf i at 10.0.0.(200 + i), each leaf's port N + 1 cabled to the spine's port i + 1 (the
@@ -12,9 +17,9 @@ uplink and the spine's job address the leaves by port, so no routes are needed f
 traffic; each switch routes to what hangs off it). On the soft target every switch is a Linux
 bridge with a software aggregator on its own host (``agg`` for the spine, ``aggN`` for leaf
 N) at the same addresses, all bridges in one L2 segment. Worker k sits under leaf k // N; its
-agent runs with its id at the leaf (k mod N), the tree's size (L x N) and its rank k in the
-whole job, so it trains on the same share of data as worker k of an L x N star, and
-ends with the same model.
+agent sends to its leaf at its job's port, with its id in the leaf's child job, the job's size
+(L x N / J) and its rank in the whole job, so it trains on the same share of data as that
+worker of an (L x N / J)-worker star, and ends with the same model.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from homagg.netconfig import (
 )
 
 PORT = wire.HOMAGG_UDP_PORT_MIN
+#: A leaf's source port for job k (0-based): the spine knows the leaf's job by it.
+PORTS = range(wire.HOMAGG_UDP_PORT_MIN, wire.HOMAGG_UDP_PORT_MAX + 1)
 
 
 def leaf_ip(i: int) -> str:
@@ -60,36 +67,61 @@ class TreeNet(HomaggNet):
     """HomaggNet's lifecycle and host commands over a leaf/spine tree (module docstring)."""
 
     def __init__(self, opts: NetOptions):
-        if opts.jobs != 1:
-            raise NetError("--topo leafspine: one job over the whole tree (--jobs 1)")
-        n = opts.workers_per_leaf
+        n, jobs = opts.workers_per_leaf, opts.jobs
         if not (2 <= opts.leaves <= 50 and 1 <= n <= wire.MAX_WORKERS and opts.leaves * n < 200):
             raise NetError(f"--leaves {opts.leaves} --workers-per-leaf {n}: need 2 to 50 "
                            f"leaves of 1 to {wire.MAX_WORKERS} workers, under 200 in all "
                            "(worker hosts are 10.0.0.1-199, leaves 10.0.0.200 and up)")
+        if not 1 <= jobs <= len(PORTS) or n % jobs:
+            raise NetError(f"--topo leafspine --jobs {jobs}: each job takes an equal share of "
+                           f"every leaf's workers, so --workers-per-leaf ({n}) must split into "
+                           f"--jobs equal parts, and a leaf's jobs go up from a port each: 1 "
+                           f"to {len(PORTS)} jobs")
         opts.workers = opts.leaves * opts.workers_per_leaf
         opts.fallback = False  # a child job never falls back: its parent answers its switch
         super().__init__(opts)
+        if jobs * self.slots > wire.SLOTS:
+            raise NetError(f"--jobs {jobs} of --slots {self.slots}: every switch of the tree "
+                           f"holds a region per job, {jobs * self.slots} slots of its "
+                           f"{wire.SLOTS}")
         self.leaf_aggregators: list = []  # the soft target's leaf aggregator processes
         self.why = f"{self.why}; leaf/spine tree: {opts.leaves} leaves of " \
-                   f"{opts.workers_per_leaf} workers"
+                   f"{opts.workers_per_leaf} workers" + (f", {jobs} jobs" if jobs > 1 else "")
 
     # -- the topology and its configs -----------------------------------------------------------
     @property
     def per_leaf(self) -> int:
         return self.opts.workers_per_leaf
 
+    @property
+    def per_job(self) -> int:
+        """Workers of one job under each leaf."""
+        return self.per_leaf // self.opts.jobs
+
     def leaf_of(self, worker: int) -> int:
         return worker // self.per_leaf
 
+    def job_of(self, worker: int) -> tuple[int, int, int]:
+        """(job id, worker id in its leaf's child job, workers in the whole job) of worker host
+        ``worker``: each leaf's workers are split into the jobs in order."""
+        k, index = divmod(worker % self.per_leaf, self.per_job)
+        return self.opts.job + k, index, self.opts.leaves * self.per_job
+
+    def rank_of(self, worker: int) -> int:
+        """Worker host ``worker``'s rank in its whole job (its share of the data): its leaf's
+        workers of the job come after the earlier leaves'."""
+        return self.leaf_of(worker) * self.per_job + self.job_of(worker)[1]
+
     def _config(self) -> Config:
-        """The spine's config: the leaves are its hosts and its job's workers."""
+        """The spine's config: the leaves are its hosts and each job's workers, job k's leaf
+        known by its source port for that job (PORTS[k])."""
         o = self.opts
         leaves = tuple(Host(f"leaf{i + 1}", leaf_ip(i), leaf_mac(i), i + 1)
                        for i in range(o.leaves))
-        job = JobSpec(o.job, tuple(Worker(h.ip, PORT, h.mac, h.port, h.name) for h in leaves),
-                      self.slots)
-        return Config(self._spec("spine", "s1", "agg", SWITCH_IP, SWITCH_MAC), leaves, (job,))
+        jobs = tuple(JobSpec(o.job + k, tuple(Worker(h.ip, PORTS[k], h.mac, h.port, h.name)
+                                              for h in leaves), self.slots)
+                     for k in range(o.jobs))
+        return Config(self._spec("spine", "s1", "agg", SWITCH_IP, SWITCH_MAC), leaves, jobs)
 
     def _spec(self, name: str, node: str, agg: str, ip: str, mac: str) -> SwitchSpec:
         """A switch of the tree: bmv2 node ``node`` (its ports are known once it runs), or
@@ -102,15 +134,19 @@ class TreeNet(HomaggNet):
         return SwitchSpec(name, self._socket(agg), 1, 9090, ip, mac, target="soft")
 
     def leaf_config(self, i: int) -> Config:
-        """Leaf i's config: its workers, and its job's uplink to the spine."""
-        n = self.per_leaf
+        """Leaf i's config: its workers, and a child job per job, each with its uplink to the
+        spine's job of the same id, from a source port of its own (PORTS[k])."""
+        n, per = self.per_leaf, self.per_job
         hosts = tuple(Host(f"h{k + 1}", host_ip(k), host_mac(k), k - i * n + 1)
                       for k in range(i * n, (i + 1) * n))
-        up = Uplink(self.opts.job, i, SWITCH_IP, PORT, SWITCH_MAC, PORT, n + 1)
-        job = JobSpec(self.opts.job, tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name)
-                                           for h in hosts), self.slots, uplink=up)
+        jobs = tuple(JobSpec(self.opts.job + k,
+                             tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name)
+                                   for h in hosts[k * per:(k + 1) * per]), self.slots,
+                             uplink=Uplink(self.opts.job + k, i, SWITCH_IP, PORT, SWITCH_MAC,
+                                           PORTS[k], n + 1))
+                     for k in range(self.opts.jobs))
         sw = self._spec(f"leaf{i + 1}", f"s{i + 2}", f"agg{i + 1}", leaf_ip(i), leaf_mac(i))
-        return Config(sw, hosts, (job,))
+        return Config(sw, hosts, jobs)
 
     def configs(self) -> list[Config]:
         return [self.config] + [self.leaf_config(i) for i in range(self.opts.leaves)]
@@ -187,10 +223,12 @@ class TreeNet(HomaggNet):
 
     # -- what the CLI asks of a network ---------------------------------------------------------
     def placement(self) -> str:
-        names = ", ".join(f"leaf{i + 1} ({leaf_ip(i)})" for i in range(self.opts.leaves))
-        return (f"job {self.opts.job}: a tree: {self.opts.leaves} leaves of {self.per_leaf} "
-                f"workers ({names}) under the spine ({SWITCH_IP}); configs "
-                f"{self.opts.log_dir}/{{spine,leaf1,...}}.toml")
+        o = self.opts
+        names = ", ".join(f"leaf{i + 1} ({leaf_ip(i)})" for i in range(o.leaves))
+        lines = [f"job {o.job + k}: a tree: {o.leaves} leaves of {self.per_job} workers "
+                 f"({names}) under the spine ({SWITCH_IP}), the leaves' port {PORTS[k]}"
+                 for k in range(o.jobs)]
+        return "\n".join(lines) + f"\nconfigs {o.log_dir}/{{spine,leaf1,...}}.toml"
 
     def job_address(self, job: int) -> str:
         raise NetError("in a tree each worker sends to its own leaf: see agent_command")
@@ -208,20 +246,24 @@ class TreeNet(HomaggNet):
         return out
 
     def agent_command(self, worker: int, *args: str) -> list[str]:
-        i, n = self.leaf_of(worker), self.per_leaf
-        return [sys.executable, "-m", "homagg.host_agent", "--job", str(self.opts.job),
-                "--worker", str(worker - i * n), "--workers", str(self.opts.workers),
-                "--local-workers", str(n), "--rank", str(worker),
-                "--siblings", ",".join(f"leaf{k + 1}" for k in range(self.opts.leaves)),
-                "--switch", leaf_ip(i), "--bind", f"{host_ip(worker)}:{AGENT_PORT}",
-                "--slots", str(self.opts.slots), *self.opts.agent_args, *args]
+        o = self.opts
+        job, index, workers = self.job_of(worker)
+        # to its leaf at its job's port, where every answer then comes from (a switch answers
+        # from the port asked; the spine's finals come down to that port)
+        return [sys.executable, "-m", "homagg.host_agent", "--job", str(job),
+                "--worker", str(index), "--workers", str(workers),
+                "--local-workers", str(self.per_job), "--rank", str(self.rank_of(worker)),
+                "--siblings", ",".join(f"leaf{i + 1}" for i in range(o.leaves)),
+                "--switch", f"{leaf_ip(self.leaf_of(worker))}:{PORTS[job - o.job]}",
+                "--bind", f"{host_ip(worker)}:{AGENT_PORT}",
+                "--slots", str(o.slots), *o.agent_args, *args]
 
     def worker_env(self, worker: int) -> dict[str, str]:
         raise NetError("exec on a tree is not supported yet (the DDP hook's environment "
                        "has no leaf settings): use demo or run")
 
     def reset_jobs(self) -> None:
-        raise NetError("reset on a tree: homagg-ctl -c <log dir>/<switch>.toml reset 1, "
+        raise NetError("reset on a tree: homagg-ctl -c <log dir>/<switch>.toml reset <job>, "
                        "on every switch")
 
     def restart_switch(self) -> None:
