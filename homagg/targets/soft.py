@@ -1,10 +1,10 @@
-"""The software aggregator: the switch program's semantics over a UDP socket.
+"""The software aggregator: the switch program's semantics over UDP sockets.
 
 It runs where bmv2 is not installed (the embedded default), for jobs that do not fit in switch
 memory, and as a baseline. The rules are ``homagg.switch_model`` (the same model the
 conformance suite holds bmv2 to). ``SoftSwitch`` is the switch: that model plus the control
 plane's state in P4Info terms (the five tables, the multicast groups, the counters), as
-homagg-ctl writes and reads them on bmv2. ``SoftSwitchServer`` puts it on a UDP socket and
+homagg-ctl writes and reads them on bmv2. ``SoftSwitchServer`` puts it on UDP sockets and
 ``homagg.targets.p4runtime_server`` on P4Runtime, so homagg-ctl drives it as it drives bmv2.
 
     homagg-softswitch [--config net.toml] [--bind 10.0.0.254] [--grpc 127.0.0.1:9559]
