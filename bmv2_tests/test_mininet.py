@@ -283,3 +283,33 @@ def test_leafspine_runs_two_jobs_at_once_each_exact_at_its_own_parent(target):
     for drop in ("DROP_UNKNOWN_SENDER", "DROP_WRONG_IDENTITY", "DROP_FORGED_RESULT"):
         for name, st in stats.items():
             assert st["switch"][drop] == 0, (name, drop)
+
+
+def test_exec_on_a_tree_runs_the_ddp_example_to_the_stars_model(target, capsys):
+    """homagg-net exec --topo leafspine: each worker's environment names its leaf (its id
+    there, the leaf's size, the spine's children) and its rank in the whole job; the DDP
+    example (whose gloo process group crosses the tree) ends with the 4-worker star's
+    parameters, bit for bit, on every replica."""
+    pytest.importorskip("torch", reason="torch not installed (optional extra)")
+    from homagg import paths
+
+    root = paths.checkout_root()
+    if root is None:
+        pytest.skip("needs the checkout's examples/")
+    ex = f"{__import__('sys').executable} {root / 'examples' / 'ddp_train.py'} --steps 3"
+    env = ('echo "$HOMAGG_WORKER $HOMAGG_WORKERS $HOMAGG_LOCAL_WORKERS $HOMAGG_SIBLINGS '
+           '$HOMAGG_SWITCH $RANK $WORLD_SIZE $MASTER_ADDR"')
+    rc = _run(["exec", "--target", target, "--topo", "leafspine", "--leaves", "2",
+               "--workers-per-leaf", "2", "--log-dir", str(LOG_DIR / f"mn-tree-exec-{target}"),
+               "--", "sh", "-c", f"{env} && {ex}"])
+    tree = capsys.readouterr().out
+    assert rc == 0, tree[-3000:]
+    assert "[w3] 1 4 2 leaf1,leaf2 10.0.0.201:48864 3 4 10.0.0.1" in tree
+    assert "[w0] 0 4 2 leaf1,leaf2 10.0.0.200:48864 0 4 10.0.0.1" in tree
+    rc = _run(["exec", "--target", target, "--workers", "4", "--log-dir",
+               str(LOG_DIR / f"mn-tree-exec-star-{target}"), "--", "sh", "-c", ex])
+    star = capsys.readouterr().out
+    assert rc == 0, star[-3000:]
+    digests = [set(re.findall(r"rank \d: parameters (\w+)", out)) for out in (tree, star)]
+    assert len(digests[0]) == 1 and digests[0] == digests[1], (tree[-2000:], star[-2000:])
+    assert len(re.findall(r"rank \d: parameters", tree)) == 4

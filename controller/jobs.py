@@ -134,12 +134,20 @@ def install_base(sw: P4RuntimeSwitch, cfg: Config) -> None:
         sw.insert(TableEntry(P4.TABLE_AGGREGATORS, {"src_addr": ip_int(fb.ip), "port": fb.port},
                              P4.ACTION_TRUSTED), or_modify=True)
     for ip, mac, port in routed:
-        if ip != s.ip:
-            sw.insert(TableEntry(P4.TABLE_ARP_PROXY, {"tpa": ip_int(ip)}, P4.ACTION_ARP_REPLY,
-                                 {"mac": mac_int(s.mac)}), or_modify=True)
-        sw.insert(TableEntry(P4.TABLE_IPV4_ROUTE, {"dst_addr": (ip_int(ip), 32)},
-                             P4.ACTION_ROUTE, {"port": port, "src_mac": mac_int(s.mac),
-                                               "dst_mac": mac_int(mac)}), or_modify=True)
+        add_route(sw, cfg, ip, mac, port, proxy_arp=ip != s.ip)
+
+
+def add_route(sw: P4RuntimeSwitch, cfg: Config, ip: str, mac: str, port: int,
+              proxy_arp: bool = True) -> None:
+    """A /32 route to ``ip`` out of switch port ``port``, to next hop ``mac`` (the host, or
+    the switch in front of it), and (``proxy_arp``) this switch answering ARP for it."""
+    s = cfg.switch
+    if proxy_arp:
+        sw.insert(TableEntry(P4.TABLE_ARP_PROXY, {"tpa": ip_int(ip)}, P4.ACTION_ARP_REPLY,
+                             {"mac": mac_int(s.mac)}), or_modify=True)
+    sw.insert(TableEntry(P4.TABLE_IPV4_ROUTE, {"dst_addr": (ip_int(ip), 32)},
+                         P4.ACTION_ROUTE, {"port": port, "src_mac": mac_int(s.mac),
+                                           "dst_mac": mac_int(mac)}), or_modify=True)
 
 
 # -- jobs ----------------------------------------------------------------------------------

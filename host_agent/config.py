@@ -100,7 +100,9 @@ class AgentConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **options) -> AgentConfig:
         """The config a program started by ``homagg-net exec`` finds in its environment:
         HOMAGG_JOB, HOMAGG_WORKER, HOMAGG_WORKERS, HOMAGG_SWITCH (host[:port]), HOMAGG_BIND
-        (host[:port]) and HOMAGG_SLOTS (optional); ``options`` set any other field."""
+        (host[:port]) and HOMAGG_SLOTS (optional); under a tree's leaf also
+        HOMAGG_LOCAL_WORKERS (the leaf's workers) and HOMAGG_SIBLINGS (the parent switch's
+        children, comma-separated); ``options`` set any other field."""
         env = os.environ if environ is None else environ
 
         def need(name: str) -> str:
@@ -122,8 +124,13 @@ class AgentConfig:
             job, worker, workers = (int(need(n)) for n in ("HOMAGG_JOB", "HOMAGG_WORKER",
                                                             "HOMAGG_WORKERS"))
             slots = int(env.get("HOMAGG_SLOTS") or options.pop("slots", 64))
+            if env.get("HOMAGG_LOCAL_WORKERS"):
+                options.setdefault("local_workers", int(env["HOMAGG_LOCAL_WORKERS"]))
         except ValueError as e:
             raise AgentError(f"HOMAGG_* settings must be integers: {e}") from None
+        if env.get("HOMAGG_SIBLINGS"):
+            options.setdefault("siblings", tuple(s for s in env["HOMAGG_SIBLINGS"].split(",")
+                                                 if s))
         return cls(job, worker, workers, addr("HOMAGG_SWITCH", wire.HOMAGG_UDP_PORT_MIN),
                    addr("HOMAGG_BIND", wire.DEFAULT_AGENT_PORT), slots, **options)
 

@@ -218,8 +218,24 @@ class TreeNet(HomaggNet):
                                  ).open(pipeline) as sw:
                 if self.target == "bmv2":  # its address, proxy ARP, routes to what hangs off it
                     jobs.install_base(sw, cfg)
+                    self._route_workers(sw, cfg)
                 for j in cfg.jobs:
                     jobs.add_job(sw, j)
+
+    def _route_workers(self, sw, cfg: Config) -> None:
+        """bmv2: routes between worker hosts under different leaves (homagg traffic needs
+        none; a user's own traffic under exec does, such as the gloo process group DDP sets
+        up): the spine routes each worker to its leaf, a leaf the other leaves' workers up
+        to the spine. (On the soft target the bridges are one L2 segment.)"""
+        from homagg.controller import jobs
+
+        n = self.per_leaf
+        for k in range(self.opts.workers):
+            i = self.leaf_of(k)
+            if cfg.switch.name == "spine":
+                jobs.add_route(sw, cfg, host_ip(k), leaf_mac(i), i + 1)
+            elif cfg.switch.name != f"leaf{i + 1}":
+                jobs.add_route(sw, cfg, host_ip(k), SWITCH_MAC, n + 1)
 
     # -- what the CLI asks of a network ---------------------------------------------------------
     def placement(self) -> str:
@@ -259,8 +275,26 @@ class TreeNet(HomaggNet):
                 "--slots", str(o.slots), *o.agent_args, *args]
 
     def worker_env(self, worker: int) -> dict[str, str]:
-        raise NetError("exec on a tree is not supported yet (the DDP hook's environment "
-                       "has no leaf settings): use demo or run")
+        """As the star's (``HomaggNet.worker_env``), for a worker under its leaf: its id in
+        its leaf's child job, its job's size over the tree, its leaf's workers of the job and
+        the spine's children (the leaves, for a timeout's message), its leaf at its job's
+        port; torch.distributed's rank is its rank in the whole job (``rank_of``), so it
+        takes the share of data of the star's worker of that rank."""
+        o = self.opts
+        job, index, workers = self.job_of(worker)
+        k = job - o.job
+        host = self.net.get(f"h{worker + 1}")
+        return {
+            "HOMAGG_JOB": str(job), "HOMAGG_WORKER": str(index),
+            "HOMAGG_WORKERS": str(workers), "HOMAGG_LOCAL_WORKERS": str(self.per_job),
+            "HOMAGG_SIBLINGS": ",".join(f"leaf{i + 1}" for i in range(o.leaves)),
+            "HOMAGG_SWITCH": f"{leaf_ip(self.leaf_of(worker))}:{PORTS[k]}",
+            "HOMAGG_BIND": f"{host_ip(worker)}:{AGENT_PORT}", "HOMAGG_SLOTS": str(self.slots),
+            "RANK": str(self.rank_of(worker)), "WORLD_SIZE": str(workers), "LOCAL_RANK": "0",
+            # rank 0: the job's first worker under the first leaf
+            "MASTER_ADDR": host_ip(k * self.per_job), "MASTER_PORT": str(29500 + job),
+            "GLOO_SOCKET_IFNAME": host.defaultIntf().name,
+        }
 
     def reset_jobs(self) -> None:
         raise NetError("reset on a tree: homagg-ctl -c <log dir>/<switch>.toml reset <job>, "

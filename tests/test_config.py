@@ -26,7 +26,18 @@ def test_ports_default_when_left_out():
     assert cfg.slots == 64
 
 
+def test_a_worker_under_a_trees_leaf_reads_its_leaf_settings():
+    env = {**ENV, "HOMAGG_WORKERS": "8", "HOMAGG_LOCAL_WORKERS": "4",
+           "HOMAGG_SIBLINGS": "leaf1,leaf2"}
+    cfg = AgentConfig.from_env(env)
+    assert (cfg.worker, cfg.workers, cfg.local_workers) == (1, 8, 4)
+    assert cfg.siblings == ("leaf1", "leaf2")
+    assert AgentConfig.from_env(ENV).local_workers is None  # a star's worker
+
+
 @pytest.mark.parametrize("change,message", [
+    ({"HOMAGG_LOCAL_WORKERS": "four"}, "must be integers"),
+    ({"HOMAGG_LOCAL_WORKERS": "1"}, "worker 1 of 1 at its switch"),
     ({"HOMAGG_JOB": ""}, r"\$HOMAGG_JOB is not set"),
     ({"HOMAGG_WORKERS": "four"}, "must be integers"),
     ({"HOMAGG_BIND": "10.0.0.2:x"}, r"\$HOMAGG_BIND='10.0.0.2:x'"),
