@@ -118,8 +118,15 @@ TREE_CASES = [
     Case("tree: a round complete here goes up as one partial sum, not to the workers",
          (Pkt(0, value=5), Pkt(1, value=-7)), Pkt(2, value=100), "STAT_ACCEPTED",
          (UP(98),), ("STAT_PARTIAL_UP",)),
-    Case("tree: a retransmission before the parent's answer sends the partial up again",
-         ROUND, Pkt(1), "STAT_PARTIAL_RESENT", (UP(6),)),
+    Case("tree: the round's designated worker's retransmission (seq & (workers - 1) = 0) "
+         "before the parent's answer sends the partial up again",
+         ROUND, Pkt(0), "STAT_PARTIAL_RESENT", (UP(6),)),
+    Case("tree: another worker's retransmission before the parent's answer gets a status "
+         "(every worker here has sent), not another partial up",
+         ROUND, Pkt(1), "STAT_DUP_PENDING", (Reply(1, R | S, status=(0b111, 3)),)),
+    Case("tree: the designated worker rotates with the round tag (seq 2: worker 2)",
+         tuple(Pkt(h, seq=2, value=h + 1) for h in ALL), Pkt(2, seq=2), "STAT_PARTIAL_RESENT",
+         (UP(6, seq=2),)),
     Case("tree: the parent's result is multicast to the workers",
          ROUND, FROM_PARENT(42), "STAT_FROM_PARENT", tuple(Reply(h, R, 42) for h in ALL),
          ("STAT_COMPLETED",)),
@@ -156,6 +163,19 @@ TREE_CASES = [
     Case("tree: after the root's answer, a retransmitted join gets the root's generation",
          JOINED + (FROM_PARENT(0, op=wire.OP_JOIN, seq=77, gen=9),), J(1, 12),
          "STAT_RETRANS_REPLY", (Reply(1, R | T, 0, gen=9),)),
+    Case("tree: the root's join answer while the join here is pending is held, not relayed",
+         JOINED + (J(0, 21),), FROM_PARENT(0, op=wire.OP_JOIN, seq=77, gen=9),
+         "STAT_FROM_PARENT"),
+    Case("tree: a held join answer is handed out when the join here completes (not sent up)",
+         JOINED + (J(0, 21), FROM_PARENT(0, op=wire.OP_JOIN, seq=77, gen=9), J(1, 22)),
+         J(2, 23), "STAT_ACCEPTED", tuple(Reply(h, R, 0, gen=9) for h in ALL),
+         ("STAT_COMPLETED",)),
+    Case("tree: after a held answer is handed out, a retransmitted join gets it again",
+         JOINED + (J(0, 21), FROM_PARENT(0, op=wire.OP_JOIN, seq=77, gen=9), J(1, 22),
+                   J(2, 23)), J(1, 22), "STAT_RETRANS_REPLY", (Reply(1, R | T, 0, gen=9),)),
+    Case("tree: a second join answer while one is held is dropped",
+         JOINED + (J(0, 21), FROM_PARENT(0, op=wire.OP_JOIN, seq=77, gen=9)),
+         FROM_PARENT(0, op=wire.OP_JOIN, seq=78, gen=10), "DROP_PARENT_DUP"),
     Case("tree: a root's join answer of an older generation is dropped",
          JOINED + (FROM_PARENT(0, op=wire.OP_JOIN, seq=77, gen=9), J(0, 21), J(1, 22),
                    J(2, 23)), FROM_PARENT(0, op=wire.OP_JOIN, seq=78, gen=9),
@@ -249,6 +269,7 @@ REFUSED = {"DROP_STALE", "DROP_SEQ_MISMATCH", "DROP_WRONG_IDENTITY", "DROP_BAD_S
 CASES = [replace(c, replies=(Reply(c.probe.host, R | F | (P if c.probe.phase else 0),
                                    refused=c.counter),))
          if c.counter in REFUSED else c for c in CASES] + TREE_CASES
+assert len(CASES) < wire.MAX_JOBS, "test_rule gives every case its own job id"
 
 
 # -- targets ------------------------------------------------------------------------------
@@ -390,7 +411,10 @@ def settled_stats(target, before: dict[str, int], moved: set[str], timeout: floa
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_rule(target, case):
-    job = 20 + next(_job_ids) % 40  # a job id below MAX_JOBS; the previous job is removed
+    # A job id below MAX_JOBS, none used twice on one target (the previous job is removed):
+    # join.p4 keeps each worker's last join nonce across job incarnations, and the cases'
+    # fixed nonces would look like retransmissions on a reused id (agents' are random).
+    job = 1 + next(_job_ids) % (wire.MAX_JOBS - 1)
     target.add_job(job, case.tree)
     for p in case.setup:
         target.send(p.host, p.payload(job))

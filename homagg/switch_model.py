@@ -135,9 +135,10 @@ class SwitchModel:
         self.jobs: dict[int, JobEntry] = {}
         # uplink.p4's parent table: (parent address, parent's job id) -> the job here
         self.children_of: dict[tuple[Address, int], JobEntry] = {}
-        # join.p4's registers: per job id [seen, count, gen, epoch, final, handed] (final: the
-        # join is complete at the root, not only here; handed: the generation it handed
-        # out, the root's in a tree); per (job, worker) nonce
+        # join.p4's registers: per job id [seen, count, gen, epoch, final, handed, held]
+        # (final: the join is complete at the root, not only here; handed: the generation it
+        # handed out, the root's in a tree; held: the parent's answer came while the join
+        # here was pending, and handed is its generation); per (job, worker) nonce
         self.join_state: dict[int, list[int]] = {}
         self.join_nonce: dict[tuple[int, int], int] = {}
 
@@ -300,8 +301,12 @@ class SwitchModel:
             return (_V_ACCEPT, True) if newer_gen(gen, m.gen[idx]) else (_V_STALE, False)
         if seen & me:
             if count == workers and tag == seq:
-                # the final result, or (a tree's round still at the parent) the partial again
-                return (_V_RETRANS_REPLY if m.final[idx] else _V_RESEND_UP), False
+                if m.final[idx]:
+                    return _V_RETRANS_REPLY, False  # the final result again
+                # a tree's round still at the parent: its designated worker sends the partial
+                # up again, the others get a status (one resend per timeout, not one each)
+                return (_V_RESEND_UP if me == 1 << (seq & (workers - 1)) else _V_DUP_PENDING,
+                        False)
             return (_V_DUP_PENDING if tag == seq else _V_STALE), False
         if seen == 0:
             return (_V_ACCEPT, True) if newer(seq, tag) else (_V_STALE, False)
@@ -473,11 +478,11 @@ class SwitchModel:
         """join.p4: a new run's barrier; the reply carries the run's generation. In a tree, a
         join complete here goes up as this switch's join of the parent's job, and the run's
         generation is the one the root hands out (``_join_from_parent``)."""
-        st = self.join_state.setdefault(job.id, [0, 0, 0, 0, 0, 0])
-        seen, count, gen, epoch, final, handed = st
+        st = self.join_state.setdefault(job.id, [0, 0, 0, 0, 0, 0, 0])
+        seen, count, gen, epoch, final, handed, held = st
         same_epoch = epoch == job.epoch
         if not same_epoch:
-            seen, count = 0, 0
+            seen, count, held = 0, 0, 0
         me = 1 << worker
         nonce = h[_SEQ]
         workers = len(job.workers)
@@ -514,18 +519,20 @@ class SwitchModel:
         elif not seen & me:
             seen, count = seen | me, count + 1
         # else: this worker's process restarted during a join it is counted in
-        st[:] = [seen, count, gen, job.epoch, 0, handed]
+        st[:] = [seen, count, gen, job.epoch, 0, handed, held]
         stats[_ACCEPTED] += 1
         jstats[kinds + wire.JOB_STAT_ACCEPTED] += 1
         out = Outcome("STAT_ACCEPTED", _V[_V_ACCEPT])
-        if count == workers and job.uplink is not None:  # uplink.p4: the join goes up
+        if count == workers and job.uplink is not None and not held:  # uplink.p4: goes up
             stats[_PARTIAL_UP] += 1
             out.replies = [self._join_up(data, job, gen)]
         elif count == workers:
-            st[4:] = [1, gen]
+            # the root hands out its generation; a child job the parent's held answer's
+            hand = handed if job.uplink is not None else gen
+            st[4:] = [1, hand, 0]
             stats[_COMPLETED] += 1
             jstats[kinds + wire.JOB_STAT_COMPLETED] += 1
-            pkt = self._join_reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, gen)
+            pkt = self._join_reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, hand)
             out.replies = [(pkt, a) for a in job.result_addresses]
         return out
 
@@ -544,16 +551,27 @@ class SwitchModel:
     def _join_from_parent(self, data: bytes, h, job: JobEntry) -> Outcome:
         """The parent's answer to this switch's join: its result hands out the run's
         generation, kept here for retransmissions and multicast to the workers; a status or
-        refusal is relayed to them marked FLAG_UPSTREAM."""
+        refusal is relayed to them marked FLAG_UPSTREAM. A result that comes while the join
+        here is pending is held (join.p4): the parent completed its join with this switch's
+        previous one, and nothing newer went up, so the local join hands it out."""
         st = self.join_state.get(job.id)
         flags = h[_FLAGS]
         answer = flags & (_FLAG_STATUS | _FLAG_REFUSED)
+        if st is None or st[3] != job.epoch:
+            return self._drop(_PARENT_DUP, job)
+        workers = len(job.workers)
+        waiting = st[1] == workers and not st[4]
         # a status or refusal answers our own join (its nonce); a result is the parent's
         # multicast, which echoes whichever child completed the join, so any newer
-        # generation than the last one handed out is ours while we wait
-        if (st is None or st[3] != job.epoch or st[1] != len(job.workers) or st[4]
-                or (h[_SEQ] != _join_nonce(job.epoch, st[2]) if answer
-                    else not newer_gen(h[_GEN], st[5]))):
+        # generation than the last one handed out is ours
+        newer = newer_gen(h[_GEN], st[5])
+        if answer and not (waiting and h[_SEQ] == _join_nonce(job.epoch, st[2])):
+            return self._drop(_PARENT_DUP, job)
+        if not answer and not (waiting and newer):
+            if 0 < st[1] < workers and not st[6] and newer:
+                st[5:] = [h[_GEN], 1]
+                self.stats[_FROM_PARENT] += 1
+                return Outcome("STAT_FROM_PARENT")
             return self._drop(_PARENT_DUP, job)
         self.stats[_FROM_PARENT] += 1
         out = Outcome("STAT_FROM_PARENT")
@@ -562,7 +580,7 @@ class SwitchModel:
             pkt = self._join_reply(data, (flags & ~_FLAG_RETRANS) | _FLAG_UPSTREAM, words, None,
                                    job.id)
         else:
-            st[4:] = [1, h[_GEN]]
+            st[4:] = [1, h[_GEN], 0]
             self.stats[_COMPLETED] += 1
             self.job_stats[wire.JOB_STATS_PER_JOB * job.id + wire.JOB_STAT_COMPLETED] += 1
             pkt = self._join_reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, h[_GEN],

@@ -397,10 +397,17 @@ class _Round:
             # The switch holds our contribution; the round waits for peers, so only
             # a lost result could need us again: resend after the longest timeout.
             # Not progress: the deadline still runs.
-            self.status[c] = wire.parse_status(np.frombuffer(pkt, ">i4", K, _WORDS_AT))
-            # (a tree's parent: our switch holds every local contribution; the parent waits
-            # for another child switch)
-            (self.upstream.add if flags & wire.FLAG_UPSTREAM else self.upstream.discard)(c)
+            st = wire.parse_status(np.frombuffer(pkt, ">i4", K, _WORDS_AT))
+            if flags & wire.FLAG_UPSTREAM:
+                # a tree's parent: our switch holds every local contribution; the parent
+                # waits for another child switch
+                self.status[c] = st
+                self.upstream.add(c)
+            elif not (c in self.upstream and st[1] >= (cfg.local_workers or cfg.workers)):
+                # (our leaf's "every worker here has sent", which its other workers get while
+                # the designated one's resends go up, says less than the parent's status)
+                self.status[c] = st
+                self.upstream.discard(c)
             self.sent_at[c] = time.monotonic()
             self.rto[c] = cfg.max_timeout
             return
@@ -476,7 +483,13 @@ class _Round:
         else:
             seen, count = st
             absent = [w for w in range(W) if not seen >> w & 1]
-            if self.join:
+            if cfg.local_workers is not None and not absent:
+                # a tree: the leaf answers the round's other workers with its own status
+                # while its designated worker's resends go up (uplink.p4)
+                msg += (f"every worker under switch {t.switch[0]} has sent; its partial sum "
+                        "got no answer from the parent switch (is the parent, or the link to "
+                        "it, down?)")
+            elif self.join:
                 msg += (f"{count} of {W} workers joined; waiting for worker(s) "
                         f"{', '.join(map(str, absent))} to start")
             else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
 import time
 
 import numpy as np
@@ -177,6 +178,61 @@ def test_a_dead_worker_is_named_under_its_leaf_and_its_leaf_elsewhere(make_tree)
             assert "waiting for worker(s) 2" in str(err[i])
         else:  # the other leaf's workers: the spine waits for leaf1
             assert "waits for leaf1" in str(err[i]) and "from leaf0" in str(err[i])
+
+
+def test_a_run_after_a_join_that_never_completed_is_not_stranded(make_tree):
+    """The join race (join.p4, held): run 1's join never completes (leaf1's worker 3 never
+    starts), so the spine keeps leaf0's join. In run 2 one of leaf0's workers joins, then
+    leaf1's: the spine completes its join with leaf0's old join and answers while leaf0's own
+    join is pending. leaf0 holds that answer and hands it out once its other workers have
+    joined, instead of dropping it and sending a join up that starts the spine's next run
+    (which would strand leaf0's workers, the others having gone on)."""
+    tree = make_tree(deadline=1.0)
+    x = np.ones(1000, np.float32)
+    _, err = tree.run(lambda a, i: a.allreduce(x), skip={7})
+    assert all(isinstance(e, AggregationTimeout) for i, e in enumerate(err) if i != 7), err
+    assert tree.stat(tree.spine, "STAT_COMPLETED") == 0  # the spine holds leaf0's join only
+    # run 2 with the usual deadline: its agents wait for one another, on a loaded machine
+    tree.configs = [dataclasses.replace(c, deadline=10.0) for c in tree.configs]
+    tree.new_run()
+    time.sleep(0.3)  # run 1's last retransmissions and their answers die out
+    xs = sparse_tensors(np.random.default_rng(16), 8, 5_000, 0.05)
+    results, errors = [None] * 8, [None] * 8
+
+    def work(i):
+        try:
+            results[i] = tree.agents[i].allreduce_detailed(xs[i])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors[i] = e
+
+    def until(cond):
+        deadline = time.monotonic() + 5
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.05)
+
+    leaf0 = tree.leaves[0]
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    accepted, relayed, dropped = (tree.stat(leaf0, n) for n in (
+        "STAT_ACCEPTED", "STAT_FROM_PARENT", "DROP_PARENT_DUP"))
+    threads[0].start()  # leaf0's join is pending from here
+    until(lambda: tree.stat(leaf0, "STAT_ACCEPTED") > accepted)
+    for t in threads[4:]:
+        t.start()
+    until(lambda: tree.stat(tree.spine, "STAT_COMPLETED") > 0)
+    # the spine answered (its join completed with leaf0's old one) while leaf0's was pending
+    assert tree.stat(tree.spine, "STAT_COMPLETED") == 1
+    assert tree.stat(leaf0, "STAT_FROM_PARENT") == relayed + 1  # held, not dropped
+    assert tree.stat(leaf0, "DROP_PARENT_DUP") == dropped
+    assert leaf0.switch.model.join_state[1][6] == 1  # the held bit
+    for t in threads[1:4]:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(errors), errors
+    assert_exact(results, xs)
+    assert len({a.transport.gen for a in tree.agents}) == 1
+    assert tree.stat(tree.leaves[0], "DROP_PARENT_DUP") == 0
 
 
 def test_a_dead_leaf_is_named(make_tree):

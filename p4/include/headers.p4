@@ -134,6 +134,7 @@ struct metadata_t {
     bit<1>          refuse;         /* tell the sender its packet was dropped, and why */
     /* trees (uplink.p4) */
     bit<1>          from_parent;    /* a result, status or refusal from the job's parent */
+    bit<1>          held;           /* a parent's join answer kept, not relayed (join.p4) */
     bit<1>          tree;           /* the job has a parent (the uplink table's entry) */
     bit<1>          flagged;        /* the packet's FLAG_OVERFLOW: a child's partial overflowed */
     job_id_t        up_job;

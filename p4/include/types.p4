@@ -62,20 +62,23 @@ typedef bit<CHUNK_BITS> chunk_t;
 typedef bit<SLOT_COPY_BITS> slot_copy_t;
 typedef bit<(2 * SLOT_COPY_BITS)> slot_pair_t;
 
-/* A job's join (join.p4), packed: seen ++ count ++ gen ++ epoch ++ handed ++ final, most
- * significant first. handed: the generation the last complete join handed out (the root's,
- * in a tree); final: the current join is complete at the root, not only here (uplink.p4). */
-#define JOIN_BITS 105
-#define JOIN_SEEN_HI 104
-#define JOIN_SEEN_LO 41
-#define JOIN_COUNT_HI 40
-#define JOIN_COUNT_LO 33
-#define JOIN_GEN_HI 32
-#define JOIN_GEN_LO 25
-#define JOIN_EPOCH_HI 24
-#define JOIN_EPOCH_LO 9
-#define JOIN_HANDED_HI 8
-#define JOIN_HANDED_LO 1
+/* A job's join (join.p4), packed: seen ++ count ++ gen ++ epoch ++ handed ++ held ++ final,
+ * most significant first. handed: the generation the last complete join handed out (the
+ * root's, in a tree); held: the parent's answer came while the join here was still pending,
+ * and handed is already its generation; final: the current join is complete at the root,
+ * not only here (uplink.p4). */
+#define JOIN_BITS 106
+#define JOIN_SEEN_HI 105
+#define JOIN_SEEN_LO 42
+#define JOIN_COUNT_HI 41
+#define JOIN_COUNT_LO 34
+#define JOIN_GEN_HI 33
+#define JOIN_GEN_LO 26
+#define JOIN_EPOCH_HI 25
+#define JOIN_EPOCH_LO 10
+#define JOIN_HANDED_HI 9
+#define JOIN_HANDED_LO 2
+#define JOIN_HELD 1
 #define JOIN_FINAL 0
 typedef bit<JOIN_BITS> join_state_t;
 

@@ -18,6 +18,11 @@
  * In a tree (uplink.p4) a child job's join, complete here, goes up as this switch's join of
  * the parent's job; the parent's result hands out the root's generation (handed), which is
  * what retransmissions get, and a resend of a worker's join resends it up until it does.
+ * The parent can answer while the join here is pending: it completed its join with this
+ * switch's previous join (a run here that never got its answer, then new workers). That
+ * answer is ours (nothing newer went up), so it is held (handed, the held bit) and handed
+ * out when the join here completes, instead of a join up that the parent would count as its
+ * next run, leaving the other children with a generation this switch never hands out.
  *
  * Touched only by OP_JOIN packets: once per run per worker, so the data path pays nothing. */
 #ifndef HOMAGG_JOIN_P4
@@ -44,11 +49,13 @@ control Join(inout headers_t hdr, inout metadata_t meta) {
             bit<8> count = st[JOIN_COUNT_HI:JOIN_COUNT_LO];
             gen_t gen = st[JOIN_GEN_HI:JOIN_GEN_LO];
             gen_t handed = st[JOIN_HANDED_HI:JOIN_HANDED_LO];
+            bit<1> held = st[JOIN_HELD:JOIN_HELD];
             bit<1> final = st[JOIN_FINAL:JOIN_FINAL];
             bool same_epoch = st[JOIN_EPOCH_HI:JOIN_EPOCH_LO] == meta.epoch;
             if (!same_epoch) {
                 seen = 0;                             /* no join yet in this incarnation */
                 count = 0;
+                held = 0;
             }
             /* a child job's join of its parent's job, for this switch's run gen (uplink.p4):
              * unique per run and job incarnation, so a resend is the same join */
@@ -59,18 +66,24 @@ control Join(inout headers_t hdr, inout metadata_t meta) {
                  * a result is the parent's multicast, which echoes whichever child completed
                  * the join, so any newer generation than the last handed out is ours */
                 bool answer = (hdr.homagg.flags & (FLAG_STATUS | FLAG_REFUSED)) != 0;
-                bool ok = same_epoch && count == meta.workers && final == 0;
+                bool waiting = same_epoch && count == meta.workers && final == 0;
+                bool newer = (int<8>)(hdr.homagg.gen - handed) > 0;
                 if (answer) {
-                    ok = ok && hdr.homagg.seq == nonce;
-                } else {
-                    ok = ok && (int<8>)(hdr.homagg.gen - handed) > 0;
-                }
-                if (!ok) {
-                    meta.verdict = Verdict.STALE;
-                } else if (!answer) {
+                    if (!waiting || hdr.homagg.seq != nonce) {
+                        meta.verdict = Verdict.STALE;
+                    }
+                } else if (waiting && newer) {
                     join_state.write(job, seen ++ count ++ gen ++ meta.epoch ++ hdr.homagg.gen
-                                          ++ 1w1);
+                                          ++ 1w0 ++ 1w1);
                     meta.complete = 1;
+                } else if (same_epoch && count != 0 && count != meta.workers && held == 0
+                           && newer) {
+                    /* pending here: held for the local join's completion (above) */
+                    join_state.write(job, seen ++ count ++ gen ++ meta.epoch ++ hdr.homagg.gen
+                                          ++ 1w1 ++ 1w0);
+                    meta.held = 1;
+                } else {
+                    meta.verdict = Verdict.STALE;
                 }
             } else if (same_epoch && last == hdr.homagg.seq) {
                 /* this agent's join again (its reply was lost, or the join is pending) */
@@ -102,13 +115,20 @@ control Join(inout headers_t hdr, inout metadata_t meta) {
                     if (meta.tree == 0) {
                         fin = 1;                      /* the root hands out its generation */
                         handed = gen;
+                    } else if (held == 1) {
+                        /* the parent's held answer: hand it out here, as a root would
+                         * (Reply multicasts it, Aggregation counts it complete) */
+                        fin = 1;
+                        held = 0;
+                        meta.tree = 0;
                     } else {
                         up = true;                    /* a child job's join goes up */
                     }
                 }
-                join_state.write(job, seen ++ count ++ gen ++ meta.epoch ++ handed ++ fin);
+                join_state.write(job, seen ++ count ++ gen ++ meta.epoch ++ handed ++ held
+                                      ++ fin);
                 nonce = (seq_t)(meta.epoch ++ gen);
-                hdr.homagg.gen = gen;
+                hdr.homagg.gen = (fin == 1) ? handed : gen;
             }
             if (up) {
                 hdr.homagg.seq = nonce;

@@ -65,7 +65,7 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
             /* the parent's answer to a round (or join) of this switch: a result (final) is
              * multicast to the workers here; a status or refusal is relayed to them, marked
              * as the parent's (its bitmap names the parent's children) */
-            if (meta.verdict == Verdict.ACCEPT) {
+            if (meta.verdict == Verdict.ACCEPT && meta.held == 0) {
                 if (meta.complete == 1) {
                     hdr.homagg.flags = FLAG_RESULT | phase | overflow;
                 } else {

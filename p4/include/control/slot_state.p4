@@ -84,8 +84,15 @@ control SlotState(in headers_t hdr, inout metadata_t meta) {
                 if (count == meta.workers && tag == hdr.homagg.seq) {
                     if (final == 1 || meta.tree == 0) {
                         meta.verdict = Verdict.RETRANS_REPLY;  /* finished: the result again */
+                    } else if (meta.worker == ((worker_id_t)hdr.homagg.seq & (meta.workers - 1))) {
+                        /* the parent's answer was lost: the round's designated worker sends
+                         * the partial up again. Only one: every worker here times out on the
+                         * same round, and N resends up per timeout multiplied the parent's
+                         * bytes. seq & (workers - 1) is always a worker of the job, and
+                         * rotates over all of them when workers is a power of two. */
+                        meta.verdict = Verdict.RESEND_UP;
                     } else {
-                        meta.verdict = Verdict.RESEND_UP;  /* the parent's answer was lost */
+                        meta.verdict = Verdict.DUP_PENDING;  /* every worker here has sent */
                     }
                 } else if (tag == hdr.homagg.seq) {
                     meta.verdict = Verdict.DUP_PENDING;    /* still waiting for other workers */

@@ -3,9 +3,11 @@
  * contribution to the parent's job (this switch is one of the parent job's workers); the
  * parent's result (the final) comes back down, is kept in the slot copy for retransmissions
  * (slot_state.p4's final bit) and multicast to the workers here. A worker's retransmission
- * of a round complete here gets the final if it came down, else sends the partial up again
- * (Verdict.RESEND_UP): so a loss on any link is recovered by the workers' own timeouts, and
- * the parent's own duplicate checks keep every partial counted once. The join goes up the
+ * of a round complete here gets the final if it came down; else the round's designated
+ * worker's (seq & (workers - 1)) sends the partial up again (Verdict.RESEND_UP) and the
+ * others get a status: so a loss on any link is recovered by the workers' own timeouts, with
+ * one resend up per timeout, and the parent's own duplicate checks keep every partial
+ * counted once. The join goes up the
  * same way (join.p4), so every switch of the tree stamps the root's generation.
  *
  * The uplink table says where a child job's partial sums go; admission's parents table
