@@ -313,3 +313,36 @@ def test_exec_on_a_tree_runs_the_ddp_example_to_the_stars_model(target, capsys):
     digests = [set(re.findall(r"rank \d: parameters (\w+)", out)) for out in (tree, star)]
     assert len(digests[0]) == 1 and digests[0] == digests[1], (tree[-2000:], star[-2000:])
     assert len(re.findall(r"rank \d: parameters", tree)) == 4
+
+
+def test_leafspine_root_falls_back_when_the_spine_is_full_and_stays_exact(target):
+    """--topo leafspine --jobs 2 with a spine that lends homagg one job's slots: job 1's root
+    is the spine, job 2's falls back to the software aggregator on host fb, and the leaves'
+    uplinks of job 2 point there (through the spine, as routed IPv4). Both jobs run at once,
+    each exact; each root took one partial per leaf per round. (A leaf's child job never
+    falls back: its workers and its parent's answers arrive at its leaf.)"""
+    from homagg.launcher.cli import run_agents
+    from homagg.launcher.net import FALLBACK_IP, NetOptions
+    from homagg.launcher.tree import TreeNet
+
+    opts = NetOptions(target=target, topo="leafspine", leaves=2, workers_per_leaf=4, jobs=2,
+                      slots=16, switch_slots=16, log_dir=LOG_DIR / f"mn-tree-fb-{target}")
+    with TreeNet(opts) as net:
+        assert {j: pj.place.role for j, pj in net.placed.items()} == {1: "switch",
+                                                                      2: "fallback"}
+        assert "job 2: a tree" in net.placement() and "fell back" in net.placement()
+        assert net.leaf_config(0).jobs[1].uplink.ip == FALLBACK_IP
+        summaries = run_agents(net, ["bench", "--size", "100000", "--iterations", "3",
+                                     "--check"], echo_worker0=False)
+        stats = net.stats_all()
+    assert len(summaries) == 8 and all(s["checked"] for s in summaries)
+    assert set(stats["spine"]["jobs"]) == {1} and set(stats["fb"]["jobs"]) == {2}
+    for j, root in ((1, "spine"), (2, "fb")):
+        rounds = [stats[f"leaf{i}"]["jobs"][j]["JOB_STAT_COMPLETED"]["packets"] for i in (1, 2)]
+        assert rounds[0] == rounds[1] == stats[root]["jobs"][j]["JOB_STAT_COMPLETED"][
+            "packets"] > 3
+        assert stats[root]["jobs"][j]["JOB_STAT_ACCEPTED"]["packets"] == sum(rounds)
+    for drop in ("DROP_UNKNOWN_SENDER", "DROP_WRONG_IDENTITY", "DROP_FORGED_RESULT",
+                 "DROP_SPOOFED"):
+        for name, st in stats.items():
+            assert st["switch"][drop] == 0, (name, drop)

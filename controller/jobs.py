@@ -131,10 +131,17 @@ def install_base(sw: P4RuntimeSwitch, cfg: Config) -> None:
     fb = cfg.fallback
     if fb is not None and fb.port is not None:  # the fallback aggregator hangs off this switch:
         routed.append((fb.ip, fb.mac, fb.port))  # route to it, and its results to the workers
-        sw.insert(TableEntry(P4.TABLE_AGGREGATORS, {"src_addr": ip_int(fb.ip), "port": fb.port},
-                             P4.ACTION_TRUSTED), or_modify=True)
+        trust_aggregator(sw, fb.ip, fb.port)
     for ip, mac, port in routed:
         add_route(sw, cfg, ip, mac, port, proxy_arp=ip != s.ip)
+
+
+def trust_aggregator(sw: P4RuntimeSwitch, ip: str, port: int) -> None:
+    """Let homagg packets from the aggregator at ``ip`` (behind switch port ``port``) through
+    as routed traffic: forwarding.p4 drops a packet from homagg's source ports otherwise, so
+    that a host cannot forge a result for another."""
+    sw.insert(TableEntry(P4.TABLE_AGGREGATORS, {"src_addr": ip_int(ip), "port": port},
+                         P4.ACTION_TRUSTED), or_modify=True)
 
 
 def add_route(sw: P4RuntimeSwitch, cfg: Config, ip: str, mac: str, port: int,

@@ -24,11 +24,14 @@ worker of an (L x N / J)-worker star, and ends with the same model.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from homagg import wire
 from homagg.launcher.net import (
     AGENT_PORT,
+    FALLBACK_IP,
+    FALLBACK_MAC,
     SWITCH_IP,
     SWITCH_MAC,
     HomaggNet,
@@ -39,6 +42,7 @@ from homagg.launcher.net import (
 )
 from homagg.netconfig import (
     Config,
+    FallbackSpec,
     Host,
     JobSpec,
     SwitchSpec,
@@ -78,7 +82,6 @@ class TreeNet(HomaggNet):
                            f"--jobs equal parts, and a leaf's jobs go up from a port each: 1 "
                            f"to {len(PORTS)} jobs")
         opts.workers = opts.leaves * opts.workers_per_leaf
-        opts.fallback = False  # a child job never falls back: its parent answers its switch
         super().__init__(opts)
         if jobs * self.slots > wire.SLOTS:
             raise NetError(f"--jobs {jobs} of --slots {self.slots}: every switch of the tree "
@@ -121,7 +124,15 @@ class TreeNet(HomaggNet):
         jobs = tuple(JobSpec(o.job + k, tuple(Worker(h.ip, PORTS[k], h.mac, h.port, h.name)
                                               for h in leaves), self.slots)
                      for k in range(o.jobs))
-        return Config(self._spec("spine", "s1", "agg", SWITCH_IP, SWITCH_MAC), leaves, jobs)
+        fb = None
+        if o.fallback:
+            # the root's fallback (a job the spine has no slots for), hanging off the spine
+            # after the leaves (and after the soft target's aggregator)
+            fb = FallbackSpec("fb", FALLBACK_IP, FALLBACK_MAC, self._socket("fb"), 1,
+                              o.leaves + (2 if self.target == "soft" else 1))
+        spine = self._spec("spine", "s1", "agg", SWITCH_IP, SWITCH_MAC)
+        spine = dataclasses.replace(spine, slots=o.switch_slots)  # --switch-slots: the spine's
+        return Config(spine, leaves, jobs, fb)
 
     def _spec(self, name: str, node: str, agg: str, ip: str, mac: str) -> SwitchSpec:
         """A switch of the tree: bmv2 node ``node`` (its ports are known once it runs), or
@@ -142,11 +153,18 @@ class TreeNet(HomaggNet):
         jobs = tuple(JobSpec(self.opts.job + k,
                              tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name)
                                    for h in hosts[k * per:(k + 1) * per]), self.slots,
-                             uplink=Uplink(self.opts.job + k, i, SWITCH_IP, PORT, SWITCH_MAC,
-                                           PORTS[k], n + 1))
+                             uplink=Uplink(self.opts.job + k, i, self.root_ip(self.opts.job + k),
+                                           PORT, SWITCH_MAC, PORTS[k], n + 1))
                      for k in range(self.opts.jobs))
         sw = self._spec(f"leaf{i + 1}", f"s{i + 2}", f"agg{i + 1}", leaf_ip(i), leaf_mac(i))
         return Config(sw, hosts, jobs)
+
+    def root_ip(self, job: int) -> str:
+        """Where job ``job``'s root aggregates: the spine, or the fallback the controller
+        placed it on (the leaves' uplinks go there; on bmv2 through the spine, which routes
+        to the fallback like any host, hence the spine's MAC as the next hop)."""
+        pj = self.placed.get(job)
+        return pj.place.ip if pj is not None else SWITCH_IP
 
     def configs(self) -> list[Config]:
         return [self.config] + [self.leaf_config(i) for i in range(self.opts.leaves)]
@@ -172,6 +190,10 @@ class TreeNet(HomaggNet):
             if soft:
                 agg = net.addHost("agg", ip=f"{SWITCH_IP}/24", mac=SWITCH_MAC)
                 net.addLink(agg, spine, port2=o.leaves + 1)
+            fb = self.config.fallback
+            if fb is not None:
+                net.addLink(net.addHost(fb.name, ip=f"{fb.ip}/24", mac=fb.mac), spine,
+                            port2=fb.port)
             for i in range(o.leaves):
                 leaf = net.addSwitch(f"s{i + 2}", **kw)
                 net.addLink(leaf, spine, port1=self.per_leaf + 1, port2=i + 1)
@@ -195,6 +217,8 @@ class TreeNet(HomaggNet):
                     for i in range(o.leaves)]
             else:
                 self.config = self._config()  # now with each bmv2's P4Runtime address
+            if self.config.fallback is not None:
+                self._start_aggregator(self.config.fallback.name, self.config.fallback.grpc)
             self._install_tree()
         except BaseException:
             self.stop()
@@ -203,20 +227,39 @@ class TreeNet(HomaggNet):
 
     def _install_tree(self) -> None:
         """Every switch's pipeline and job, from this one process: the spine first, so the
-        leaves' partial sums find their parent's job in place."""
+        leaves' partial sums find their parent's job in place. The spine's jobs go where the
+        controller places them (``controller.placement``): on the spine while its slots
+        last, else on its fallback, and the leaves' uplinks then point there (``root_ip``).
+        A leaf's child job stays on its leaf, where its workers and its parent's answers
+        arrive."""
         from homagg.controller import jobs
-        from homagg.controller.build import build, soft_pipeline
         from homagg.controller.p4client import P4RuntimeSwitch
 
-        pipeline = (soft_pipeline(self.opts.log_dir) if self.target == "soft"
-                    else build(words=self.opts.words))
-        for cfg in self.configs():
-            (self.opts.log_dir / f"{cfg.switch.name}.toml").write_text(render(cfg))
+        o = self.opts
+        pipelines = self._pipelines()
+        (o.log_dir / "spine.toml").write_text(render(self.config))
+        with self._fabric(pipelines) as fabric:
+            spine = fabric.session(fabric.switch)  # opened now: the pipeline goes in first
+            if fabric.fallback is not None:
+                fabric.session(fabric.fallback)
+            if self.target == "bmv2":  # its address, proxy ARP, routes to what hangs off it
+                jobs.install_base(spine, self.config)
+                self._route_workers(spine, self.config)
+                if self.config.fallback is not None:
+                    # a leaf's partial sums to a root on the fallback cross the spine as
+                    # routed traffic from homagg's ports: the leaves are aggregators
+                    for i in range(o.leaves):
+                        jobs.trust_aggregator(spine, leaf_ip(i), i + 1)
+            fabric.install_fallback_base()
+            for j in self.config.jobs:
+                self.placed[j.id] = fabric.add(j)
+        for cfg in self.configs()[1:]:
+            (o.log_dir / f"{cfg.switch.name}.toml").write_text(render(cfg))
             s = cfg.switch
             with P4RuntimeSwitch(s.grpc, s.device_id, name=s.name,
-                                 request_log=self.opts.log_dir / f"{s.name}-p4runtime.log"
-                                 ).open(pipeline) as sw:
-                if self.target == "bmv2":  # its address, proxy ARP, routes to what hangs off it
+                                 request_log=o.log_dir / f"{s.name}-p4runtime.log"
+                                 ).open(pipelines["switch"]) as sw:
+                if self.target == "bmv2":
                     jobs.install_base(sw, cfg)
                     self._route_workers(sw, cfg)
                 for j in cfg.jobs:
@@ -241,24 +284,32 @@ class TreeNet(HomaggNet):
     def placement(self) -> str:
         o = self.opts
         names = ", ".join(f"leaf{i + 1} ({leaf_ip(i)})" for i in range(o.leaves))
-        lines = [f"job {o.job + k}: a tree: {o.leaves} leaves of {self.per_job} workers "
-                 f"({names}) under the spine ({SWITCH_IP}), the leaves' port {PORTS[k]}"
-                 for k in range(o.jobs)]
+        lines = []
+        for k in range(o.jobs):
+            pj = self.placed.get(o.job + k)
+            root = (f"the spine ({SWITCH_IP})" if pj is None or pj.place.role == "switch"
+                    else f"the spine's fallback, {pj.place.describe()} [{pj.why}]")
+            lines.append(f"job {o.job + k}: a tree: {o.leaves} leaves of {self.per_job} "
+                         f"workers ({names}) under {root}, the leaves' port {PORTS[k]}")
         return "\n".join(lines) + f"\nconfigs {o.log_dir}/{{spine,leaf1,...}}.toml"
 
     def job_address(self, job: int) -> str:
         raise NetError("in a tree each worker sends to its own leaf: see agent_command")
 
     def stats_all(self) -> dict[str, dict]:
-        """Counters of every switch of the tree, by name (spine, leaf1, ...)."""
+        """Counters of every switch of the tree, by name (spine, leaf1, ...), and of the
+        spine's fallback (fb) where there is one."""
         from homagg.controller import jobs
         from homagg.controller.p4client import P4RuntimeSwitch
 
         out = {}
-        for cfg in self.configs():
-            s = cfg.switch
-            with P4RuntimeSwitch(s.grpc, s.device_id, name=s.name).open() as sw:
-                out[s.name] = jobs.read_stats(sw).to_json()
+        places = [(c.switch.name, c.switch.grpc, c.switch.device_id) for c in self.configs()]
+        fb = self.config.fallback
+        if fb is not None:
+            places.append((fb.name, fb.grpc, fb.device_id))
+        for name, grpc, device_id in places:
+            with P4RuntimeSwitch(grpc, device_id, name=name).open() as sw:
+                out[name] = jobs.read_stats(sw).to_json()
         return out
 
     def agent_command(self, worker: int, *args: str) -> list[str]:

@@ -276,7 +276,10 @@ def test_a_reset_tree_runs_again_exactly(make_tree):
         assert not any(err), err
         assert_exact(res, xs)
     for s in tree.leaves:
-        assert tree.stat(s, "DROP_PARENT_DUP") == 0
+        # the new epochs' parents entries took every answer: the only ones dropped are
+        # second copies of a final, each the parent's answer to a partial sent up again
+        # (a retransmission that crossed the final on its way down)
+        assert tree.stat(s, "DROP_PARENT_DUP") <= tree.stat(s, "STAT_PARTIAL_RESENT")
 
 
 def test_a_tree_set_up_by_hand_from_configs_and_the_command_line(tmp_path):
