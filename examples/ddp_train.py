@@ -91,6 +91,9 @@ def main() -> int:
     if state is not None and agent is not None:
         state.close()
         agent.close()
+    # every rank done before any leaves: rank 0 holds the rendezvous store, and a rank still
+    # tearing gloo down when it goes aborts (seen over bmv2 trees' slower routed links)
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
