@@ -13,9 +13,13 @@ value through the switch). A step is rank 0's wall time for zero_grad + forward 
     sudo python -m bench.ddp_step                     # soft and bmv2, unshaped and 100 Mbit/s
     sudo python -m bench.ddp_step --targets soft --rates 0 --steps 15
     sudo python -m bench.ddp_step --words 64,256      # homagg at K = 64 and 256 side by side
+    sudo python -m bench.ddp_step --topo leafspine    # 2 leaves of 2 workers under a spine
 
 ``--words``: the switch's words per packet (K); with several, each K gets its own topology
 (gloo runs in the first), so a change of K is measured against gloo in the same run.
+``--topo leafspine --leaves L --workers-per-leaf N``: the same on a tree of switches
+(launcher.tree: homagg aggregates at the leaves and the spine; gloo's ring crosses the tree,
+routed by the switches on bmv2); figures go to ddp_step_leafspine.json (.png).
 
 Needs root and Mininet; the bmv2 rows need bmv2 and p4c and are skipped, with the reason,
 where missing. Figures go to bench/out/ddp_step.json (and .png where matplotlib is
@@ -58,7 +62,8 @@ def run_variant(net, args: list[str], steps: int, tag: str) -> list[float]:
 
 
 def main(argv=None) -> int:
-    from homagg.launcher.net import HomaggNet, NetError, NetOptions, choose_target, preflight
+    from homagg.launcher.net import NetError, NetOptions, choose_target, preflight
+    from homagg.launcher.tree import make_net
 
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,6 +72,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--words", default="", help="K values, e.g. 64,256 (default: the P4 "
                                                  "default only)")
+    ap.add_argument("--topo", default="star", choices=["star", "leafspine"])
+    ap.add_argument("--leaves", type=int, default=2, help="leafspine: leaf switches")
+    ap.add_argument("--workers-per-leaf", type=int, default=2, help="leafspine: workers a leaf")
     a = ap.parse_args(argv)
     words: list[int | None] = [int(k) for k in a.words.split(",")] if a.words else [None]
     preflight()
@@ -79,14 +87,16 @@ def main(argv=None) -> int:
         for rate in (float(r) for r in a.rates.split(",")):
             med: dict[str, float] = {}
             for i, k in enumerate(words):
-                opts = NetOptions(target=target, workers=4, bw=rate or None, words=k)
-                opts.log_dir = LOG_DIR / f"{target}-{int(rate)}" / f"k{k or 'default'}"
+                opts = NetOptions(target=target, workers=4, bw=rate or None, words=k,
+                                  topo=a.topo, leaves=a.leaves,
+                                  workers_per_leaf=a.workers_per_leaf)
+                opts.log_dir = LOG_DIR / a.topo / f"{target}-{int(rate)}" / f"k{k or 'default'}"
                 opts.log_dir.mkdir(parents=True, exist_ok=True)
                 label = f" K={k}" if len(words) > 1 else ""
                 variants = [(n + ("" if n == "gloo" else label), args) for n, args in VARIANTS
                             if n != "gloo" or i == 0]  # gloo does not depend on K
                 try:
-                    with HomaggNet(opts) as net:
+                    with make_net(opts) as net:
                         times = {n: run_variant(net, args, a.steps,
                                                 n.replace(" ", "-").replace("=", ""))
                                  for n, args in variants}
@@ -99,13 +109,16 @@ def main(argv=None) -> int:
                              "ms_per_step": m,
                              "vs_gloo": med["gloo"] / m if "gloo" in med else None})
     links = {0.0: "unshaped"}
+    name = "ddp_step" if a.topo == "star" else f"ddp_step_{a.topo}"
+    print(f"\ntopology: {a.topo}" + (f", {a.leaves} leaves of {a.workers_per_leaf} workers"
+                                     if a.topo != "star" else ", 4 workers"))
     print(f"\n{'target':7} {'links':>9} {'variant':19} {'ms/step':>8} {'speedup vs gloo':>16}")
     for r in rows:
         link = links.get(r["rate_mbit"], f"{r['rate_mbit']:.0f} Mbit/s")
         vs = f"{r['vs_gloo']:15.2f}x" if r["vs_gloo"] is not None else f"{'-':>16}"
         print(f"{r['target']:7} {link:>9} {r['variant']:19} {r['ms_per_step']:8.1f} {vs}")
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "ddp_step.json").write_text(json.dumps(rows, indent=1))
+    (OUT / f"{name}.json").write_text(json.dumps(rows, indent=1))
     try:
         import matplotlib
 
@@ -128,7 +141,7 @@ def main(argv=None) -> int:
     ax.set_ylabel("ms per DDP step (median)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(OUT / "ddp_step.png", dpi=120)
+    fig.savefig(OUT / f"{name}.png", dpi=120)
     return 0
 
 
