@@ -29,6 +29,8 @@ from homagg._p4consts import (
     FLAG_STATUS,
     HEADER_FIELDS,
     HOMAGG_HDR_BYTES,
+    HOMAGG_UDP_PORT_MAX,
+    HOMAGG_UDP_PORT_MIN,
     HOMAGG_VERSION,
     JOIN_WORDS,
     MAX_WORDS_PER_PACKET,
@@ -42,6 +44,8 @@ from homagg._p4consts import (
 from homagg.errors import HomaggError
 
 OPS = {OP_ADD: "add", OP_OR: "or", OP_JOIN: "join"}
+# Every UDP port the switch program takes as homagg's (its parser: 0xBEE0-0xBEEF)
+HOMAGG_UDP_PORTS = range(HOMAGG_UDP_PORT_MIN, HOMAGG_UDP_PORT_MAX + 1)
 PACKET_BYTES = HOMAGG_HDR_BYTES + 4 * WORDS_PER_PACKET  # the UDP payload, at P4's default K
 JOIN_BYTES = HOMAGG_HDR_BYTES + 4 * JOIN_WORDS  # a join and its replies, whatever K
 

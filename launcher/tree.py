@@ -55,7 +55,7 @@ from homagg.netconfig import (
 
 PORT = wire.HOMAGG_UDP_PORT_MIN
 #: A leaf's source port for job k (0-based): the spine knows the leaf's job by it.
-PORTS = range(wire.HOMAGG_UDP_PORT_MIN, wire.HOMAGG_UDP_PORT_MAX + 1)
+PORTS = wire.HOMAGG_UDP_PORTS  # job k of a tree: its leaves' port PORTS[k]
 
 
 def leaf_ip(i: int) -> str:
@@ -312,16 +312,24 @@ class TreeNet(HomaggNet):
                 out[name] = jobs.read_stats(sw).to_json()
         return out
 
+    def siblings(self) -> str:
+        """The spine's children, in worker id order: what a timeout names."""
+        return ",".join(f"leaf{i + 1}" for i in range(self.opts.leaves))
+
+    def switch_of(self, worker: int) -> str:
+        """Where worker host ``worker`` sends: its leaf at its job's port, where every answer
+        then comes from (a switch answers from the port asked; the spine's finals come down
+        to that port)."""
+        job = self.job_of(worker)[0]
+        return f"{leaf_ip(self.leaf_of(worker))}:{PORTS[job - self.opts.job]}"
+
     def agent_command(self, worker: int, *args: str) -> list[str]:
         o = self.opts
         job, index, workers = self.job_of(worker)
-        # to its leaf at its job's port, where every answer then comes from (a switch answers
-        # from the port asked; the spine's finals come down to that port)
         return [sys.executable, "-m", "homagg.host_agent", "--job", str(job),
                 "--worker", str(index), "--workers", str(workers),
                 "--local-workers", str(self.per_job), "--rank", str(self.rank_of(worker)),
-                "--siblings", ",".join(f"leaf{i + 1}" for i in range(o.leaves)),
-                "--switch", f"{leaf_ip(self.leaf_of(worker))}:{PORTS[job - o.job]}",
+                "--siblings", self.siblings(), "--switch", self.switch_of(worker),
                 "--bind", f"{host_ip(worker)}:{AGENT_PORT}",
                 "--slots", str(o.slots), *o.agent_args, *args]
 
@@ -338,8 +346,7 @@ class TreeNet(HomaggNet):
         return {
             "HOMAGG_JOB": str(job), "HOMAGG_WORKER": str(index),
             "HOMAGG_WORKERS": str(workers), "HOMAGG_LOCAL_WORKERS": str(self.per_job),
-            "HOMAGG_SIBLINGS": ",".join(f"leaf{i + 1}" for i in range(o.leaves)),
-            "HOMAGG_SWITCH": f"{leaf_ip(self.leaf_of(worker))}:{PORTS[k]}",
+            "HOMAGG_SIBLINGS": self.siblings(), "HOMAGG_SWITCH": self.switch_of(worker),
             "HOMAGG_BIND": f"{host_ip(worker)}:{AGENT_PORT}", "HOMAGG_SLOTS": str(self.slots),
             "RANK": str(self.rank_of(worker)), "WORLD_SIZE": str(workers), "LOCAL_RANK": "0",
             # rank 0: the job's first worker under the first leaf

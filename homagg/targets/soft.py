@@ -488,10 +488,6 @@ class SoftSwitch:
 # --------------------------------------------------------------------------------------------
 
 
-#: The UDP ports homagg's switch program takes (its parser: 0xBEE0-0xBEEF), each a socket here.
-HOMAGG_PORTS = range(wire.HOMAGG_UDP_PORT_MIN, wire.HOMAGG_UDP_PORT_MAX + 1)
-
-
 class SoftSwitchServer:
     """A SoftSwitch on UDP sockets, in a thread (tests) or in the foreground (CLI).
 
@@ -512,7 +508,7 @@ class SoftSwitchServer:
         self.switch = switch or SoftSwitch()
         ip, main = bind
         if ports is None:  # the other ports to serve
-            ports = HOMAGG_PORTS if main in HOMAGG_PORTS else ()
+            ports = wire.HOMAGG_UDP_PORTS if main in wire.HOMAGG_UDP_PORTS else ()
         # the bind port first: a port 0 bind learns its port there
         wanted = [main] + [p for p in dict.fromkeys(ports) if p != main]
         self.socks: dict[int, udpio.BatchSocket | ImpairedSocket] = {}
