@@ -371,7 +371,14 @@ class Bmv2ConformanceTarget:
         self.t.drain()
 
     def send(self, host: int, payload: bytes) -> None:
+        """One packet, taken by the switch before the next is sent: bmv2 does not keep the
+        order of packets that arrive on different ports, and a case's packets are in order
+        (say, a join before the parent's answer to it)."""
+        rx = self.stats()["STAT_RX"]
         self.t.send(host, payload)
+        deadline = time.monotonic() + 2.0
+        while self.stats()["STAT_RX"] == rx and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def recv_all(self, timeout: float) -> dict[int, list[wire.Packet]]:
         return {h: self.t.recv(h, timeout) for h in range(WORKERS + 1)}
