@@ -69,6 +69,10 @@ class AgentConfig:
     # (forces the switch's overflow flag; every worker of the job must use the same value).
     faults: FaultSpec | None = None
     shift_bias: int = 0
+    # The join's attempt: every worker of one run of the job carries the same number in its
+    # join, and a pending join of another attempt is started afresh (join.p4), so a run whose
+    # join never completed cannot complete a later run's. 0 where nothing hands one out.
+    run: int = 0
 
     def __post_init__(self):
         if not 0 <= self.worker < self.workers <= wire.MAX_WORKERS * wire.MAX_WORKERS:
@@ -89,6 +93,8 @@ class AgentConfig:
             as_mode(self.mode, auto=True)
         except CodecError:
             raise AgentError(f"mode {self.mode!r}: auto, dense, union or sketch") from None
+        if not 0 <= self.run <= 0xFFFFFFFF:
+            raise AgentError(f"run {self.run}: the join's attempt, 0 to 2**32 - 1")
         if self.block < 1:
             raise AgentError(f"block {self.block}: elements per scale block, >= 1")
         try:
