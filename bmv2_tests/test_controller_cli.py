@@ -29,7 +29,9 @@ class SoftSide:
         from tests.test_p4runtime_server import LoopbackHosts, start_softswitch
 
         LOG_DIR.mkdir(parents=True, exist_ok=True)
-        self.proc, self.grpc, udp = start_softswitch("--log-level", "warning",
+        ready = LOG_DIR / "cli-softswitch.ready.json"
+        ready.unlink(missing_ok=True)
+        self.proc, self.grpc, udp = start_softswitch("--log-level", "warning", ready=ready,
                                                      log=LOG_DIR / "cli-softswitch.out")
         self.hosts = LoopbackHosts(udp)
 

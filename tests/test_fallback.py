@@ -25,16 +25,11 @@ from homagg.host_agent import Agent, AgentConfig  # noqa: E402
 from homagg.host_agent.cli import check_exact  # noqa: E402
 from homagg.targets.p4runtime_server import P4RuntimeServer  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
+from tests.staging import agent_addresses  # noqa: E402
 
 SWITCH_IP, FALLBACK_IP = "127.0.0.254", "127.0.0.253"
 JOBS, PER_JOB, SLOTS = 8, 2, 8     # 8 jobs of 2 workers, 8 slots each
 POOL = 4 * SLOTS                   # the switch's pool: room for jobs 1-4 only
-
-
-def free_port(ip: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
 
 
 class Fabric:
@@ -48,8 +43,7 @@ class Fabric:
         self.udp_fb = SoftSwitchServer(self.fb, (FALLBACK_IP, self.port)).start()
         self.rt_sw = P4RuntimeServer(self.sw, "127.0.0.1:0").start()
         self.rt_fb = P4RuntimeServer(self.fb, f"unix:{tmp_path / 'fb.sock'}").start()
-        self.hosts = [(f"127.0.0.{i + 1}", free_port(f"127.0.0.{i + 1}"))
-                      for i in range(JOBS * PER_JOB)]
+        self.hosts = agent_addresses(JOBS * PER_JOB)
         hosts = "".join(f'[[hosts]]\nname = "h{i}"\nip = "{ip}"\nmac = "00:00:0a:00:00:{i + 1:02x}"'
                         f"\nport = {i + 1}\n\n" for i, (ip, _) in enumerate(self.hosts))
         jobs = "".join(

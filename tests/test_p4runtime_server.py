@@ -51,15 +51,10 @@ from homagg.targets.p4runtime_server import (  # noqa: E402
 )
 from homagg.targets.soft import P4INFO_FILE, SoftSwitch, SoftSwitchServer  # noqa: E402
 from homagg.targets.toolchain import missing  # noqa: E402
+from tests.staging import wait_for  # noqa: E402
 
 SWITCH_IP = "127.0.0.254"
 HOSTS = 4  # h0..h2 work, h3 is registered nowhere
-
-
-def free_port(kind: int = socket.SOCK_STREAM, host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class LoopbackHosts:
@@ -119,26 +114,26 @@ class LoopbackHosts:
             s.close()
 
 
-def start_softswitch(*args: str, log: Path | None = None):
-    """``homagg-softswitch`` on 127.0.0.254 and a free P4Runtime port on 127.0.0.1; returns
-    (process, P4Runtime address, UDP address) once P4Runtime answers."""
-    grpc_addr = f"127.0.0.1:{free_port()}"
-    udp = (SWITCH_IP, free_port(socket.SOCK_DGRAM, SWITCH_IP))
+def start_softswitch(*args: str, ready: Path, log: Path | None = None):
+    """``homagg-softswitch`` on 127.0.0.254 and P4Runtime on 127.0.0.1, each on a port the
+    kernel gives at bind time; returns (process, P4Runtime address, UDP address) once it
+    serves both (its ``--ready-file``, written at ``ready``)."""
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "homagg.targets.soft", "--grpc", grpc_addr,
-                             "--bind", udp[0], "--port", str(udp[1]), *args],
+    proc = subprocess.Popen([sys.executable, "-m", "homagg.targets.soft", "--grpc",
+                             "127.0.0.1:0", "--bind", SWITCH_IP, "--port", "0",
+                             "--ready-file", str(ready), *args],
                             stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", int(grpc_addr.rpartition(":")[2])), 0.2).close()
-            return proc, grpc_addr, udp
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"homagg-softswitch did not start (exit {proc.poll()})"
-                                   + (f": {log.read_text()}" if log else "")) from None
-            time.sleep(0.1)
+    try:
+        wait_for(lambda: ready.exists() or proc.poll() is not None, 20,
+                 "homagg-softswitch to serve")
+    except AssertionError:
+        proc.kill()
+        raise
+    if proc.poll() is not None:
+        raise RuntimeError(f"homagg-softswitch did not start (exit {proc.poll()})"
+                           + (f": {log.read_text()}" if log else ""))
+    served = json.loads(ready.read_text())
+    return proc, served["grpc"], tuple(served["udp"])
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -524,6 +519,7 @@ def test_homagg_softswitch_serves_p4runtime_next_to_udp(tmp_path, capsys):
         cfg.write_text(hosts.toml("127.0.0.1:9", hosts.job_toml(3, range(3), 16)))
         proc, grpc_addr, udp = start_softswitch("-c", str(cfg), "--stats-file", str(stats),
                                                 "--log-level", "warning",
+                                                ready=tmp_path / "ready.json",
                                                 log=tmp_path / "soft.out")
         try:
             hosts.switch = udp
@@ -541,8 +537,9 @@ def test_homagg_softswitch_serves_p4runtime_next_to_udp(tmp_path, capsys):
                 assert time.monotonic() < deadline, "SIGHUP did not reset the job"
                 time.sleep(0.1)
             aggregate(hosts, 3, words_of(7))  # seq 1 again after the reset
-            time.sleep(0.5)
-            assert json.loads(stats.read_text())["switch"]["STAT_COMPLETED"] == 2
+            wait_for(lambda: stats.exists()
+                     and json.loads(stats.read_text())["switch"]["STAT_COMPLETED"] == 2,
+                     what="the stats file to count both rounds")
 
             clash = subprocess.run([sys.executable, "-m", "homagg.targets.soft", "--grpc",
                                     grpc_addr, "--bind", SWITCH_IP, "--port", "0"],

@@ -3,8 +3,6 @@ gradients DDP applies are the exact mean of the workers' quantized gradients."""
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 
@@ -15,14 +13,9 @@ import torch.multiprocessing as mp  # noqa: E402
 from homagg import wire  # noqa: E402
 from homagg.host_agent import codec  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
+from tests.staging import agent_addresses  # noqa: E402
 
 SWITCH = ("127.0.1.240", wire.HOMAGG_UDP_PORT_MIN)
-
-
-def free_port(kind=socket.SOCK_DGRAM):
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_model():
@@ -43,13 +36,13 @@ def local_grads(model, rank, step):
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
-def worker(rank, world, ports, tcp_port, out_dir, overlap):
+def worker(rank, world, addrs, out_dir, overlap):
     from homagg.host_agent import Agent, AgentConfig
     from homagg.host_agent.torch_hook import HookState, homagg_hook
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{tcp_port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank,
                             world_size=world)
-    agent = Agent(AgentConfig(1, rank, world, SWITCH, ("127.0.0.1", ports[rank]), slots=16,
+    agent = Agent(AgentConfig(1, rank, world, SWITCH, addrs[rank], slots=16,
                               timeout=0.01, deadline=20))
     model = make_model()
     ref = make_model()
@@ -85,11 +78,11 @@ def worker(rank, world, ports, tcp_port, out_dir, overlap):
 @pytest.mark.parametrize("overlap", [False, True])
 def test_ddp_hook_gives_the_exact_mean(tmp_path, overlap):
     world = 2
-    ports = [free_port() for _ in range(world)]
+    addrs = agent_addresses(world)
     server = SoftSwitchServer(SoftSwitch(), SWITCH).start()
-    server.switch.add_job(1, [("127.0.0.1", p) for p in ports], 16)
+    server.switch.add_job(1, addrs, 16)
     try:
-        mp.spawn(worker, args=(world, ports, free_port(socket.SOCK_STREAM), str(tmp_path),
+        mp.spawn(worker, args=(world, addrs, str(tmp_path),
                                overlap), nprocs=world, join=True)
     finally:
         server.stop()
@@ -114,13 +107,13 @@ def test_ddp_hook_gives_the_exact_mean(tmp_path, overlap):
             start += g.size
 
 
-def scaler_worker(rank, world, ports, tcp_port, out_dir):
+def scaler_worker(rank, world, addrs, out_dir):
     from homagg.host_agent import Agent, AgentConfig
     from homagg.host_agent.torch_hook import HookState, homagg_hook
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{tcp_port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank,
                             world_size=world)
-    agent = Agent(AgentConfig(2, rank, world, SWITCH, ("127.0.0.1", ports[rank]), slots=16,
+    agent = Agent(AgentConfig(2, rank, world, SWITCH, addrs[rank], slots=16,
                               timeout=0.01, deadline=20))
     model = make_model()
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -148,11 +141,11 @@ def scaler_worker(rank, world, ports, tcp_port, out_dir):
 
 def test_ddp_grad_scaler_skips_the_step_on_every_rank_after_an_inf_on_one(tmp_path):
     world = 2
-    ports = [free_port() for _ in range(world)]
+    addrs = agent_addresses(world)
     server = SoftSwitchServer(SoftSwitch(), SWITCH).start()
-    server.switch.add_job(2, [("127.0.0.1", p) for p in ports], 16)
+    server.switch.add_job(2, addrs, 16)
     try:
-        mp.spawn(scaler_worker, args=(world, ports, free_port(socket.SOCK_STREAM),
+        mp.spawn(scaler_worker, args=(world, addrs,
                                       str(tmp_path)), nprocs=world, join=True)
     finally:
         server.stop()
@@ -209,13 +202,13 @@ def make_sparse_model():
                                torch.nn.Linear(8, 1))
 
 
-def sparse_worker(rank, world, ports, tcp_port, out_dir):
+def sparse_worker(rank, world, addrs, out_dir):
     from homagg.host_agent import Agent, AgentConfig
     from homagg.host_agent.torch_hook import HookState, homagg_hook
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{tcp_port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank,
                             world_size=world)
-    agent = Agent(AgentConfig(3, rank, world, SWITCH, ("127.0.0.1", ports[rank]), slots=16,
+    agent = Agent(AgentConfig(3, rank, world, SWITCH, addrs[rank], slots=16,
                               timeout=0.01, deadline=20))
     model = make_sparse_model()
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -238,11 +231,11 @@ def test_ddp_sparse_gradients_go_through_the_hook_sparse_and_exact(tmp_path):
     returns the mean as a sparse tensor on the union of the ranks' rows, equal on every rank
     and equal to the dense mean (the integers behind it are tests/test_sparse.py's)."""
     world = 2
-    ports = [free_port() for _ in range(world)]
+    addrs = agent_addresses(world)
     server = SoftSwitchServer(SoftSwitch(), SWITCH).start()
-    server.switch.add_job(3, [("127.0.0.1", p) for p in ports], 16)
+    server.switch.add_job(3, addrs, 16)
     try:
-        mp.spawn(sparse_worker, args=(world, ports, free_port(socket.SOCK_STREAM),
+        mp.spawn(sparse_worker, args=(world, addrs,
                                       str(tmp_path)), nprocs=world, join=True)
     finally:
         server.stop()

@@ -741,6 +741,10 @@ def main(argv=None) -> int:
                     help=f"words per packet (default {wire.WORDS_PER_PACKET}, as the P4 "
                          "program's default build; agents learn it from the join)")
     ap.add_argument("--stats-file", type=Path, help="write counters as JSON here every 0.2 s")
+    ap.add_argument("--ready-file", type=Path,
+                    help="once serving, write here as JSON the addresses served ({\"udp\": "
+                         "[HOST, PORT], \"grpc\": \"HOST:PORT\" or null}): with --port 0 or "
+                         "--grpc HOST:0, the ports the kernel gave")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     a = ap.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
@@ -778,6 +782,9 @@ def main(argv=None) -> int:
     if p4rt is not None:
         log.info("P4Runtime on %s (device id %d)", p4rt.address, p4rt.device_id)
     server.start()
+    if a.ready_file:
+        _write_json(a.ready_file, {"udp": list(server.address),
+                                   "grpc": p4rt.address if p4rt is not None else None})
     thread = server._thread
     assert thread is not None
     try:
@@ -797,10 +804,16 @@ def main(argv=None) -> int:
 
 
 def _write_stats(path: Path, sw: SoftSwitch, server: SoftSwitchServer) -> None:
-    """The counters as JSON, replaced in one rename: a reader (the launcher, a test) polling
-    the file never sees it half written. ``io``: the sockets' system calls and datagrams."""
+    """The counters as JSON (``_write_json``), for the launcher or a test polling the file.
+    ``io``: the sockets' system calls and datagrams."""
+    _write_json(path, {**sw.read_stats(), "io": server.io_counts()})
+
+
+def _write_json(path: Path, value) -> None:
+    """``value`` as JSON, replaced in one rename: a reader polling the file never sees it
+    half written."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({**sw.read_stats(), "io": server.io_counts()}, indent=1))
+    tmp.write_text(json.dumps(value, indent=1))
     os.replace(tmp, path)
 
 
