@@ -27,6 +27,7 @@ from homagg.netconfig import Uplink as UplinkSpec
 from homagg.switch_model import JobEntry, SwitchModel, Uplink
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
 from homagg.targets.testbed import host_ip, host_mac
+from tests.staging import wait_for
 
 K = wire.WORDS_PER_PACKET
 WORKERS = 3          # hosts 0..2 are the job's workers; host 3 is registered nowhere
@@ -51,12 +52,15 @@ class Pkt:
     gen: int = 0               # the run's generation (join.p4)
     job: int | None = None     # header job id (default: the case's job)
     status: tuple[int, int] | None = None  # words of a status reply (a parent's)
+    run: int = 0               # a join's run (word JOIN_RUN_WORD)
 
     def payload(self, job: int) -> bytes:
         flags = self.flags | (wire.FLAG_PHASE if self.phase else 0)
         n = wire.JOIN_WORDS if self.op == wire.OP_JOIN else K  # a join's words, whatever K
         words = (np.full(n, self.value, np.int64).astype(np.uint32) if self.status is None
                  else wire.status_words(*self.status, n))
+        if self.run:
+            words[wire.JOIN_RUN_WORD] = self.run
         job = job if self.job is None else self.job
         p = wire.pack(self.op, job, self.host if self.worker is None else self.worker,
                       self.slot, self.seq, words, flags=flags, version=self.version,
@@ -77,6 +81,7 @@ class Reply:
     seq: int | None = None            # its seq (default: the probe's; ANY: not checked)
     slot: int | None = None           # its slot (default: the probe's, K for a join's)
     gen: int | None = None            # its gen, where checked
+    run: int | None = None            # word JOIN_RUN_WORD, if not ``value`` (a join going up)
 
 
 @dataclass(frozen=True)
@@ -94,9 +99,16 @@ P, F = wire.FLAG_PHASE, wire.FLAG_REFUSED
 ALL = tuple(range(WORKERS))
 
 
-def J(host: int, nonce: int) -> Pkt:
-    """A join (OP_JOIN): a run's first packet, its seq the agent's nonce."""
-    return Pkt(host, seq=nonce, value=0, op=wire.OP_JOIN)
+def J(host: int, nonce: int, run: int = 0) -> Pkt:
+    """A join (OP_JOIN): a run's first packet, its seq the agent's nonce, its first word the
+    run (the attempt every worker of one run of the job shares)."""
+    return Pkt(host, seq=nonce, value=0, op=wire.OP_JOIN, run=run)
+
+
+# The order of a job restarted during its join: run 1's join stays at 2 of 3 workers (worker
+# 2 never started), then in run 2 worker 2 joins first, then 0 and 1 again.
+STRANDED = (J(0, 11, run=1), J(1, 12, run=1))
+RESTARTED = STRANDED + (J(2, 23, run=2), J(0, 21, run=2))
 
 
 JOINED = (J(0, 11), J(1, 12), J(2, 13))  # one run's complete join
@@ -176,6 +188,16 @@ TREE_CASES = [
     Case("tree: a second join answer while one is held is dropped",
          JOINED + (J(0, 21), FROM_PARENT(0, op=wire.OP_JOIN, seq=77, gen=9)),
          FROM_PARENT(0, op=wire.OP_JOIN, seq=78, gen=10), "DROP_PARENT_DUP"),
+    Case("tree: a join goes up with its run",
+         (J(0, 11, run=3), J(1, 12, run=3)), J(2, 13, run=3), "STAT_ACCEPTED",
+         (UP(0, seq=ANY, slot=0, gen=0, run=3),), ("STAT_PARTIAL_UP",)),
+    Case("tree: after a join that never completed here, a restarted run's completes and goes "
+         "up with its run", RESTARTED, J(1, 22, run=2), "STAT_ACCEPTED",
+         (UP(0, seq=ANY, slot=0, gen=0, run=2),), ("STAT_PARTIAL_UP",)),
+    Case("tree: a join of another run drops a held answer (the other run's) and goes up",
+         JOINED + (J(0, 21), FROM_PARENT(0, op=wire.OP_JOIN, seq=77, gen=9),
+                   J(1, 32, run=4), J(0, 31, run=4)), J(2, 33, run=4), "STAT_ACCEPTED",
+         (UP(0, seq=ANY, slot=0, gen=0, run=4),), ("STAT_PARTIAL_UP",)),
     Case("tree: a root's join answer of an older generation is dropped",
          JOINED + (FROM_PARENT(0, op=wire.OP_JOIN, seq=77, gen=9), J(0, 21), J(1, 22),
                    J(2, 23)), FROM_PARENT(0, op=wire.OP_JOIN, seq=78, gen=9),
@@ -233,6 +255,19 @@ CASES = [
     Case("a worker restarting during a pending join is counted once",
          (J(0, 11), J(1, 12), J(0, 31)), J(2, 13), "STAT_ACCEPTED",
          tuple(Reply(h, R, 0) for h in ALL), ("STAT_COMPLETED",)),
+    Case("a join of another run finds a join that never completed, and starts afresh",
+         STRANDED, J(2, 23, run=2), "STAT_ACCEPTED", (), ("STAT_JOIN_AFRESH",)),
+    Case("after a join that never completed, a restarted run's joins complete in any order",
+         RESTARTED, J(1, 22, run=2), "STAT_ACCEPTED", tuple(Reply(h, R, 0) for h in ALL),
+         ("STAT_COMPLETED",)),
+    Case("a retransmission of the join that never completed is stale once another run's "
+         "started afresh", STRANDED + (J(2, 23, run=2),), J(0, 11, run=1), "DROP_STALE"),
+    Case("joins of one run count toward one join (replies carry no run)",
+         (J(0, 11, run=7), J(1, 12, run=7)), J(2, 13, run=7), "STAT_ACCEPTED",
+         tuple(Reply(h, R, 0) for h in ALL), ("STAT_COMPLETED",)),
+    Case("a new run's join after a complete one of another run starts the next join",
+         (J(0, 11, run=7), J(1, 12, run=7), J(2, 13, run=7)), J(0, 21, run=8),
+         "STAT_ACCEPTED"),
     Case("a newer run's round on a finished copy starts afresh (no old result)",
          (Pkt(0), Pkt(1), Pkt(2)), Pkt(1, gen=1, value=9), "STAT_ACCEPTED"),
     Case("a newer run's round replaces an unfinished one of an earlier run",
@@ -269,7 +304,6 @@ REFUSED = {"DROP_STALE", "DROP_SEQ_MISMATCH", "DROP_WRONG_IDENTITY", "DROP_BAD_S
 CASES = [replace(c, replies=(Reply(c.probe.host, R | F | (P if c.probe.phase else 0),
                                    refused=c.counter),))
          if c.counter in REFUSED else c for c in CASES] + TREE_CASES
-assert len(CASES) < wire.MAX_JOBS, "test_rule gives every case its own job id"
 
 
 # -- targets ------------------------------------------------------------------------------
@@ -331,8 +365,11 @@ class SoftUdpTarget:
                             uplink=UplinkSpec(PJ, LW, ip, port) if tree else None)
 
     def send(self, host: int, payload: bytes) -> None:
+        """One packet, handled before the next is sent (a case's packets are in order, and
+        come from several sockets)."""
+        rx = self.stats()["STAT_RX"]
         self.socks[host].sendto(payload, self.server.address)
-        time.sleep(0.01)  # let the server handle it in order with the next one
+        wait_for(lambda: self.stats()["STAT_RX"] > rx, 5, "the software aggregator to take it")
 
     def recv_all(self, timeout: float) -> dict[int, list[wire.Packet]]:
         out: dict[int, list[wire.Packet]] = {}
@@ -416,18 +453,25 @@ def settled_stats(target, before: dict[str, int], moved: set[str], timeout: floa
         time.sleep(0.02)
 
 
+def salted(p: Pkt, n: int) -> Pkt:
+    """A worker's join with its nonce made unique to the case's turn ``n``: join.p4 keeps each
+    worker's last join nonce across job incarnations, and a case's fixed nonces would look
+    like retransmissions of an earlier case's on the same job id (agents' nonces are random)."""
+    return replace(p, seq=p.seq + (n << 8)) if p.op == wire.OP_JOIN and p.host != PARENT else p
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_rule(target, case):
-    # A job id below MAX_JOBS, none used twice on one target (the previous job is removed):
-    # join.p4 keeps each worker's last join nonce across job incarnations, and the cases'
-    # fixed nonces would look like retransmissions on a reused id (agents' are random).
-    job = 1 + next(_job_ids) % (wire.MAX_JOBS - 1)
+    n = next(_job_ids)
+    job = 1 + n % (wire.MAX_JOBS - 1)  # the previous case's job is removed
     target.add_job(job, case.tree)
     for p in case.setup:
+        p = salted(p, n)
         target.send(p.host, p.payload(job))
     target.recv_all(0.3 if not isinstance(target, ModelTarget) else 0)
     before = target.stats()
-    target.send(case.probe.host, case.probe.payload(job))
+    probe = salted(case.probe, n)
+    target.send(probe.host, probe.payload(job))
     got = target.recv_all(0.5 if not isinstance(target, ModelTarget) else 0)
     moved = {"STAT_RX", case.counter, *case.also}
     after = settled_stats(target, before, moved)
@@ -448,7 +492,7 @@ def test_rule(target, case):
         # a join's replies say K, the switch's words per packet, in the slot field
         slot = K if case.probe.op == wire.OP_JOIN else case.probe.slot
         slot = slot if r.slot is None else r.slot
-        seq = case.probe.seq if r.seq is None else r.seq
+        seq = probe.seq if r.seq is None else r.seq
         assert (pkt.job, pkt.slot) == (job if r.job is None else r.job, slot)
         assert seq == ANY or pkt.seq == seq
         if r.job == PJ:  # up to the parent: this switch's worker id there
@@ -458,6 +502,8 @@ def test_rule(target, case):
         if r.value is not None:
             n = wire.JOIN_WORDS if case.probe.op == wire.OP_JOIN else K
             expected_words = np.full(n, r.value, np.int64).astype(np.uint32).view(np.int32)
+            if r.run is not None:
+                expected_words[wire.JOIN_RUN_WORD] = r.run
             np.testing.assert_array_equal(pkt.words, expected_words)
         if r.refused is not None:
             assert pkt.words[-1] == wire.STAT_INDEX[r.refused] and not pkt.words[:-1].any()

@@ -135,10 +135,11 @@ class SwitchModel:
         self.jobs: dict[int, JobEntry] = {}
         # uplink.p4's parent table: (parent address, parent's job id) -> the job here
         self.children_of: dict[tuple[Address, int], JobEntry] = {}
-        # join.p4's registers: per job id [seen, count, gen, epoch, final, handed, held]
+        # join.p4's registers: per job id [seen, count, gen, epoch, final, handed, held, run]
         # (final: the join is complete at the root, not only here; handed: the generation it
         # handed out, the root's in a tree; held: the parent's answer came while the join
-        # here was pending, and handed is its generation); per (job, worker) nonce
+        # here was pending, and handed is its generation; run: the attempt the current join
+        # belongs to); per (job, worker) nonce
         self.join_state: dict[int, list[int]] = {}
         self.join_nonce: dict[tuple[int, int], int] = {}
 
@@ -478,8 +479,8 @@ class SwitchModel:
         """join.p4: a new run's barrier; the reply carries the run's generation. In a tree, a
         join complete here goes up as this switch's join of the parent's job, and the run's
         generation is the one the root hands out (``_join_from_parent``)."""
-        st = self.join_state.setdefault(job.id, [0, 0, 0, 0, 0, 0, 0])
-        seen, count, gen, epoch, final, handed, held = st
+        st = self.join_state.setdefault(job.id, [0, 0, 0, 0, 0, 0, 0, 0])
+        seen, count, gen, epoch, final, handed, held, run = st
         same_epoch = epoch == job.epoch
         if not same_epoch:
             seen, count, held = 0, 0, 0
@@ -496,7 +497,7 @@ class SwitchModel:
                 stats[_PARTIAL_RESENT] += 1
                 jstats[kinds + wire.JOB_STAT_RETRANS] += 1
                 return Outcome("STAT_PARTIAL_RESENT", _V[_V_RESEND_UP],
-                               [self._join_up(data, job, gen)])
+                               [self._join_up(data, job, gen, run)])
             elif count == workers:
                 stats[_RETRANS_REPLY] += 1
                 jstats[kinds + wire.JOB_STAT_RETRANS] += 1
@@ -514,36 +515,43 @@ class SwitchModel:
             out.verdict = _V[verdict]
             return out
         self.join_nonce[(job.id, worker)] = nonce
-        if count == workers or count == 0:  # the first of a new run: the next generation
-            seen, count, gen = me, 1, (gen + 1) & 0xFF
+        # a pending join of another run never completed: its members are not this run's
+        afresh = 0 < count < workers and _join_run(data) != run
+        if count == workers or count == 0 or afresh:  # the first of a new run: the next gen
+            seen, count, gen, run = me, 1, (gen + 1) & 0xFF, _join_run(data)
+            if afresh:
+                held = 0  # the parent's answer to the other run
+                stats[_JOIN_AFRESH] += 1
         elif not seen & me:
             seen, count = seen | me, count + 1
         # else: this worker's process restarted during a join it is counted in
-        st[:] = [seen, count, gen, job.epoch, 0, handed, held]
+        st[:] = [seen, count, gen, job.epoch, 0, handed, held, run]
         stats[_ACCEPTED] += 1
         jstats[kinds + wire.JOB_STAT_ACCEPTED] += 1
         out = Outcome("STAT_ACCEPTED", _V[_V_ACCEPT])
         if count == workers and job.uplink is not None and not held:  # uplink.p4: goes up
             stats[_PARTIAL_UP] += 1
-            out.replies = [self._join_up(data, job, gen)]
+            out.replies = [self._join_up(data, job, gen, run)]
         elif count == workers:
             # the root hands out its generation; a child job the parent's held answer's
             hand = handed if job.uplink is not None else gen
-            st[4:] = [1, hand, 0]
+            st[4:7] = [1, hand, 0]
             stats[_COMPLETED] += 1
             jstats[kinds + wire.JOB_STAT_COMPLETED] += 1
             pkt = self._join_reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, hand)
             out.replies = [(pkt, a) for a in job.result_addresses]
         return out
 
-    def _join_up(self, data: bytes, job: JobEntry, gen: int) -> tuple[bytes, Address]:
-        """This switch's join of its parent's job, for the local run ``gen``: its nonce is
-        the job's epoch and that generation, so each local run is a new run at the parent,
-        and a resend is the same join."""
+    def _join_up(self, data: bytes, job: JobEntry, gen: int, run: int
+                 ) -> tuple[bytes, Address]:
+        """This switch's join of its parent's job, for the local run ``gen`` of attempt
+        ``run``: its nonce is the job's epoch and that generation, so each local run is a new
+        run at the parent, and a resend is the same join; the attempt goes up with it."""
         up = job.uplink
         assert up is not None
-        hdr = bytearray(_reply(data, 0, np.zeros(wire.JOIN_WORDS, np.int32), 0, job=up.job,
-                               worker=up.worker))
+        words = np.zeros(wire.JOIN_WORDS, np.int32)
+        words[wire.JOIN_RUN_WORD] = np.uint32(run).view(np.int32)
+        hdr = bytearray(_reply(data, 0, words, 0, job=up.job, worker=up.worker))
         hdr[_SEQ_AT:_SEQ_AT + 4] = _join_nonce(job.epoch, gen).to_bytes(4, "big")
         hdr[_SLOT_AT:_SLOT_AT + 2] = bytes(2)
         return bytes(hdr), up.parent
@@ -569,7 +577,7 @@ class SwitchModel:
             return self._drop(_PARENT_DUP, job)
         if not answer and not (waiting and newer):
             if 0 < st[1] < workers and not st[6] and newer:
-                st[5:] = [h[_GEN], 1]
+                st[5:7] = [h[_GEN], 1]
                 self.stats[_FROM_PARENT] += 1
                 return Outcome("STAT_FROM_PARENT")
             return self._drop(_PARENT_DUP, job)
@@ -580,7 +588,7 @@ class SwitchModel:
             pkt = self._join_reply(data, (flags & ~_FLAG_RETRANS) | _FLAG_UPSTREAM, words, None,
                                    job.id)
         else:
-            st[4:] = [1, h[_GEN], 0]
+            st[4:7] = [1, h[_GEN], 0]
             self.stats[_COMPLETED] += 1
             self.job_stats[wire.JOB_STATS_PER_JOB * job.id + wire.JOB_STAT_COMPLETED] += 1
             pkt = self._join_reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, h[_GEN],
@@ -633,6 +641,12 @@ def _reply(data: bytes, flags: int, words: np.ndarray, gen: int | None = None,
     return bytes(hdr) + np.asarray(words, ">i4").tobytes()
 
 
+def _join_run(data: bytes) -> int:
+    """A join's run (word JOIN_RUN_WORD): the attempt its worker's run belongs to (join.p4)."""
+    at = _WORDS_AT + 4 * wire.JOIN_RUN_WORD
+    return int.from_bytes(data[at:at + 4], "big")
+
+
 def _join_nonce(epoch: int, gen: int) -> int:
     """A tree job's join of its parent's job, for its local run ``gen``: unique per run and
     job incarnation (uplink.p4)."""
@@ -663,6 +677,7 @@ _FLAG_RETRANS, _FLAG_STATUS, _FLAG_REFUSED = wire.FLAG_RETRANS, wire.FLAG_STATUS
 _FLAG_UPSTREAM = wire.FLAG_UPSTREAM
 _PARTIAL_UP, _PARTIAL_RESENT, _FROM_PARENT, _PARENT_DUP = (_S[n] for n in (
     "STAT_PARTIAL_UP", "STAT_PARTIAL_RESENT", "STAT_FROM_PARENT", "DROP_PARENT_DUP"))
+_JOIN_AFRESH = _S["STAT_JOIN_AFRESH"]
 # Verdicts as plain ints in the per-packet path (enum attribute access is slow), and back.
 _V = {int(v): v for v in Verdict}
 _V_ACCEPT, _V_RETRANS_REPLY, _V_DUP_PENDING, _V_SEQ_MISMATCH, _V_STALE, _V_RESEND_UP = (

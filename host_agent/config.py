@@ -8,6 +8,7 @@ agent's port); ``mode`` is a ``codec.Mode`` name or "auto"; ``index`` is "flat",
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -108,7 +109,8 @@ class AgentConfig:
         HOMAGG_JOB, HOMAGG_WORKER, HOMAGG_WORKERS, HOMAGG_SWITCH (host[:port]), HOMAGG_BIND
         (host[:port]) and HOMAGG_SLOTS (optional); under a tree's leaf also
         HOMAGG_LOCAL_WORKERS (the leaf's workers) and HOMAGG_SIBLINGS (the parent switch's
-        children, comma-separated); ``options`` set any other field."""
+        children, comma-separated); the join's run from ``run_from_env``; ``options`` set any
+        other field."""
         env = os.environ if environ is None else environ
 
         def need(name: str) -> str:
@@ -134,6 +136,7 @@ class AgentConfig:
                 options.setdefault("local_workers", int(env["HOMAGG_LOCAL_WORKERS"]))
         except ValueError as e:
             raise AgentError(f"HOMAGG_* settings must be integers: {e}") from None
+        options.setdefault("run", run_from_env(env))
         if env.get("HOMAGG_SIBLINGS"):
             options.setdefault("siblings", tuple(s for s in env["HOMAGG_SIBLINGS"].split(",")
                                                  if s))
@@ -144,3 +147,26 @@ class AgentConfig:
     def who(self) -> str:
         """This agent in messages: "job J worker W"."""
         return f"job {self.job} worker {self.worker}"
+
+
+def run_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """The join's run (``AgentConfig.run``) that every worker of one run of a job finds alike
+    in its environment: $HOMAGG_RUN where a launcher hands one out (``homagg-net``); else,
+    under torchrun, a checksum of what names this attempt of the job on every rank alike
+    (MASTER_ADDR:MASTER_PORT, TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT, which an
+    elastic restart increments); else 0, which tells no attempt from another."""
+    env = os.environ if environ is None else environ
+    if env.get("HOMAGG_RUN"):
+        try:
+            run = int(env["HOMAGG_RUN"], 0)
+        except ValueError:
+            raise AgentError(f"$HOMAGG_RUN={env['HOMAGG_RUN']!r}: expected an integer") from None
+        if not 0 <= run <= 0xFFFFFFFF:
+            raise AgentError(f"$HOMAGG_RUN={run}: 0 to 2**32 - 1")
+        return run
+    if env.get("TORCHELASTIC_RUN_ID") is None:
+        return 0
+    attempt = "/".join(env.get(n, "") for n in ("MASTER_ADDR", "MASTER_PORT",
+                                                 "TORCHELASTIC_RUN_ID",
+                                                 "TORCHELASTIC_RESTART_COUNT"))
+    return zlib.crc32(attempt.encode())

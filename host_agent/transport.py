@@ -10,12 +10,14 @@ An overflow flagged by the switch is reported once the round is complete (``Swit
 every worker sees the same flag, so all of them can redo the round at a smaller scale.
 
 A run starts with a join (the switch's join.p4): one OP_JOIN packet (JOIN_WORDS words, whatever
-K) carrying a random nonce, answered once every worker of the job has joined with the run's
-generation, which every later packet carries. The reply's slot field is the switch's K, the
-words per packet it was built with: the agent learns K there (a K configured here that differs
-is an error at once). The switch treats slot state of an earlier generation as empty,
-so chunk numbers (and round tags) start at 0 in every run and runs that follow each other on
-one job need no reset; a worker still retransmitting from an earlier run is dropped as stale.
+K) carrying a random nonce and the run (``AgentConfig.run``: the attempt every worker of this run
+shares, so a join that another run left pending is not counted in), answered once every worker
+of the job has joined with the run's generation, which every later packet carries. The reply's
+slot field is the switch's K, the words per packet it was built with: the agent learns K there
+(a K configured here that differs is an error at once). The switch treats slot state of an
+earlier generation as empty, so chunk numbers (and round tags) start at 0 in every run and runs
+that follow each other on one job need no reset; a worker still retransmitting from an earlier
+run is dropped as stale.
 
 Datagrams go out and come in by the run where the kernel allows (``homagg.udpio``: UDP GSO
 and GRO): the chunks a window opens leave in one system call, and the results a peer sent
@@ -52,6 +54,7 @@ _FLAGS, _JOB, _SEQ, _GEN, _SLOT = (_FIELD_NAMES.index(f) for f in ("flags", "job
 _VERSION_OP = _FIELD_NAMES.index("version_op")  # version (high nibble) and op (low)
 #: A result on the common path: FLAG_RESULT and none of the flags that need a closer look.
 _PLAIN_MASK = wire.FLAG_RESULT | wire.FLAG_REFUSED | wire.FLAG_STATUS
+_UNICAST = wire.FLAG_RETRANS | wire.FLAG_STATUS | wire.FLAG_REFUSED  # replies to one sender
 #: Refusals (FLAG_REFUSED) that mean this agent's settings disagree with the switch's job.
 _CONFIG_ERRORS = {
     "DROP_WRONG_IDENTITY": "the job table has this address for another job or worker id than "
@@ -118,7 +121,9 @@ class Transport:
         """The job's barrier at the start of this agent's run: the generation the switch hands
         out once every worker has joined (retransmitted like any round, with the deadline)."""
         nonce = secrets.randbits(32) or 1  # 0: a register never written
-        r = _Round(self, wire.OP_JOIN, np.zeros(wire.JOIN_WORDS, np.int32), join_nonce=nonce)
+        words = np.zeros(wire.JOIN_WORDS, np.int32)
+        words[wire.JOIN_RUN_WORD] = np.uint32(self.cfg.run).view(np.int32)  # the attempt
+        r = _Round(self, wire.OP_JOIN, words, join_nonce=nonce)
         r.run()
         assert r.gen is not None and self.k
         return r.gen
@@ -374,8 +379,11 @@ class _Round:
         is_join = head[_VERSION_OP] & 0xF == wire.OP_JOIN
         if self.join:
             # The join's multicast echoes the header of the packet that completed it (another
-            # worker's nonce): any join result is ours while we wait for one.
-            c = 0 if is_join else self.nchunks
+            # worker's nonce): any join result is ours while we wait for one. A reply to the
+            # sender alone (a retransmitted result, a status, a refusal) echoes its nonce: one
+            # for another nonce is to this address's previous agent (a restarted worker).
+            unicast = flags & _UNICAST and not flags & wire.FLAG_UPSTREAM
+            c = 0 if is_join and not (unicast and seq != self.seq0) else self.nchunks
         else:
             c = (seq - self.seq0) & 0xFFFFFFFF
             if is_join or head[_GEN] != self.gen:  # a late join reply; another run's result

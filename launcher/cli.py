@@ -103,6 +103,7 @@ def run_agents(net: HomaggNet, agent_args: list[str], echo_worker0: bool = True)
     summaries; raises NetError naming the workers that failed."""
     log_dir = net.opts.log_dir
     procs = []
+    net.new_run()
     for w, h in enumerate(net.worker_hosts()):
         cmd = net.agent_command(w, "--summary-json", str(log_dir / f"worker{w}.json"),
                                 *agent_args)
@@ -131,6 +132,7 @@ def run_everywhere(net: HomaggNet, command: list[str]) -> int:
     log_dir = net.opts.log_dir
     lock = threading.Lock()
     procs, readers = [], []
+    net.new_run()
 
     def pump(w: int, stream) -> None:
         with open(log_dir / f"exec-w{w}.log", "w") as log:

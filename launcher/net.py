@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -152,6 +153,14 @@ class HomaggNet:
         self.config: Config = self._config()
         self.aggregator: Any = None  # the software aggregator's process (soft target)
         self.placed: dict[int, Any] = {}  # job id -> controller.placement.PlacedJob
+        self.new_run()
+
+    def new_run(self) -> int:
+        """A new run number for the workers started from here on (``AgentConfig.run``): each
+        start of a job's workers is its own attempt, so a join that an earlier start left
+        pending is not counted in (join.p4)."""
+        self.run = secrets.randbits(32)
+        return self.run
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> HomaggNet:
@@ -430,7 +439,7 @@ class HomaggNet:
                 "--worker", str(index),
                 "--workers", str(workers), "--switch", self.job_address(job),
                 "--bind", f"{host_ip(worker)}:{AGENT_PORT}", "--slots", str(self.opts.slots),
-                *self.opts.agent_args, *args]
+                "--run", str(self.run), *self.opts.agent_args, *args]
 
     def worker_env(self, worker: int) -> dict[str, str]:
         """What a user's program on worker host ``worker`` needs to join its job: homagg's
@@ -442,6 +451,7 @@ class HomaggNet:
             "HOMAGG_JOB": str(job), "HOMAGG_WORKER": str(index), "HOMAGG_WORKERS": str(workers),
             "HOMAGG_SWITCH": f"{self.job_address(job)}:{wire.HOMAGG_UDP_PORT_MIN}",
             "HOMAGG_BIND": f"{host_ip(worker)}:{AGENT_PORT}", "HOMAGG_SLOTS": str(self.slots),
+            "HOMAGG_RUN": str(self.run),
             "RANK": str(index), "WORLD_SIZE": str(workers), "LOCAL_RANK": "0",
             "MASTER_ADDR": host_ip(worker - index), "MASTER_PORT": str(29500 + job),
             "GLOO_SOCKET_IFNAME": host.defaultIntf().name,

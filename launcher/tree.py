@@ -331,7 +331,7 @@ class TreeNet(HomaggNet):
                 "--local-workers", str(self.per_job), "--rank", str(self.rank_of(worker)),
                 "--siblings", self.siblings(), "--switch", self.switch_of(worker),
                 "--bind", f"{host_ip(worker)}:{AGENT_PORT}",
-                "--slots", str(o.slots), *o.agent_args, *args]
+                "--slots", str(o.slots), "--run", str(self.run), *o.agent_args, *args]
 
     def worker_env(self, worker: int) -> dict[str, str]:
         """As the star's (``HomaggNet.worker_env``), for a worker under its leaf: its id in
@@ -348,6 +348,7 @@ class TreeNet(HomaggNet):
             "HOMAGG_WORKERS": str(workers), "HOMAGG_LOCAL_WORKERS": str(self.per_job),
             "HOMAGG_SIBLINGS": self.siblings(), "HOMAGG_SWITCH": self.switch_of(worker),
             "HOMAGG_BIND": f"{host_ip(worker)}:{AGENT_PORT}", "HOMAGG_SLOTS": str(self.slots),
+            "HOMAGG_RUN": str(self.run),
             "RANK": str(self.rank_of(worker)), "WORLD_SIZE": str(workers), "LOCAL_RANK": "0",
             # rank 0: the job's first worker under the first leaf
             "MASTER_ADDR": host_ip(k * self.per_job), "MASTER_PORT": str(29500 + job),

@@ -3,6 +3,7 @@ injected: every sum is compared bit for bit with the integer sum of the quantize
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import socket
 import threading
@@ -22,14 +23,9 @@ from homagg.host_agent import (
     simulate_allreduce,
 )
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
+from tests.staging import agent_address, agent_addresses, wait_for
 
 _switch_ips = itertools.count(2)
-
-
-def free_udp_port(ip="127.0.0.1"):
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
 
 
 class Job:
@@ -41,23 +37,27 @@ class Job:
         self.server = SoftSwitchServer(SoftSwitch(words=switch_words),
                                        (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN),
                                        faults).start()
-        ports = [free_udp_port() for _ in range(workers)]
-        self.server.switch.add_job(1, [("127.0.0.1", p) for p in ports], slots)
+        addrs = agent_addresses(workers)
+        self.server.switch.add_job(1, addrs, slots)
         kw = dict(timeout=0.01, deadline=5.0)
         kw.update(agent_kw)
         per_worker = per_worker or (lambda w: {})
         self.configs = [AgentConfig(**{
             "job": 1, "worker": w, "workers": workers,
-            "switch": (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN), "bind": ("127.0.0.1", ports[w]),
+            "switch": (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN), "bind": addrs[w],
             "slots": slots, **kw, **per_worker(w)}) for w in range(workers)]
         self.agents = [Agent(c) for c in self.configs]
 
-    def new_run(self):
+    def new_run(self, **changes):
         """Every agent stops and a new one starts on the same address (a script run again),
-        with no reset of the switch."""
+        with no reset of the switch; ``changes`` to its config (say, the new ``run``)."""
         for a in self.agents:
             a.close()
+        self.configs = [dataclasses.replace(c, **changes) for c in self.configs]
         self.agents = [Agent(c) for c in self.configs]
+
+    def stat(self, name):
+        return int(self.server.switch.model.stats[wire.STAT_INDEX[name]])
 
     def run(self, fn_per_worker):
         """Run fn(agent, w) on every worker at once: (results, errors), by worker."""
@@ -242,8 +242,7 @@ def test_dead_peer_is_named_within_the_deadline(make_job):
 
 
 def test_missing_switch_is_a_clear_error(make_job):
-    port = free_udp_port()
-    a = Agent(AgentConfig(1, 0, 2, ("127.0.1.250", wire.HOMAGG_UDP_PORT_MIN), ("127.0.0.1", port),
+    a = Agent(AgentConfig(1, 0, 2, ("127.0.1.250", wire.HOMAGG_UDP_PORT_MIN), agent_address(),
                           deadline=0.5, timeout=0.05))
     try:
         with pytest.raises(AggregationTimeout, match="did not answer at all"):
@@ -605,3 +604,35 @@ def test_an_agent_told_another_k_fails_at_the_join_naming_both(make_job):
     assert AgentConfig(1, 0, 2, words=64).words == 64
     with pytest.raises(AgentError, match="words 10"):
         AgentConfig(1, 0, 2, words=10)
+
+
+def test_a_restarted_run_completes_after_a_join_that_never_completed(make_job):
+    """A job restarted during its join (torchrun's elastic restart): run 1's join stays at 2
+    of 3 (worker 2 never starts). In run 2 worker 2 joins first: its run number differs, so the
+    switch starts the join afresh instead of completing it with workers 0 and 1 of run 1 (who
+    would then be stranded in the next generation). Workers 0 and 1 then join, and the sum is
+    exact."""
+    job = make_job(3, deadline=1.0, run=1)
+    x = np.ones(1000, np.float32)
+    _, err = job.run(lambda a, w: None if w == 2 else a.allreduce(x))
+    assert isinstance(err[0], AggregationTimeout) and isinstance(err[1], AggregationTimeout)
+    job.new_run(deadline=10.0, run=2)
+    xs = sparse_tensors(np.random.default_rng(18), 3, 5_000, 0.05)
+    results, errors = [None] * 3, [None] * 3
+
+    def work(w):
+        try:
+            results[w] = job.agents[w].allreduce_detailed(xs[w])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors[w] = e
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(3)]
+    threads[2].start()
+    wait_for(lambda: job.stat("STAT_JOIN_AFRESH") == 1, what="the join to start afresh")
+    for t in threads[:2]:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(errors), errors
+    assert_exact(results, xs)
+    assert len({a.transport.gen for a in job.agents}) == 1

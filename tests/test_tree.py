@@ -21,10 +21,10 @@ from homagg.faults import FaultSpec
 from homagg.host_agent import Agent, AgentConfig, AggregationTimeout
 from homagg.netconfig import Uplink
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
+from tests.staging import agent_addresses, wait_for
 from tests.test_agent import (
     assert_exact,
     closing_factory,
-    free_udp_port,
     run_agents,
     sparse_tensors,
 )
@@ -59,13 +59,13 @@ class Tree:
         self.configs = []
         for k, j in enumerate(self.job_ids):
             for i, (ip, leaf) in enumerate(zip(self.leaf_ips, self.leaves)):
-                ports = [free_udp_port() for _ in range(per_leaf)]
-                leaf.switch.add_job(j, [("127.0.0.1", p) for p in ports], slots,
+                addrs = agent_addresses(per_leaf)
+                leaf.switch.add_job(j, addrs, slots,
                                     uplink=Uplink(j, i, self.spine_ip, PORT, src_port=PORT + k))
                 self.configs += [AgentConfig(job=j, worker=w, workers=leaves * per_leaf,
                                              local_workers=per_leaf,
                                              switch=(ip, PORT + k if job_ports else PORT),
-                                             bind=("127.0.0.1", ports[w]), slots=slots,
+                                             bind=addrs[w], slots=slots,
                                              siblings=tuple(self.names), **kw)
                                  for w in range(per_leaf)]
         self.agents = [Agent(c) for c in self.configs]
@@ -77,10 +77,39 @@ class Tree:
     def stat(self, server, name):
         return int(server.switch.model.stats[wire.STAT_INDEX[name]])
 
-    def new_run(self):
+    def new_run(self, **changes):
+        """Every agent stops and a new one starts on the same address, its config changed by
+        ``changes`` (say, ``run``: the launcher's number for the new attempt)."""
         for a in self.agents:
             a.close()
+        self.configs = [dataclasses.replace(c, **changes) for c in self.configs]
         self.agents = [Agent(c) for c in self.configs]
+
+    def settle(self, quiet: float = 0.2) -> None:
+        """Wait until no switch has taken a packet for ``quiet`` seconds: what the agents
+        sent before they stopped has been handled."""
+        state = {"rx": None, "since": 0.0}
+
+        def quiet_for_long_enough() -> bool:
+            rx = [self.stat(s, "STAT_RX") for s in [*self.leaves, self.spine]]
+            if rx != state["rx"]:
+                state["rx"], state["since"] = rx, time.monotonic()
+            return time.monotonic() - state["since"] >= quiet
+
+        wait_for(quiet_for_long_enough, what="the switches to go quiet")
+
+    def start(self, fn, which, results, errors):
+        """Start fn(agent, i) for the agents in ``which``, each on a thread; returns them."""
+        def work(i):
+            try:
+                results[i] = fn(self.agents[i], i)
+            except BaseException as e:  # noqa: BLE001 - reported by the caller
+                errors[i] = e
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in which]
+        for t in threads:
+            t.start()
+        return threads
 
     def run(self, fn, skip=()):
         return run_agents(self.agents, fn, skip)
@@ -180,53 +209,78 @@ def test_a_dead_worker_is_named_under_its_leaf_and_its_leaf_elsewhere(make_tree)
             assert "waits for leaf1" in str(err[i]) and "from leaf0" in str(err[i])
 
 
-def test_a_run_after_a_join_that_never_completed_is_not_stranded(make_tree):
-    """The join race (join.p4, held): run 1's join never completes (leaf1's worker 3 never
-    starts), so the spine keeps leaf0's join. In run 2 one of leaf0's workers joins, then
-    leaf1's: the spine completes its join with leaf0's old join and answers while leaf0's own
-    join is pending. leaf0 holds that answer and hands it out once its other workers have
-    joined, instead of dropping it and sending a join up that starts the spine's next run
-    (which would strand leaf0's workers, the others having gone on)."""
-    tree = make_tree(deadline=1.0)
+def stranded_join(tree, run=0):
+    """Run 1's join never completes: leaf1's worker 3 (agent 7) never starts, so leaf1's join
+    stays at 3 of 4, and the spine keeps leaf0's join. Then every agent restarts, with
+    ``run`` its new run number."""
     x = np.ones(1000, np.float32)
     _, err = tree.run(lambda a, i: a.allreduce(x), skip={7})
     assert all(isinstance(e, AggregationTimeout) for i, e in enumerate(err) if i != 7), err
     assert tree.stat(tree.spine, "STAT_COMPLETED") == 0  # the spine holds leaf0's join only
+    assert tree.leaves[1].switch.model.join_state[1][1] == 3  # leaf1's: 3 of 4
     # run 2 with the usual deadline: its agents wait for one another, on a loaded machine
-    tree.configs = [dataclasses.replace(c, deadline=10.0) for c in tree.configs]
-    tree.new_run()
-    time.sleep(0.3)  # run 1's last retransmissions and their answers die out
+    tree.new_run(deadline=10.0, run=run)
+    tree.settle()  # run 1's last retransmissions, and the answers to them, are handled
+
+
+def test_a_restarted_run_completes_after_a_join_that_never_completed(make_tree):
+    """The order of a job that died during its join and was restarted (an elastic restart):
+    in run 2 the worker missing from run 1's join joins first, at a leaf where the other
+    three are still counted from run 1. Its run number differs from theirs, so the leaf
+    starts afresh instead of completing the join with three stale members; so does the spine
+    with leaf0's stale join. The others then join, in any order, and every sum is exact."""
+    tree = make_tree(deadline=1.0, run=1)
+    stranded_join(tree, run=2)
+    leaf0, leaf1 = tree.leaves
+    xs = sparse_tensors(np.random.default_rng(17), 8, 5_000, 0.05)
+    results, errors = [None] * 8, [None] * 8
+    work = lambda a, i: a.allreduce_detailed(xs[i])  # noqa: E731
+    threads = tree.start(work, [7], results, errors)
+    wait_for(lambda: tree.stat(leaf1, "STAT_JOIN_AFRESH") == 1, what="leaf1 starts afresh")
+    threads += tree.start(work, [4, 5, 6], results, errors)
+    wait_for(lambda: tree.stat(leaf1, "STAT_PARTIAL_UP") == 1, what="leaf1's join goes up")
+    wait_for(lambda: tree.stat(tree.spine, "STAT_JOIN_AFRESH") == 1,
+             what="the spine starts afresh (leaf0's join is run 1's)")
+    threads += tree.start(work, range(4), results, errors)
+    for t in threads:
+        t.join(60)
+    assert not any(errors), errors
+    assert_exact(results, xs)
+    assert len({a.transport.gen for a in tree.agents}) == 1
+    assert tree.stat(leaf0, "STAT_JOIN_AFRESH") == 0  # leaf0's run 1 join had completed
+
+
+def test_a_run_after_a_join_that_never_completed_is_not_stranded(make_tree):
+    """The join race without run numbers (run 0 on every worker: agents started by hand),
+    where the order is the one it allows: leaf1's three run-1 workers join again (each
+    restarted process counted once), then the fourth. One of leaf0's workers joins first:
+    the spine completes its join with leaf0's old one and answers while leaf0's own join is
+    pending. leaf0 holds that answer (join.p4, held) and hands it out once its other workers
+    have joined, instead of dropping it and sending a join up that starts the spine's next
+    run (which would strand leaf0's workers, the others having gone on)."""
+    tree = make_tree(deadline=1.0)
+    stranded_join(tree)
+    leaf0, leaf1 = tree.leaves
     xs = sparse_tensors(np.random.default_rng(16), 8, 5_000, 0.05)
     results, errors = [None] * 8, [None] * 8
-
-    def work(i):
-        try:
-            results[i] = tree.agents[i].allreduce_detailed(xs[i])
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors[i] = e
-
-    def until(cond):
-        deadline = time.monotonic() + 5
-        while not cond() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.05)
-
-    leaf0 = tree.leaves[0]
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    work = lambda a, i: a.allreduce_detailed(xs[i])  # noqa: E731
     accepted, relayed, dropped = (tree.stat(leaf0, n) for n in (
         "STAT_ACCEPTED", "STAT_FROM_PARENT", "DROP_PARENT_DUP"))
-    threads[0].start()  # leaf0's join is pending from here
-    until(lambda: tree.stat(leaf0, "STAT_ACCEPTED") > accepted)
-    for t in threads[4:]:
-        t.start()
-    until(lambda: tree.stat(tree.spine, "STAT_COMPLETED") > 0)
+    accepted1 = tree.stat(leaf1, "STAT_ACCEPTED")
+    threads = tree.start(work, [0], results, errors)  # leaf0's join is pending from here
+    wait_for(lambda: tree.stat(leaf0, "STAT_ACCEPTED") > accepted, what="leaf0's first join")
+    threads += tree.start(work, [4, 5, 6], results, errors)
+    wait_for(lambda: tree.stat(leaf1, "STAT_ACCEPTED") == accepted1 + 3,
+             what="leaf1's three restarted workers")
+    threads += tree.start(work, [7], results, errors)
+    wait_for(lambda: tree.stat(leaf0, "STAT_FROM_PARENT") > relayed,
+             what="the spine's answer at leaf0")
     # the spine answered (its join completed with leaf0's old one) while leaf0's was pending
     assert tree.stat(tree.spine, "STAT_COMPLETED") == 1
     assert tree.stat(leaf0, "STAT_FROM_PARENT") == relayed + 1  # held, not dropped
     assert tree.stat(leaf0, "DROP_PARENT_DUP") == dropped
     assert leaf0.switch.model.join_state[1][6] == 1  # the held bit
-    for t in threads[1:4]:
-        t.start()
+    threads += tree.start(work, [1, 2, 3], results, errors)
     for t in threads:
         t.join(60)
     assert not any(errors), errors
@@ -307,10 +361,10 @@ def test_a_tree_set_up_by_hand_from_configs_and_the_command_line(tmp_path):
     try:
         cfgs = [config("spine", spine, [(f"leaf{i}", ip) for i, ip in enumerate(leaves)],
                        [(f"leaf{i}", PORT) for i in range(2)])]
-        ports = [[free_udp_port() for _ in range(4)] for _ in leaves]
+        addrs = [agent_addresses(4) for _ in leaves]
         for i, ip in enumerate(leaves):
-            cfgs.append(config(f"leaf{i}", ip, [(f"w{w}", "127.0.0.1") for w in range(4)],
-                               [(f"w{w}", ports[i][w]) for w in range(4)],
+            cfgs.append(config(f"leaf{i}", ip, [(f"w{w}", addrs[i][w][0]) for w in range(4)],
+                               [(f"w{w}", addrs[i][w][1]) for w in range(4)],
                                f'uplink = {{ job = 1, worker = {i}, ip = "{spine}" }}\n'))
         for c in cfgs:
             procs.append(subprocess.Popen([sys.executable, "-m", "homagg.targets.soft", "-c",
@@ -324,7 +378,7 @@ def test_a_tree_set_up_by_hand_from_configs_and_the_command_line(tmp_path):
                     [sys.executable, "-m", "homagg.host_agent", "--job", "1", "--worker", str(w),
                      "--workers", "8", "--local-workers", "4", "--rank", str(4 * i + w),
                      "--siblings", "leaf0,leaf1", "--switch", ip, "--slots", "16",
-                     "--bind", f"127.0.0.1:{ports[i][w]}", "bench", "--size", "30000",
+                     "--bind", f"{addrs[i][w][0]}:{addrs[i][w][1]}", "bench", "--size", "30000",
                      "--iterations", "3", "--check"],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         procs += agents
@@ -478,7 +532,7 @@ def test_the_software_aggregator_serves_homaggs_ports_and_answers_from_the_one_a
             # worker 0 to port +3, worker 1 (completing the round) to port +9: the result
             # comes to both from +9; worker 0's retransmission to +15 is answered from +15
             socks[0].sendto(wire.pack(wire.OP_ADD, 1, 0, 0, 1, words[0]), (ip, PORT + 3))
-            time.sleep(0.05)
+            wait_for(lambda: server.switch.model.stats[wire.STAT_INDEX["STAT_ACCEPTED"]] == 1)
             socks[1].sendto(wire.pack(wire.OP_ADD, 1, 1, 0, 1, words[1]), (ip, PORT + 9))
             for s in socks:
                 data, src = s.recvfrom(4096)

@@ -60,8 +60,10 @@ const bit<16> HOMAGG_UDP_LEN       = 8 + HOMAGG_HDR_BYTES + HOMAGG_PAYLOAD_BYTES
 const bit<16> HOMAGG_IPV4_LEN      = 20 + HOMAGG_UDP_LEN;    /* no IPv4 options */
 /* A join (and its replies) carries JOIN_WORDS words whatever K, since the agent does not know K
  * yet: room for a status reply, and small, because bmv2 cannot grow a packet by more than its
- * buffer's headroom. The join's replies say K in the header's slot field. */
+ * buffer's headroom. The join's replies say K in the header's slot field. Word JOIN_RUN_WORD
+ * of a join is the agent's run (headers.p4, join_words_h). */
 #define JOIN_WORDS 16
+#define JOIN_RUN_WORD 0
 const bit<16> HOMAGG_JOIN_UDP_LEN  = 8 + HOMAGG_HDR_BYTES + 4 * JOIN_WORDS;
 const bit<16> HOMAGG_JOIN_IPV4_LEN = 20 + HOMAGG_JOIN_UDP_LEN;
 
@@ -94,6 +96,9 @@ const bit<32> STAT_FROM_PARENT     = 19;  /* results (finals), statuses and refu
                                              parent, multicast to this switch's workers */
 const bit<32> DROP_PARENT_DUP      = 20;  /* a parent's result this switch already holds, or
                                              for a round it does not (late duplicate) */
+/* The join (join.p4). */
+const bit<32> STAT_JOIN_AFRESH     = 21;  /* joins of a new run that found another run's join
+                                             pending (it never completed) and started afresh */
 /* Never counted by the data plane: the controller keeps the last job epoch it handed out here
  * (P4Runtime can write counters but not registers), so epochs stay unique for the switch's
  * lifetime, across controller restarts, and restart with the registers when the switch does. */

@@ -93,9 +93,13 @@ header words_h {
     FOR_CHUNKS(WORDS_FIELD)
 }
 
-/* A join's JOIN_WORDS words (constants.p4): zero from the agent; a status in a reply. */
+/* A join's JOIN_WORDS words (constants.p4). From an agent: word 0 its run, the attempt that
+ * every worker of one run of the job shares (join.p4), then zeros. In a reply: word 0 zero,
+ * then zeros, a status or a refusal's reason. A child job's join of its parent's carries the
+ * run up. */
 header join_words_h {
-    bit<512> w;    /* 32 * JOIN_WORDS */
+    bit<32>  run;  /* word 0 */
+    bit<480> w;    /* words 1 .. JOIN_WORDS - 1 */
 }
 
 struct headers_t {
@@ -135,6 +139,7 @@ struct metadata_t {
     /* trees (uplink.p4) */
     bit<1>          from_parent;    /* a result, status or refusal from the job's parent */
     bit<1>          held;           /* a parent's join answer kept, not relayed (join.p4) */
+    bit<1>          afresh;         /* a pending join of another run started afresh (join.p4) */
     bit<1>          tree;           /* the job has a parent (the uplink table's entry) */
     bit<1>          flagged;        /* the packet's FLAG_OVERFLOW: a child's partial overflowed */
     job_id_t        up_job;

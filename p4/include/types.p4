@@ -62,12 +62,15 @@ typedef bit<CHUNK_BITS> chunk_t;
 typedef bit<SLOT_COPY_BITS> slot_copy_t;
 typedef bit<(2 * SLOT_COPY_BITS)> slot_pair_t;
 
-/* A job's join (join.p4), packed: seen ++ count ++ gen ++ epoch ++ handed ++ held ++ final,
- * most significant first. handed: the generation the last complete join handed out (the
- * root's, in a tree); held: the parent's answer came while the join here was still pending,
- * and handed is already its generation; final: the current join is complete at the root,
- * not only here (uplink.p4). */
-#define JOIN_BITS 106
+/* A job's join (join.p4), packed: run ++ seen ++ count ++ gen ++ epoch ++ handed ++ held ++
+ * final, most significant first. run: the attempt the current join belongs to (its joins'
+ * run word); handed: the generation the last complete join handed out (the root's, in a
+ * tree); held: the parent's answer came while the join here was still pending, and handed is
+ * already its generation; final: the current join is complete at the root, not only here
+ * (uplink.p4). */
+#define JOIN_BITS 138
+#define JOIN_RUN_HI 137
+#define JOIN_RUN_LO 106
 #define JOIN_SEEN_HI 105
 #define JOIN_SEEN_LO 42
 #define JOIN_COUNT_HI 41

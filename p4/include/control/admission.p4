@@ -65,6 +65,7 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
         meta.job_known = 0;
         meta.from_parent = 0;
         meta.held = 0;
+        meta.afresh = 0;
         meta.flagged = ((hdr.homagg.flags & FLAG_OVERFLOW) != 0) ? 1w1 : 1w0;
         bool join = hdr.join_words.isValid();
         if (standard_metadata.parser_error != error.NoError

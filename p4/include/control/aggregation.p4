@@ -71,6 +71,9 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         } else if (meta.verdict == Verdict.ACCEPT) {
             stats.count(STAT_ACCEPTED);
             job_count(JOB_STAT_ACCEPTED);
+            if (meta.afresh == 1) {
+                stats.count(STAT_JOIN_AFRESH);
+            }
             if (meta.complete == 1 && meta.tree == 1) {
                 stats.count(STAT_PARTIAL_UP);         /* complete here: the partial went up */
             } else if (meta.complete == 1) {

@@ -24,6 +24,18 @@
  * out when the join here completes, instead of a join up that the parent would count as its
  * next run, leaving the other children with a generation this switch never hands out.
  *
+ * A join's membership belongs to one attempt, its run: every worker of one run of the job
+ * carries the same run number in its join (word 0: the launcher, the controller service or
+ * torchrun's run id and restart count hand it out). A run whose join never completed (a
+ * worker never started, or the job died during its join and was restarted) leaves a pending
+ * join behind; a join of another run finds it, and starts afresh instead of counting the
+ * stale members (who would complete the join with a worker of the new run, and strand the
+ * rest of it in the next generation). Why a run number and not an age: workers of one run
+ * can join minutes apart (loading a model), while an elastic restart comes within seconds,
+ * so no timeout tells the two apart. On Tofino the run is a 32-bit register of its own, read
+ * and replaced by one RegisterAction in the stage before the membership's, whose output bit
+ * ("another run") selects the membership RegisterAction that starts afresh.
+ *
  * Touched only by OP_JOIN packets: once per run per worker, so the data path pays nothing. */
 #ifndef HOMAGG_JOIN_P4
 #define HOMAGG_JOIN_P4
@@ -45,6 +57,7 @@ control Join(inout headers_t hdr, inout metadata_t meta) {
             join_state.read(st, job);
             seq_t last;
             join_nonce.read(last, at);
+            bit<32> run = st[JOIN_RUN_HI:JOIN_RUN_LO];
             worker_bitmap_t seen = st[JOIN_SEEN_HI:JOIN_SEEN_LO];
             bit<8> count = st[JOIN_COUNT_HI:JOIN_COUNT_LO];
             gen_t gen = st[JOIN_GEN_HI:JOIN_GEN_LO];
@@ -73,14 +86,14 @@ control Join(inout headers_t hdr, inout metadata_t meta) {
                         meta.verdict = Verdict.STALE;
                     }
                 } else if (waiting && newer) {
-                    join_state.write(job, seen ++ count ++ gen ++ meta.epoch ++ hdr.homagg.gen
-                                          ++ 1w0 ++ 1w1);
+                    join_state.write(job, run ++ seen ++ count ++ gen ++ meta.epoch
+                                          ++ hdr.homagg.gen ++ 1w0 ++ 1w1);
                     meta.complete = 1;
                 } else if (same_epoch && count != 0 && count != meta.workers && held == 0
                            && newer) {
                     /* pending here: held for the local join's completion (above) */
-                    join_state.write(job, seen ++ count ++ gen ++ meta.epoch ++ hdr.homagg.gen
-                                          ++ 1w1 ++ 1w0);
+                    join_state.write(job, run ++ seen ++ count ++ gen ++ meta.epoch
+                                          ++ hdr.homagg.gen ++ 1w1 ++ 1w0);
                     meta.held = 1;
                 } else {
                     meta.verdict = Verdict.STALE;
@@ -100,11 +113,18 @@ control Join(inout headers_t hdr, inout metadata_t meta) {
                 hdr.homagg.gen = (meta.verdict == Verdict.RETRANS_REPLY) ? handed : gen;
             } else {
                 join_nonce.write(at, hdr.homagg.seq);
-                if (count == meta.workers || count == 0) {
+                bool afresh = count != 0 && count != meta.workers
+                              && hdr.join_words.run != run;
+                if (count == meta.workers || count == 0 || afresh) {
                     seen = me;                        /* the first of a new run */
                     count = 1;
                     gen = gen + 1;
+                    run = hdr.join_words.run;
                     meta.first = 1;
+                    if (afresh) {
+                        held = 0;                     /* the parent's answer to the other run */
+                        meta.afresh = 1;
+                    }
                 } else if ((seen & me) == 0) {
                     seen = seen | me;
                     count = count + 1;
@@ -125,8 +145,8 @@ control Join(inout headers_t hdr, inout metadata_t meta) {
                         up = true;                    /* a child job's join goes up */
                     }
                 }
-                join_state.write(job, seen ++ count ++ gen ++ meta.epoch ++ handed ++ held
-                                      ++ fin);
+                join_state.write(job, run ++ seen ++ count ++ gen ++ meta.epoch ++ handed
+                                      ++ held ++ fin);
                 nonce = (seq_t)(meta.epoch ++ gen);
                 hdr.homagg.gen = (fin == 1) ? handed : gen;
             }
@@ -134,6 +154,7 @@ control Join(inout headers_t hdr, inout metadata_t meta) {
                 hdr.homagg.seq = nonce;
                 hdr.homagg.gen = 0;
                 hdr.homagg.flags = 0;
+                hdr.join_words.run = run;            /* the run goes up (Reply keeps it) */
                 hdr.join_words.w = 0;
             }
             meta.seen = seen;

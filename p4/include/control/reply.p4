@@ -56,8 +56,11 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
 
     apply {
         bool join = hdr.join_words.isValid();
+        bit<32> run = 0;
         if (join) {
             hdr.homagg.slot = WORDS_PER_PACKET;  /* how the agent learns K */
+            run = hdr.join_words.run;
+            hdr.join_words.run = 0;              /* a reply's word 0 (headers.p4) */
         }
         bit<8> phase = hdr.homagg.flags & FLAG_PHASE;
         bit<8> overflow = (meta.overflowed == 1) ? FLAG_OVERFLOW : 8w0;
@@ -78,9 +81,10 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
             }
         } else if (meta.tree == 1 && ((meta.verdict == Verdict.ACCEPT && meta.complete == 1)
                                       || meta.verdict == Verdict.RESEND_UP)) {
-            /* (a join's was set up by Join: its nonce, no flags, zero words) */
+            /* (a join's was set up by Join: its nonce, no flags, the run, zero words) */
             if (join) {
                 hdr.homagg.slot = 0;
+                hdr.join_words.run = run;
             } else {
                 hdr.homagg.flags = phase | overflow;
             }
@@ -95,7 +99,7 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
                 reason = DROP_SEQ_MISMATCH;
             }
             if (join) {
-                hdr.join_words.w = (bit<512>)reason;
+                hdr.join_words.w = (bit<480>)reason;
             } else {
                 FOR_CHUNKS(ZERO_CHUNK)
                 hdr.words.LAST_CHUNK = (chunk_t)reason;   /* word K-1, the low end (below) */
@@ -114,7 +118,7 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
             /* words STATUS_WORD..: contributors bitmap (high, low), then their count (the low
              * end of the field: a wide shift up to word 0 is beyond bmv2's limit) */
             if (join) {
-                hdr.join_words.w = (bit<512>)(meta.seen ++ (bit<32>)meta.count);
+                hdr.join_words.w = (bit<480>)(meta.seen ++ (bit<32>)meta.count);
             } else {
                 FOR_CHUNKS(ZERO_CHUNK)
                 hdr.words.LAST_CHUNK = (chunk_t)(meta.seen ++ (bit<32>)meta.count);
