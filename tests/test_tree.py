@@ -7,6 +7,7 @@ per child job at each leaf (the spine knows a leaf's job by it); a clash is an e
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import threading
@@ -17,7 +18,7 @@ import pytest
 
 from homagg import _p4consts as P4
 from homagg import wire
-from homagg.faults import FaultSpec
+from homagg.faults import FaultSpec, ImpairedSocket
 from homagg.host_agent import Agent, AgentConfig, AggregationTimeout
 from homagg.netconfig import Uplink
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
@@ -287,6 +288,75 @@ def test_a_run_after_a_join_that_never_completed_is_not_stranded(make_tree):
     assert_exact(results, xs)
     assert len({a.transport.gen for a in tree.agents}) == 1
     assert tree.stat(tree.leaves[0], "DROP_PARENT_DUP") == 0
+
+
+class SendLog:
+    """An agent's socket that counts the datagrams it sends, by round tag (seq): the test's
+    view of which worker retransmitted which round."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.sends: collections.Counter = collections.Counter()  # (op, seq) -> datagrams
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+    def _note(self, data, size: int, n: int) -> None:
+        mv = memoryview(data)
+        for i in range(n):
+            head = wire.HEADER.unpack_from(mv, i * size)
+            self.sends[head[_OP_FIELD] & 0xF, head[_SEQ_FIELD]] += 1
+
+    def sendto(self, data, addr):
+        n = self.sock.sendto(data, addr)
+        self._note(data, len(data), 1)
+        return n
+
+    def send_many(self, data, size, addr):
+        n = self.sock.send_many(data, size, addr)
+        self._note(data, size, n)
+        return n
+
+
+_OP_FIELD, _SEQ_FIELD = ([name for name, _, _ in wire.BYTE_FIELDS].index(f)
+                         for f in ("version_op", "seq"))
+
+
+def test_a_lossy_tree_serves_finals_from_the_leaf_and_resends_up_once_per_timeout(make_tree):
+    """Loss at the workers' sockets and on the leaf-spine links, every sum exact, and the two
+    rules that keep a tree's retransmissions local, checked by counting:
+    - a leaf remembers the parent's result (its final): a worker that lost it gets it from
+      the leaf (STAT_RETRANS_REPLY there), not by another partial sent up;
+    - of a round complete at the leaf and still at the parent, only the round's designated
+      worker (seq & (workers - 1)) makes the leaf send the partial up again: every resend up
+      (STAT_PARTIAL_RESENT) answers a retransmission by the designated worker (or a join's,
+      which any worker resends), never one by the others."""
+    tree = make_tree(spine_faults=FaultSpec(loss=0.05, seed=3), deadline=20.0,
+                     timeout=0.01, max_timeout=0.05)
+    for i, a in enumerate(tree.agents):
+        a.transport.sock = SendLog(ImpairedSocket(a.transport.sock, FaultSpec(loss=0.03,
+                                                                              seed=40 + i)))
+    xs = sparse_tensors(np.random.default_rng(19), 8, 40_000, 0.05)
+    res, err = tree.run(lambda a, i: [a.allreduce_detailed(x) for x in (xs[i], -xs[i])])
+    assert not any(err), err
+    assert_exact([r[0] for r in res], xs)
+    assert_exact([r[1] for r in res], [-x for x in xs])
+    per_leaf = 4
+    for leaf_no, leaf in enumerate(tree.leaves):
+        logs = [a.transport.sock for a in tree.agents[per_leaf * leaf_no:][:per_leaf]]
+        designated = others = joins = 0
+        for w, log in enumerate(logs):
+            for (op, seq), n in log.sends.items():
+                if op == wire.OP_JOIN:
+                    joins += n - 1
+                elif seq & (per_leaf - 1) == w:
+                    designated += n - 1
+                else:
+                    others += n - 1
+        assert tree.stat(leaf, "STAT_RETRANS_REPLY") > 0, "no final served from the leaf"
+        assert others > 0  # the others did retransmit: the bound below can fail
+        assert tree.stat(leaf, "STAT_PARTIAL_RESENT") <= designated + joins, (
+            tree.stat(leaf, "STAT_PARTIAL_RESENT"), designated, joins, others)
 
 
 def test_a_dead_leaf_is_named(make_tree):
