@@ -138,6 +138,7 @@ class JobService:
         self.removals: dict[str, int] = {}  # why -> jobs removed (metrics)
         self.refusals: dict[str, int] = {}  # gRPC code -> requests refused (metrics)
         self.joined = 0                     # jobs placed
+        self.renewed = 0                    # leases renewed
 
     # -- the switch --------------------------------------------------------------------------
     def fabric(self) -> P.Fabric:
@@ -329,6 +330,7 @@ class JobService:
         with self._cond:
             h = self._holder(job_id, worker, ip, udp_port)
             h.expires[worker] = self._clock() + self.opts.lease
+            self.renewed += 1
             return self.opts.lease
 
     def leave(self, job_id: int, worker: int, ip: str, udp_port: int) -> bool:
