@@ -178,10 +178,12 @@ def join(controller: str, token: str, name: str, rank: int, world: int,
         sock.close()
         channel.close()
         code = e.code()
-        what = e.details() if code != grpc.StatusCode.UNAVAILABLE else \
-            f"nothing answers at {controller} ({e.details()})"
+        if code == grpc.StatusCode.UNAVAILABLE:
+            raise JoinError(f"job {name!r} rank {rank}: cannot reach the controller at "
+                            f"{controller} to join (UNAVAILABLE): {e.details()} (is homagg-ctl "
+                            "serve up there? over TLS, HOMAGG_CA must name its CA)") from None
         raise JoinError(f"job {name!r} rank {rank}: the controller refused the join "
-                        f"({code.name if code else '?'}): {what}") from None
+                        f"({code.name if code else '?'}): {e.details()}") from None
     log.info("joined %s as worker %d of %d: job %d on %s (%s:%d), run %d", name, r.worker,
              r.workers, r.job_id, r.place, r.send_to_ip, r.send_to_port, r.run)
     return Membership(controller, token, name, r.job_id, r.worker, r.workers, r.slots,
