@@ -249,6 +249,10 @@ class JobService:
                         del p.ranks[rank]
                     if not p.ranks and self._pending.get(name) is p:
                         del self._pending[name]
+                    if self._stop.is_set():
+                        raise Refusal("UNAVAILABLE", f"job {name!r}: the service is stopping; "
+                                                     f"join again ({_ranks(missing)} had not "
+                                                     "joined)")
                     raise Refusal("DEADLINE_EXCEEDED",
                                   f"job {name!r}: {_ranks(missing)} of world size {p.world} "
                                   f"did not join within {wait:g} s (joined: {joined})")

@@ -479,3 +479,24 @@ def test_a_workers_address_is_the_peer_gRPC_sees():
     assert peer_ip("ipv6:%5B::ffff:10.0.0.7%5D:5000") == "10.0.0.7"
     with pytest.raises(Refusal, match="not a unix socket"):
         peer_ip("unix:/tmp/x")
+
+
+def test_the_grafana_dashboard_uses_only_metrics_the_service_exposes(tmp_path):
+    from pathlib import Path
+
+    board = json.loads((Path(__file__).resolve().parents[1] / "controller" / "grafana"
+                        / "homagg-dashboard.json").read_text())
+    used = {m for p in board["panels"] for t in p["targets"]
+            for m in re.findall(r"homagg_[a-z_]+", t["expr"])}
+    rig = Rig(tmp_path)
+    try:
+        rig.stop_service()
+        rig.serve("127.0.0.1:0", metrics=True)
+        join_all(rig, "shown", 1)  # a job, so that the per-job families have samples
+        text = scrape(rig.srv.metrics_port)
+    finally:
+        rig.close()
+    # every family the service declares (a counter's samples are NAME_total), samples or not
+    exposed = {n + ("_total" if kind == "counter" else "")
+               for n, kind in re.findall(r"^# TYPE (homagg_[a-z_]+) (\w+)$", text, re.M)}
+    assert len(used) >= 10 and used <= exposed, used - exposed
