@@ -496,7 +496,8 @@ def test_the_grafana_dashboard_uses_only_metrics_the_service_exposes(tmp_path):
         text = scrape(rig.srv.metrics_port)
     finally:
         rig.close()
-    # every family the service declares (a counter's samples are NAME_total), samples or not
-    exposed = {n + ("_total" if kind == "counter" else "")
+    # every family the service declares, samples or not (a counter's samples are NAME_total;
+    # prometheus_client's TYPE line names it so, as OpenMetrics would not)
+    exposed = {n if kind != "counter" or n.endswith("_total") else n + "_total"
                for n, kind in re.findall(r"^# TYPE (homagg_[a-z_]+) (\w+)$", text, re.M)}
     assert len(used) >= 10 and used <= exposed, used - exposed
