@@ -190,8 +190,10 @@ class AgentConfig:
             f"{env.get('TORCHELASTIC_RUN_ID') or 'none'}")
         token = env.get("HOMAGG_TOKEN", "")
         ca = Path(env["HOMAGG_CA"]) if env.get("HOMAGG_CA") else None
+        # an address of its own (HOMAGG_BIND) is claimed: the service takes it only where
+        # the operator allows (NAT), and otherwise refuses it unless it is the one seen
         m = join(env["HOMAGG_CONTROLLER"], token, name, rank, world, (bind_host, bind_port),
-                 slots, wait, ca)
+                 slots, wait, ca, claim_ip=bind_host or "")
         try:
             return cls(m.job_id, m.worker, m.workers, m.send_to, (m.ip, m.udp_port), m.slots,
                        run=m.run, membership=m, **options)

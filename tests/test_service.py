@@ -501,3 +501,26 @@ def test_the_grafana_dashboard_uses_only_metrics_the_service_exposes(tmp_path):
     exposed = {n if kind != "counter" or n.endswith("_total") else n + "_total"
                for n, kind in re.findall(r"^# TYPE (homagg_[a-z_]+) (\w+)$", text, re.M)}
     assert len(used) >= 10 and used <= exposed, used - exposed
+
+
+def test_an_agent_claims_its_HOMAGG_BIND_address_which_needs_the_operators_leave(tmp_path):
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1",
+           "HOMAGG_TOKEN": TOKEN, "HOMAGG_BIND": "127.0.0.2", "HOMAGG_JOIN_TIMEOUT": "10"}
+    rig = Rig(tmp_path)
+    try:
+        with pytest.raises(AgentError, match="it claims 127.0.0.2, and speaks from 127.0.0.1"):
+            AgentConfig.from_env({**env, "HOMAGG_CONTROLLER": rig.srv.address})
+        assert rig.jobs() == []
+        rig.stop_service()
+        rig.opts = ServeOptions(token=TOKEN, lease=30.0, slots=16, trust_claimed_address=True)
+        rig.serve("127.0.0.1:0")
+        cfg = AgentConfig.from_env({**env, "HOMAGG_CONTROLLER": rig.srv.address})
+        with Agent(cfg) as agent:
+            assert cfg.bind[0] == "127.0.0.2"
+            (job,) = rig.jobs()
+            assert [w["ip"] for w in job["workers"]] == ["127.0.0.2"]
+            got = agent.allreduce_int(np.arange(300, dtype=np.int32))
+            assert np.array_equal(got, np.arange(300))
+        assert rig.jobs() == []
+    finally:
+        rig.close()
