@@ -272,7 +272,8 @@ class JobService:
         """Write the completed join's job (the lock is held). An earlier attempt of the same
         job (an elastic restart: same name, all ranks joined again) is removed first."""
         for h in [h for h in self.held.values() if h.name == p.name]:
-            self._remove(h, f"replaced by a new attempt of job {p.name!r}")
+            self._remove(h, f"replaced by a new attempt of job {p.name!r}",
+                         "replaced by a new attempt")
         with self.fabric() as f:
             placed = f.list()
             if f.unreachable:
@@ -344,11 +345,12 @@ class JobService:
             h.left.add(worker)
             if len(h.left) < len(h.senders):
                 return False
-            return self._remove(h, "every worker left")
+            return self._remove(h, "every worker left", "every worker left")
 
-    def _remove(self, h: Held, why: str) -> bool:
+    def _remove(self, h: Held, why: str, kind: str) -> bool:
         """Remove ``h`` from its place (the lock is held); False if the switch could not be
-        reached (the lease stays, and the reaper tries again)."""
+        reached (the lease stays, and the reaper tries again). ``kind``: ``why`` without
+        names, for the metrics' label (a small, fixed set)."""
         try:
             with self.fabric() as f:
                 sw = f.session(h.place)
@@ -363,7 +365,6 @@ class JobService:
         del self.held[h.job_id]
         label = f"job {h.job_id}" + (f" ({h.name})" if h.name else "")
         self._gone[h.job_id] = f"{label} was removed: {why}"
-        kind = why.split(":")[0] if "lease" not in why else "lease expired"
         self.removals[kind] = self.removals.get(kind, 0) + 1
         log.info("%s removed from %s: %s", label, h.place.name, why)
         return True
@@ -379,7 +380,8 @@ class JobService:
                 if late:
                     who = ", ".join(f"{w} ({_addr(h.senders[w])})" for w in late)
                     if self._remove(h, f"its lease ran out: worker{'s' if len(late) > 1 else ''}"
-                                       f" {who} stopped renewing within {self.opts.lease:g} s"):
+                                       f" {who} stopped renewing within {self.opts.lease:g} s",
+                                    "lease expired"):
                         out.append(h.job_id)
         return out
 

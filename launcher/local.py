@@ -77,6 +77,7 @@ class LocalAggregator:
         if self.workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="homagg-local-")
             self.workdir = Path(self._tmp.name)
+        self.workdir.mkdir(parents=True, exist_ok=True)
         sw = SoftSwitch(words=self.words)
         try:
             self.udp = bind_aggregator(sw).start()

@@ -305,6 +305,7 @@ def test_a_job_whose_worker_stops_renewing_is_removed(tmp_path):
             time.sleep(0.2)
         assert rig.jobs() == []
         assert time.monotonic() - t0 < 1.0 + 1.0 + 2.0  # lease + reaper period + slack
+        assert rig.svc.removals == {"lease expired": 1}
         e = refused(lambda: rig.stub.Renew(pb2.LeaseRequest(token=TOKEN, job_id=job, worker=0,
                                                             udp_port=40000)))
         assert e.code() == grpc.StatusCode.NOT_FOUND
@@ -524,3 +525,70 @@ def test_an_agent_claims_its_HOMAGG_BIND_address_which_needs_the_operators_leave
         assert rig.jobs() == []
     finally:
         rig.close()
+
+
+def test_a_new_attempt_of_a_job_replaces_the_old_one(rig):
+    """An elastic restart: every rank of the same job joins again (new ports) while the old
+    attempt is still placed; the old one goes (its leases are told why), the new one is placed
+    with a new run number."""
+    old = join_all(rig, "elastic", 2)
+    new = join_all(rig, "elastic", 2, ports=[42000, 42001])
+    assert {r.run for r in new.values()} != {old[0].run}
+    (job,) = rig.jobs()
+    assert [w["udp_port"] for w in job["workers"]] == [42000, 42001]
+    # the old one's id was freed first, and is the lowest free: the new attempt has it; the
+    # old workers' leases are no longer theirs
+    assert new[0].job_id == old[0].job_id == job["id"]
+    e = refused(lambda: rig.stub.Renew(pb2.LeaseRequest(token=TOKEN, job_id=old[0].job_id,
+                                                        worker=0, udp_port=40000)))
+    assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert e.details() == f"job {job['id']}: 127.0.0.1:40000 is not its worker 0"
+    assert rig.svc.removals == {"replaced by a new attempt": 1}
+
+
+def test_a_job_the_switch_has_no_room_for_falls_back_and_fits_nowhere_names_both(tmp_path):
+    import dataclasses
+
+    from homagg.netconfig import Config, FallbackSpec
+
+    fb = LocalAggregator(workdir=tmp_path / "fb").start()
+    rig = Rig(tmp_path)
+    try:
+        rig.stop_service()
+        sw = dataclasses.replace(rig.agg.config.switch, slots=16)
+        rig.agg.config = Config(sw, fallback=FallbackSpec(name="fb", ip=fb.config.switch.ip,
+                                                          grpc=fb.config.switch.grpc))
+        rig.serve("127.0.0.1:0")
+        first = join_all(rig, "first", 1)[0]
+        assert (first.place, first.place_role, first.send_to_ip) == \
+            ("local", "switch", rig.agg.config.switch.ip)
+        # the second goes to the fallback, and its agents sum there, exactly
+        world, errors, cfgs = 2, [], []
+
+        def worker(rank):
+            try:
+                cfg = AgentConfig.from_env(rig.env("second", rank, world), deadline=20.0)
+                cfgs.append(cfg)
+                with Agent(cfg) as agent:
+                    got = agent.allreduce_int(np.full(1000, rank + 5, np.int32))
+                    assert np.array_equal(got, np.full(1000, 11))
+            except BaseException as e:
+                errors.append(e)
+
+        ts = [threading.Thread(target=worker, args=(r,)) for r in range(world)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        assert not errors, errors
+        assert {c.switch for c in cfgs} == {(fb.config.switch.ip, 0xBEE0)}
+        held = join_all(rig, "held", 1, ports=[40060])[0]
+        assert held.place == "fb"
+        e = refused(lambda: rig.join("third", 0, 1, 40070, slots=1024))
+        assert e.details() == ("job 'third' (1 workers, 1024 slots) fits nowhere: local (switch) "
+                               "has 0 of 16 slots free; fb (fallback) has 1008 of 1024 slots "
+                               "free")
+        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        rig.close()
+        fb.stop()
