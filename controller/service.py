@@ -159,7 +159,16 @@ class JobService:
         now = self._clock()
         found = []
         with self._cond, self.fabric() as f:
-            for place, sw in f._reachable_sessions():
+            for place in f.places():
+                try:
+                    sw = f.session(place)
+                except SwitchError as e:
+                    if place.role == "switch":
+                        raise
+                    # its jobs' renewals will be refused: they run on, and stay (job remove)
+                    log.warning("fallback %s unreachable, its jobs not read back: %s",
+                                place.name, e)
+                    continue
                 mask = self._mask(sw)
                 if not mask:
                     continue

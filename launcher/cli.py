@@ -92,9 +92,11 @@ def parser() -> argparse.ArgumentParser:
                                       "HOMAGG_CONTROLLER and HOMAGG_TOKEN (launcher/local.py)")
     lo.add_argument("--words", type=int, default=wire.WORDS_PER_PACKET, metavar="K",
                     help="words per packet of the aggregator (default %(default)s)")
-    lo.add_argument("--slots", type=int, help="the aggregator's slot pool (default: all)")
-    lo.add_argument("--job-slots", type=int, default=64,
-                    help="a job's slot region (default %(default)s)")
+    lo.add_argument("--slots", type=int, default=64,
+                    help="a job's slot region, i.e. each agent's window (default %(default)s), "
+                         "as in the other commands")
+    lo.add_argument("--switch-slots", type=int, metavar="N",
+                    help="the slots homagg may use on the aggregator (default: all)")
     lo.add_argument("--lease", type=float, default=15.0, help="workers' lease, seconds")
     lo.add_argument("--metrics-port", type=int, help="Prometheus metrics here (0: any)")
     lo.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command and its args")
@@ -229,7 +231,7 @@ def main(argv=None) -> int:
             if not command:
                 raise NetError("local needs a command after --, e.g. -- torchrun "
                                "--nproc-per-node 4 train.py")
-            rc = run_local(command, a.words, a.slots, a.job_slots, a.lease, a.metrics_port)
+            rc = run_local(command, a.words, a.switch_slots, a.slots, a.lease, a.metrics_port)
             return rc if rc >= 0 else 128 - rc  # killed by a signal: as a shell says it
         if a.cmd == "cli":
             from mininet.cli import CLI

@@ -86,3 +86,15 @@ def test_local_passes_on_the_commands_exit_status(tmp_path):
                           env=clean_env(), cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 7, proc.stdout + proc.stderr
+
+
+def test_local_slots_is_each_jobs_region(tmp_path):
+    probe = ("from homagg.host_agent import AgentConfig; c = AgentConfig.from_env(); "
+             "print('slots', c.slots, 'job', c.job); c.membership.leave()")
+    env = clean_env() | {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                         "MASTER_PORT": "1"}
+    proc = subprocess.run([sys.executable, "-m", "homagg.launcher", "local", "--slots", "8",
+                           "--switch-slots", "32", "--", sys.executable, "-c", probe],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "slots 8 job 1" in proc.stdout, proc.stdout
