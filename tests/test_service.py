@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import threading
 import time
 import urllib.request
@@ -405,7 +407,13 @@ def test_the_service_restarted_during_a_run_the_run_completes_and_the_next_join_
 # -- metrics ---------------------------------------------------------------------------------
 
 def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+    """The metrics page, by curl as an operator would (urllib where curl is missing)."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    curl = shutil.which("curl")
+    if curl:
+        return subprocess.run([curl, "-sSf", url], capture_output=True, text=True, check=True,
+                              timeout=30).stdout
+    with urllib.request.urlopen(url, timeout=10) as r:
         return r.read().decode()
 
 
