@@ -635,3 +635,20 @@ def test_on_bmv2_a_worker_must_be_a_host_of_the_config_whose_port_and_mac_are_wr
     dst = sorted((e.match["rid"], e.params["mac"]) for e in fake.entries(P4.TABLE_RESULT_DST))
     assert dst == [(1, 0x00000a000001), (2, 0x00000a000002)]
     assert fake.read_counter(P4.COUNTER_STATS)[SERVICE_JOBS_CELL].packets == 1 << 1
+
+
+def test_a_join_whose_caller_went_away_is_withdrawn(rig):
+    """A rank that dies while its join waits does not keep its rank: another may take it."""
+    fut = rig.stub.Join.future(pb2.JoinRequest(token=TOKEN, job="j", rank=0, world_size=2,
+                                               udp_port=40000, wait_seconds=30), timeout=60)
+    deadline = time.monotonic() + 10
+    while not rig.svc._pending.get("j") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert rig.svc._pending["j"].ranks == {0: ("127.0.0.1", 40000)}
+    fut.cancel()
+    while rig.svc._pending.get("j") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "j" not in rig.svc._pending
+    e = refused(lambda: rig.join("j", 0, 2, 40005, wait_seconds=0.5))
+    assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert e.details().endswith("(joined: 0 from 127.0.0.1:40005)")
