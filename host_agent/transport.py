@@ -77,18 +77,18 @@ class Transport:
         self.cfg = cfg
         self.counters = counters
         self.who = cfg.who
-        if cfg.membership is not None:  # bound when it joined: the port the switch knows
-            sock = cfg.membership.take_socket()
-        else:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        # joined through the service: the socket was bound then, on the port the switch knows
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM) if cfg.membership is None \
+            else cfg.membership.take_socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        if cfg.membership is None:
             try:
                 sock.bind(cfg.bind)
             except OSError as e:
                 sock.close()
                 raise AgentError(f"{self.who}: cannot bind {cfg.bind[0]}:{cfg.bind[1]}: {e}"
                                  ) from None
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         sock.setblocking(False)
         self.sock: udpio.BatchSocket | ImpairedSocket = udpio.BatchSocket(sock)
         if cfg.faults is not None and cfg.faults.active:
