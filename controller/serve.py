@@ -23,7 +23,7 @@ import grpc
 
 from homagg.controller.service import JobService, Refusal, ServeOptions
 from homagg.errors import ConfigError
-from homagg.membership import pb2, rpc
+from homagg.membership import REFUSAL_KEY, pb2, rpc
 
 log = logging.getLogger("homagg.serve")
 
@@ -39,6 +39,7 @@ class _Servicer(rpc.MembershipServicer):
     def _refuse(self, context, e: Refusal):
         self.svc.refusals[e.code] = self.svc.refusals.get(e.code, 0) + 1
         log.info("refused (%s): %s", e.code, e)
+        context.set_trailing_metadata(((REFUSAL_KEY, e.code),))
         context.abort(getattr(grpc.StatusCode, e.code), str(e))
 
     def Join(self, request, context):

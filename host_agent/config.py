@@ -162,7 +162,8 @@ class AgentConfig:
         cannot be the name alone), or HOMAGG_JOB_NAME. The agent binds an ephemeral port on
         the address it speaks to the service from (HOMAGG_BIND: another host[:port]).
         Optional: HOMAGG_SLOTS (the job's slots), HOMAGG_JOIN_TIMEOUT (seconds to wait for
-        the other ranks, default 120)."""
+        the other ranks, default 120), HOMAGG_JOIN_RETRY (seconds to keep trying a service
+        that cannot be reached, default 10)."""
         from homagg.host_agent.membership import join
 
         def need(name: str, why: str) -> str:
@@ -177,14 +178,16 @@ class AgentConfig:
             rank, world = int(need("RANK", torch)), int(need("WORLD_SIZE", torch))
             slots = int(env.get("HOMAGG_SLOTS") or 0)
             wait = float(env.get("HOMAGG_JOIN_TIMEOUT") or 120.0)
+            retry = float(env.get("HOMAGG_JOIN_RETRY") or 10.0)
             bind_port = 0
             bind_host = None
             if env.get("HOMAGG_BIND"):
                 bind_host, _, p = env["HOMAGG_BIND"].partition(":")
                 bind_port = int(p) if p else 0
         except ValueError as e:
-            raise AgentError(f"RANK, WORLD_SIZE, HOMAGG_SLOTS, HOMAGG_JOIN_TIMEOUT and "
-                             f"HOMAGG_BIND's port must be numbers: {e}") from None
+            raise AgentError(f"RANK, WORLD_SIZE, HOMAGG_SLOTS, HOMAGG_JOIN_TIMEOUT, "
+                             f"HOMAGG_JOIN_RETRY and HOMAGG_BIND's port must be numbers: {e}"
+                             ) from None
         name = env.get("HOMAGG_JOB_NAME") or (
             f"{need('MASTER_ADDR', torch)}:{need('MASTER_PORT', torch)}/"
             f"{env.get('TORCHELASTIC_RUN_ID') or 'none'}")
@@ -193,7 +196,7 @@ class AgentConfig:
         # an address of its own (HOMAGG_BIND) is claimed: the service takes it only where
         # the operator allows (NAT), and otherwise refuses it unless it is the one seen
         m = join(env["HOMAGG_CONTROLLER"], token, name, rank, world, (bind_host, bind_port),
-                 slots, wait, ca, claim_ip=bind_host or "")
+                 slots, wait, ca, claim_ip=bind_host or "", retry=retry)
         try:
             return cls(m.job_id, m.worker, m.workers, m.send_to, (m.ip, m.udp_port), m.slots,
                        run=m.run, membership=m, **options)

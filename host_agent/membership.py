@@ -18,6 +18,7 @@ import atexit
 import logging
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,12 +151,13 @@ class Membership:
 
 def join(controller: str, token: str, name: str, rank: int, world: int,
          bind: tuple[str | None, int] = (None, 0), slots: int = 0, wait: float = 120.0,
-         ca: Path | None = None, claim_ip: str = "") -> Membership:
+         ca: Path | None = None, claim_ip: str = "", retry: float = 10.0) -> Membership:
     """Join job ``name`` as ``rank`` of ``world`` through the service at ``controller``
-    (HOST:PORT); blocks until the whole job has joined, or raises JoinError."""
+    (HOST:PORT); blocks until the whole job has joined, or raises JoinError. A service that
+    cannot be reached (UNAVAILABLE: down, restarting) is tried again for ``retry`` seconds."""
     import grpc
 
-    from homagg.membership import pb2, rpc
+    from homagg.membership import REFUSAL_KEY, pb2, rpc
 
     host, port = split_address(controller, "HOMAGG_CONTROLLER")
     ip = bind[0] or local_ip_towards(host, port)
@@ -170,20 +172,32 @@ def join(controller: str, token: str, name: str, rank: int, world: int,
     stub = rpc.MembershipStub(channel)
     req = pb2.JoinRequest(token=token, job=name, rank=rank, world_size=world, udp_port=udp_port,
                           ip=claim_ip, slots=slots, wait_seconds=wait)
-    try:
-        # the service answers within ``wait`` (naming missing ranks); the margin is for the
-        # network, never for a silent hang
-        r = stub.Join(req, timeout=wait + 10)
-    except grpc.RpcError as e:
-        sock.close()
-        channel.close()
-        code = e.code()
-        if code == grpc.StatusCode.UNAVAILABLE:
-            raise JoinError(f"job {name!r} rank {rank}: cannot reach the controller at "
-                            f"{controller} to join (UNAVAILABLE): {e.details()} (is homagg-ctl "
-                            "serve up there? over TLS, HOMAGG_CA must name its CA)") from None
-        raise JoinError(f"job {name!r} rank {rank}: the controller refused the join "
-                        f"({code.name if code else '?'}): {e.details()}") from None
+    until = time.monotonic() + retry
+    delay = 0.1
+    while True:
+        try:
+            # the service answers within ``wait`` (naming missing ranks); the margin is for
+            # the network, never for a silent hang
+            r = stub.Join(req, timeout=wait + 10)
+            break
+        except grpc.RpcError as e:
+            code = e.code()
+            # the service's own refusals carry this mark; without it, the call never got there
+            theirs = any(k == REFUSAL_KEY for k, _ in (e.trailing_metadata() or ()))
+            if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() + delay < until:
+                # down, or restarting (or its switch is): the join is worth another try
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+                continue
+            sock.close()
+            channel.close()
+            if code == grpc.StatusCode.UNAVAILABLE and not theirs:
+                raise JoinError(f"job {name!r} rank {rank}: cannot reach the controller at "
+                                f"{controller} to join (UNAVAILABLE): {e.details()} (is "
+                                "homagg-ctl serve up there? over TLS, HOMAGG_CA must name its "
+                                "CA)") from None
+            raise JoinError(f"job {name!r} rank {rank}: the controller refused the join "
+                            f"({code.name if code else '?'}): {e.details()}") from None
     log.info("joined %s as worker %d of %d: job %d on %s (%s:%d), run %d", name, r.worker,
              r.workers, r.job_id, r.place, r.send_to_ip, r.send_to_port, r.run)
     return Membership(controller, token, name, r.job_id, r.worker, r.workers, r.slots,

@@ -57,8 +57,8 @@ TORCHRUN = {"HOMAGG_CONTROLLER": "127.0.0.1:1", "RANK": "0", "WORLD_SIZE": "2",
 
 @pytest.mark.parametrize("change,message", [
     ({"RANK": ""}, r"\$RANK is not set: with HOMAGG_CONTROLLER, start the program with torchrun"),
-    ({"WORLD_SIZE": "two"}, "RANK, WORLD_SIZE, HOMAGG_SLOTS, HOMAGG_JOIN_TIMEOUT and "
-                            "HOMAGG_BIND's port must be numbers"),
+    ({"WORLD_SIZE": "two"}, "RANK, WORLD_SIZE, HOMAGG_SLOTS, HOMAGG_JOIN_TIMEOUT, "
+                            "HOMAGG_JOIN_RETRY and HOMAGG_BIND's port must be numbers"),
     ({"MASTER_PORT": ""}, r"\$MASTER_PORT is not set"),
     ({"HOMAGG_CONTROLLER": "ctl-host"}, "HOMAGG_CONTROLLER 'ctl-host': expected HOST:PORT"),
 ])
@@ -71,4 +71,4 @@ def test_the_services_settings_take_precedence_over_homagg_execs():
     """With HOMAGG_CONTROLLER set, HOMAGG_JOB and the like are not read: the service says."""
     with pytest.raises(AgentError, match=r"cannot reach the controller at 127\.0\.0\.1:1"):
         AgentConfig.from_env({**ENV, **TORCHRUN, "HOMAGG_BIND": "127.0.0.1",
-                              "HOMAGG_JOIN_TIMEOUT": "2"})
+                              "HOMAGG_JOIN_TIMEOUT": "2", "HOMAGG_JOIN_RETRY": "0"})

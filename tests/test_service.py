@@ -652,3 +652,43 @@ def test_a_join_whose_caller_went_away_is_withdrawn(rig):
     e = refused(lambda: rig.join("j", 0, 2, 40005, wait_seconds=0.5))
     assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert e.details().endswith("(joined: 0 from 127.0.0.1:40005)")
+
+
+def test_a_join_tries_a_restarting_service_again_and_tells_its_refusals_from_silence(
+        rig, monkeypatch):
+    from homagg.host_agent import membership
+
+    addr = rig.srv.address
+    rig.stop_service()
+    retrying = threading.Event()
+    real_sleep = time.sleep
+
+    def sleep(s):  # the join's backoff: the service is down, and the agent knows it
+        retrying.set()
+        real_sleep(s)
+
+    monkeypatch.setattr(membership.time, "sleep", sleep)
+    got: dict = {}
+
+    def joiner():
+        try:
+            got["cfg"] = AgentConfig.from_env({**rig.env("late", 0, 1), "HOMAGG_CONTROLLER": addr,
+                                              "HOMAGG_JOIN_RETRY": "30"})
+        except BaseException as e:
+            got["error"] = e
+
+    t = threading.Thread(target=joiner)
+    t.start()
+    assert retrying.wait(30)
+    rig.serve(addr)
+    t.join(60)
+    assert "error" not in got, got
+    cfg = got["cfg"]
+    assert cfg.workers == 1 and [j["id"] for j in rig.jobs()] == [cfg.job]
+    cfg.membership.leave()
+    # the service's own UNAVAILABLE (its switch is down) is its refusal, quoted as such
+    rig.agg.p4rt.stop()
+    with pytest.raises(AgentError, match=r"the controller refused the join \(UNAVAILABLE\): "
+                                         r"job '127\.0\.0\.1:29500/down': switch local "
+                                         r"unreachable"):
+        AgentConfig.from_env({**rig.env("down", 0, 1), "HOMAGG_JOIN_RETRY": "0"})

@@ -24,6 +24,9 @@ from homagg.membership import membership_pb2_grpc as _rpc
 pb2: Any = _pb2
 rpc: Any = _rpc
 PROTO = "homagg/membership/membership.proto"
+#: Trailing metadata the service puts on its own refusals: a status without it (UNAVAILABLE,
+#: mostly) came from gRPC, the call never reaching the service.
+REFUSAL_KEY = "homagg-refusal"
 GENERATOR = "grpcio-tools==1.49.1"
 
-__all__ = ["GENERATOR", "PROTO", "pb2", "rpc"]
+__all__ = ["GENERATOR", "PROTO", "REFUSAL_KEY", "pb2", "rpc"]
