@@ -6,11 +6,14 @@ running job's leases (read back from the switch), and the next join is served.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -24,23 +27,40 @@ from homagg.launcher.local import LocalAggregator  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def serve(config: Path, listen: str) -> tuple[subprocess.Popen, str]:
+def serve(config: Path, listen: str) -> tuple[subprocess.Popen, str, str]:
+    """The service's process, its gRPC address and its metrics URL (both printed first)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMAGG_")}
     proc = subprocess.Popen([sys.executable, "-m", "homagg.controller.cli", "-c", str(config),
-                             "serve", "--listen", listen, "--no-token", "--lease", "1.5"],
+                             "serve", "--listen", listen, "--no-token", "--lease", "1.5",
+                             "--metrics-port", "0", "--metrics-addr", "127.0.0.1"],
                             env=dict(env, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    first = proc.stdout.readline()
-    assert first.startswith("serving joins at "), first + (proc.stderr.read() if proc.stderr
-                                                           else "")
-    return proc, first.split()[3]
+    first, second = proc.stdout.readline(), proc.stdout.readline()
+    assert first.startswith("serving joins at ") and first.strip().endswith("without a token"), \
+        first + (proc.stderr.read() if proc.stderr else "")
+    assert second.startswith("metrics at http://127.0.0.1:"), second
+    return proc, first.split()[3], second.split()[2]
+
+
+def accepted(url: str) -> float:
+    """The running job's accepted packets, by curl (urllib without it), from the metrics."""
+    curl = shutil.which("curl")
+    if curl:
+        text = subprocess.run([curl, "-sSf", url], capture_output=True, text=True, check=True,
+                              timeout=30).stdout
+    else:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+    (value,) = re.findall(r'^homagg_job_packets_accepted_total\{[^}]*name="127\.0\.0\.1:9/run"'
+                          r"[^}]*\} (\S+)$", text, re.M)
+    return float(value)
 
 
 def test_a_killed_and_restarted_service_the_run_completes_and_the_next_join_is_served(
         tmp_path):
     agg = LocalAggregator(workdir=tmp_path).start()
-    proc, address = serve(agg.path, "127.0.0.1:0")
+    proc, address, metrics = serve(agg.path, "127.0.0.1:0")
     world, errors, done, cfgs = 2, [], [0, 0], {}
     restarted = threading.Event()
     base: dict[int, int] = {}  # each worker's renewals when the service came back
@@ -73,12 +93,17 @@ def test_a_killed_and_restarted_service_the_run_completes_and_the_next_join_is_s
             t.start()
         while min(done) < 3 and not errors:
             time.sleep(0.01)
+        before = accepted(metrics)  # the job's counters move during the run
+        mark = min(done)
+        while min(done) < mark + 2 and not errors:
+            time.sleep(0.01)
+        assert accepted(metrics) > before > 0
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         during = min(done)
         while min(done) < during + 5 and not errors:  # the data path goes on without it
             time.sleep(0.01)
-        proc, again = serve(agg.path, address)
+        proc, again, _ = serve(agg.path, address)
         assert again == address
         for r in range(world):
             base[r] = cfgs[r].membership.renewals
