@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from homagg.membership import GENERATOR, PROTO, pb2
+pytest.importorskip("grpc")
+
+from homagg.membership import GENERATOR, PROTO, pb2  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
