@@ -43,6 +43,9 @@ setup_venv() {
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
         log "installing homagg and its Python dependencies into $VENV"
         "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[controller,test,bench]"
+        # the stubs' generator, for their currency test; --no-deps: see pyproject's protogen
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+            "grpcio-tools==1.49.1" || log "grpcio-tools not installed: the stubs' test will skip"
         touch "$stamp"
     fi
     # torch is optional (the DDP hook and its test). Install it only from a CPU wheel already on

@@ -9,6 +9,7 @@
     homagg-ctl -c net.toml job remove 1
     homagg-ctl -c net.toml stats [--json]
     homagg-ctl -c net.toml reset 1                new epoch, zeroed counters (and registers)
+    homagg-ctl -c net.toml serve --token-file T   workers join by themselves (gRPC; see serve.py)
 
 The same commands drive bmv2 and the software aggregator (``homagg-softswitch``, which serves
 P4Runtime): the config's ``[switch] target`` says which. On "soft", install needs no p4c: it
@@ -99,6 +100,33 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("reset", help="start a job afresh: new epoch, zeroed counters")
     r.add_argument("id", type=int)
+
+    sv = sub.add_parser("serve", help="the controller as a service: workers join by themselves "
+                                      "(gRPC), hold leases, and are counted (Prometheus)")
+    sv.add_argument("--listen", default="0.0.0.0:9600", metavar="HOST:PORT",
+                    help="gRPC address (default %(default)s; port 0: any, printed)")
+    sv.add_argument("--token-file", type=Path, help="the workers' shared token (first line); "
+                                                     "default: $HOMAGG_TOKEN")
+    sv.add_argument("--no-token", action="store_true", help="serve without a token (explicitly)")
+    sv.add_argument("--tls-cert", type=Path, help="PEM certificate: serve gRPC over TLS")
+    sv.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    sv.add_argument("--metrics-port", type=int, help="Prometheus metrics on this port (0: any)")
+    sv.add_argument("--metrics-addr", default="0.0.0.0", help="metrics address (default "
+                                                              "%(default)s)")
+    sv.add_argument("--lease", type=float, default=15.0, metavar="SECONDS",
+                    help="a worker's lease; a job with a worker that stops renewing it is "
+                         "removed (default %(default)s)")
+    sv.add_argument("--slots", type=int, default=64,
+                    help="a job's slot region unless its workers ask (default %(default)s)")
+    sv.add_argument("--join-wait", type=float, default=120.0, metavar="SECONDS",
+                    help="the longest a join waits for the job's other ranks (default "
+                         "%(default)s)")
+    sv.add_argument("--trust-worker-address", action="store_true",
+                    help="NAT: register the address a worker claims, not the one it speaks "
+                         "from (off: a worker registers only its own)")
+    sv.add_argument("--service-election-id", default="0,2", metavar="HIGH,LOW",
+                    help="the service's P4Runtime election id (default %(default)s: above the "
+                         "CLI's, so a join's write wins a race with a CLI command)")
     return p
 
 
@@ -200,6 +228,14 @@ def run(a) -> int:
         p = build(a.build_dir, a.force, words=a.words)
         print(f"built {p.bmv2_json} and {p.p4info} ({p.words()} words per packet)")
         return 0
+
+    if a.cmd == "serve":
+        from homagg.controller import serve
+
+        cfg = load(a.config) if a.config else Config(SwitchSpec())
+        cfg = dataclasses.replace(cfg, switch=_switch_spec(a, cfg))
+        a.election_id = a.service_election_id
+        return serve.run(a, cfg, lambda place: _connect(a, place))
 
     install = a.cmd == "install"
     cfg = _need_config(a) if install else load(a.config) if a.config else Config(SwitchSpec())

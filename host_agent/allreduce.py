@@ -191,6 +191,8 @@ class Agent:
 
     def close(self) -> None:
         self.transport.close()
+        if self.cfg.membership is not None:  # joined through the service: give the place back
+            self.cfg.membership.leave()
 
     def __enter__(self):
         return self

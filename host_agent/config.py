@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from homagg import wire
 from homagg.errors import HomaggError
@@ -24,6 +26,9 @@ from homagg.host_agent.codec import (
     as_index,
     as_mode,
 )
+
+if TYPE_CHECKING:
+    from homagg.host_agent.membership import Membership
 
 
 class AgentError(HomaggError):
@@ -74,6 +79,9 @@ class AgentConfig:
     # join, and a pending join of another attempt is started afresh (join.p4), so a run whose
     # join never completed cannot complete a later run's. 0 where nothing hands one out.
     run: int = 0
+    # Where the controller service placed this worker (``from_env`` with HOMAGG_CONTROLLER):
+    # the bound socket the agent takes, and the lease it holds until the agent closes.
+    membership: Membership | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if not 0 <= self.worker < self.workers <= wire.MAX_WORKERS * wire.MAX_WORKERS:
@@ -105,13 +113,18 @@ class AgentConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **options) -> AgentConfig:
-        """The config a program started by ``homagg-net exec`` finds in its environment:
-        HOMAGG_JOB, HOMAGG_WORKER, HOMAGG_WORKERS, HOMAGG_SWITCH (host[:port]), HOMAGG_BIND
-        (host[:port]) and HOMAGG_SLOTS (optional); under a tree's leaf also
-        HOMAGG_LOCAL_WORKERS (the leaf's workers) and HOMAGG_SIBLINGS (the parent switch's
-        children, comma-separated); the join's run from ``run_from_env``; ``options`` set any
-        other field."""
+        """The config a program finds in its environment.
+
+        With HOMAGG_CONTROLLER (host:port of ``homagg-ctl serve``), it joins through the
+        service (``_joined``): torchrun's variables say the rest. Otherwise, as
+        ``homagg-net exec`` sets them: HOMAGG_JOB, HOMAGG_WORKER, HOMAGG_WORKERS,
+        HOMAGG_SWITCH (host[:port]), HOMAGG_BIND (host[:port]) and HOMAGG_SLOTS (optional);
+        under a tree's leaf also HOMAGG_LOCAL_WORKERS (the leaf's workers) and HOMAGG_SIBLINGS
+        (the parent switch's children, comma-separated); the join's run from
+        ``run_from_env``. ``options`` set any other field."""
         env = os.environ if environ is None else environ
+        if env.get("HOMAGG_CONTROLLER"):
+            return cls._joined(env, options)
 
         def need(name: str) -> str:
             value = env.get(name)
@@ -142,6 +155,57 @@ class AgentConfig:
                                                  if s))
         return cls(job, worker, workers, addr("HOMAGG_SWITCH", wire.HOMAGG_UDP_PORT_MIN),
                    addr("HOMAGG_BIND", wire.DEFAULT_AGENT_PORT), slots, **options)
+
+    @classmethod
+    def _joined(cls, env: Mapping[str, str], options: dict) -> AgentConfig:
+        """Join through the service at HOMAGG_CONTROLLER with HOMAGG_TOKEN (HOMAGG_CA: the
+        service's TLS CA). Rank and world size are torch's RANK and WORLD_SIZE; the job's name
+        is what every rank of one torchrun has alike, MASTER_ADDR:MASTER_PORT with
+        TORCHELASTIC_RUN_ID (torchrun's default run id is the same for every job, so it
+        cannot be the name alone), or HOMAGG_JOB_NAME. The agent binds an ephemeral port on
+        the address it speaks to the service from (HOMAGG_BIND: another host[:port]).
+        Optional: HOMAGG_SLOTS (the job's slots), HOMAGG_JOIN_TIMEOUT (seconds to wait for
+        the other ranks, default 120), HOMAGG_JOIN_RETRY (seconds to keep trying a service
+        that cannot be reached, default 10)."""
+        from homagg.host_agent.membership import join
+
+        def need(name: str, why: str) -> str:
+            value = env.get(name)
+            if not value:
+                raise AgentError(f"${name} is not set: with HOMAGG_CONTROLLER, {why}")
+            return value
+
+        torch = "start the program with torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR, " \
+                "MASTER_PORT and TORCHELASTIC_RUN_ID)"
+        try:
+            rank, world = int(need("RANK", torch)), int(need("WORLD_SIZE", torch))
+            slots = int(env.get("HOMAGG_SLOTS") or 0)
+            wait = float(env.get("HOMAGG_JOIN_TIMEOUT") or 120.0)
+            retry = float(env.get("HOMAGG_JOIN_RETRY") or 10.0)
+            bind_port = 0
+            bind_host = None
+            if env.get("HOMAGG_BIND"):
+                bind_host, _, p = env["HOMAGG_BIND"].partition(":")
+                bind_port = int(p) if p else 0
+        except ValueError as e:
+            raise AgentError(f"RANK, WORLD_SIZE, HOMAGG_SLOTS, HOMAGG_JOIN_TIMEOUT, "
+                             f"HOMAGG_JOIN_RETRY and HOMAGG_BIND's port must be numbers: {e}"
+                             ) from None
+        name = env.get("HOMAGG_JOB_NAME") or (
+            f"{need('MASTER_ADDR', torch)}:{need('MASTER_PORT', torch)}/"
+            f"{env.get('TORCHELASTIC_RUN_ID') or 'none'}")
+        token = env.get("HOMAGG_TOKEN", "")
+        ca = Path(env["HOMAGG_CA"]) if env.get("HOMAGG_CA") else None
+        # an address of its own (HOMAGG_BIND) is claimed: the service takes it only where
+        # the operator allows (NAT), and otherwise refuses it unless it is the one seen
+        m = join(env["HOMAGG_CONTROLLER"], token, name, rank, world, (bind_host, bind_port),
+                 slots, wait, ca, claim_ip=bind_host or "", retry=retry)
+        try:
+            return cls(m.job_id, m.worker, m.workers, m.send_to, (m.ip, m.udp_port), m.slots,
+                       run=m.run, membership=m, **options)
+        except BaseException:
+            m.leave()
+            raise
 
     @property
     def who(self) -> str:

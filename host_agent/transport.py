@@ -80,15 +80,18 @@ class Transport:
         self.cfg = cfg
         self.counters = counters
         self.who = cfg.who
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        # joined through the service: the socket was bound then, on the port the switch knows
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM) if cfg.membership is None \
+            else cfg.membership.take_socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-        try:
-            sock.bind(cfg.bind)
-        except OSError as e:
-            sock.close()
-            raise AgentError(f"{self.who}: cannot bind {cfg.bind[0]}:{cfg.bind[1]}: {e}"
-                             ) from None
+        if cfg.membership is None:
+            try:
+                sock.bind(cfg.bind)
+            except OSError as e:
+                sock.close()
+                raise AgentError(f"{self.who}: cannot bind {cfg.bind[0]}:{cfg.bind[1]}: {e}"
+                                 ) from None
         sock.setblocking(False)
         self.sock: udpio.BatchSocket | ImpairedSocket = udpio.BatchSocket(sock)
         if cfg.faults is not None and cfg.faults.active:
@@ -504,4 +507,7 @@ class _Round:
                 msg += (f"the switch holds {count} of {W} contributions; waiting for "
                         f"worker(s) {', '.join(map(str, absent))} (dead, or stuck in another "
                         "round)")
+        lost = cfg.membership.lost if cfg.membership is not None else None
+        if lost:  # the service removed the job (a lease ran out): it names whose
+            msg += f"; the controller says: {lost}"
         return AggregationTimeout(msg)

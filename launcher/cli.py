@@ -6,6 +6,9 @@
     homagg-net exec -- python train.py    your command on every worker host, with its job's
                                           settings in the environment (HOMAGG_*, RANK, ...)
     homagg-net cli                        the topology with an interactive Mininet CLI
+    homagg-net local -- torchrun --nproc-per-node 4 train.py
+                                          no root: a software aggregator and the controller
+                                          service on loopback, your command joining through it
     homagg-net run --workers 8 --jobs 4 --slots 16 --switch-slots 32 -- bench --check
                                           4 jobs of 16 slots, 2 of them past the switch's 32:
                                           those fall back to the software aggregator on host fb
@@ -13,7 +16,7 @@
                                           2 jobs in one tree: 2 workers of each under each leaf
 
 ``--target auto`` (default) uses bmv2 where simple_switch_grpc and p4c-bm2-ss are installed,
-else the software aggregator, and says which. Needs root.
+else the software aggregator, and says which. Needs root (but ``local``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from homagg import wire
+from homagg.errors import HomaggError
 from homagg.launcher.net import HomaggNet, NetError, NetOptions
 from homagg.launcher.tree import make_net
 
@@ -82,6 +87,19 @@ def parser() -> argparse.ArgumentParser:
                             "the environment; exit status: the worst of the workers'")
     x.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command and its args")
     sub.add_parser("cli", parents=[common], help="start the topology and a Mininet CLI")
+    lo = sub.add_parser("local", help="no root, one machine: a software aggregator and the "
+                                      "controller service on loopback, then your command with "
+                                      "HOMAGG_CONTROLLER and HOMAGG_TOKEN (launcher/local.py)")
+    lo.add_argument("--words", type=int, default=wire.WORDS_PER_PACKET, metavar="K",
+                    help="words per packet of the aggregator (default %(default)s)")
+    lo.add_argument("--slots", type=int, default=64,
+                    help="a job's slot region, i.e. each agent's window (default %(default)s), "
+                         "as in the other commands")
+    lo.add_argument("--switch-slots", type=int, metavar="N",
+                    help="the slots homagg may use on the aggregator (default: all)")
+    lo.add_argument("--lease", type=float, default=15.0, help="workers' lease, seconds")
+    lo.add_argument("--metrics-port", type=int, help="Prometheus metrics here (0: any)")
+    lo.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command and its args")
     return p
 
 
@@ -208,6 +226,15 @@ def main(argv=None) -> int:
             if rc:
                 print(f"homagg-net: a worker exited with status {rc}", file=sys.stderr)
             return rc
+        if a.cmd == "local":
+            from homagg.launcher.local import run_local
+
+            command = a.command[1:] if a.command[:1] == ["--"] else a.command
+            if not command:
+                raise NetError("local needs a command after --, e.g. -- torchrun "
+                               "--nproc-per-node 4 train.py")
+            rc = run_local(command, a.words, a.switch_slots, a.slots, a.lease, a.metrics_port)
+            return rc if rc >= 0 else 128 - rc  # killed by a signal: as a shell says it
         if a.cmd == "cli":
             from mininet.cli import CLI
 
@@ -216,7 +243,7 @@ def main(argv=None) -> int:
                       f"{' '.join(net.agent_command(0, 'bench', '--check'))}", flush=True)
                 CLI(net.net)
             return 0
-    except NetError as e:
+    except HomaggError as e:  # NetError, and local's (the aggregator, the service)
         print(f"homagg-net: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

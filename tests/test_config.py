@@ -46,3 +46,29 @@ def test_a_worker_under_a_trees_leaf_reads_its_leaf_settings():
 def test_bad_environment_is_one_clear_error(change, message):
     with pytest.raises(AgentError, match=message):
         AgentConfig.from_env({**ENV, **change})
+
+
+# -- joining through the controller service (HOMAGG_CONTROLLER): what is missing, before any
+# request; the joins themselves are tests/test_service.py's
+
+TORCHRUN = {"HOMAGG_CONTROLLER": "127.0.0.1:1", "RANK": "0", "WORLD_SIZE": "2",
+            "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"RANK": ""}, r"\$RANK is not set: with HOMAGG_CONTROLLER, start the program with torchrun"),
+    ({"WORLD_SIZE": "two"}, "RANK, WORLD_SIZE, HOMAGG_SLOTS, HOMAGG_JOIN_TIMEOUT, "
+                            "HOMAGG_JOIN_RETRY and HOMAGG_BIND's port must be numbers"),
+    ({"MASTER_PORT": ""}, r"\$MASTER_PORT is not set"),
+    ({"HOMAGG_CONTROLLER": "ctl-host"}, "HOMAGG_CONTROLLER 'ctl-host': expected HOST:PORT"),
+])
+def test_joining_through_the_service_needs_torchruns_settings(change, message):
+    with pytest.raises(AgentError, match=message):
+        AgentConfig.from_env({**TORCHRUN, **change})
+
+
+def test_the_services_settings_take_precedence_over_homagg_execs():
+    """With HOMAGG_CONTROLLER set, HOMAGG_JOB and the like are not read: the service says."""
+    with pytest.raises(AgentError, match=r"cannot reach the controller at 127\.0\.0\.1:1"):
+        AgentConfig.from_env({**ENV, **TORCHRUN, "HOMAGG_BIND": "127.0.0.1",
+                              "HOMAGG_JOIN_TIMEOUT": "2", "HOMAGG_JOIN_RETRY": "0"})

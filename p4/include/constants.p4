@@ -103,6 +103,8 @@ const bit<32> STAT_JOIN_AFRESH     = 21;  /* joins of a new run that found anoth
  * (P4Runtime can write counters but not registers), so epochs stay unique for the switch's
  * lifetime, across controller restarts, and restart with the registers when the switch does. */
 const bit<32> EPOCH_STORE          = 31;
+/* Cell 30 is never counted either: homagg-ctl serve keeps there, as a bitmask of job ids, the
+ * jobs it placed (controller/service.py, SERVICE_JOBS_CELL), so a restarted service finds them. */
 
 /* Plain traffic (forwarding control, FWD_STATS_SIZE cells): index = outcome. */
 const bit<32> FWD_ROUTED           = 0;   /* IPv4 packets routed */

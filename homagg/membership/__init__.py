@@ -1,0 +1,32 @@
+"""The controller service's wire contract: ``membership.proto`` and its generated stubs.
+
+A neutral module: the service (``homagg.controller.service``) and its clients (the host
+agent's ``homagg.host_agent.membership``) both import it, and it imports neither. The stubs
+are generated and committed; after editing the proto, regenerate them with the pinned
+generator (``pip install --no-deps grpcio-tools==1.49.1``: its protoc writes code that runs
+on the protobuf 3.20 p4runtime-shell pins; ``--no-deps`` because it declares protobuf 4):
+
+    python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \\
+        homagg/membership/membership.proto
+
+``tests/test_membership_proto.py`` fails while they are stale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from homagg.membership import membership_pb2 as _pb2
+from homagg.membership import membership_pb2_grpc as _rpc
+
+#: The messages and the service's stubs, typed ``Any``: the generated modules build their
+#: classes at import time, so a type checker cannot see them.
+pb2: Any = _pb2
+rpc: Any = _rpc
+PROTO = "homagg/membership/membership.proto"
+#: Trailing metadata the service puts on its own refusals: a status without it (UNAVAILABLE,
+#: mostly) came from gRPC, the call never reaching the service.
+REFUSAL_KEY = "homagg-refusal"
+GENERATOR = "grpcio-tools==1.49.1"
+
+__all__ = ["GENERATOR", "PROTO", "REFUSAL_KEY", "pb2", "rpc"]

@@ -1,0 +1,100 @@
+"""Issue 24's "done when": ``homagg-net local -- torchrun --nproc-per-node 4
+examples/ddp_train.py`` with nothing else set, no root.
+
+The 4 ranks join through the controller service by themselves (torchrun's variables), end
+with bit-identical parameters, and their losses match plain gloo's to 1e-6; the command runs
+twice in a row with no step between, and afterwards ``homagg-ctl job list`` shows no job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("p4runtime_sh")
+pytest.importorskip("prometheus_client")
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 8
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without any homagg or torch.distributed setting: the
+    launcher and torchrun must provide them all. PYTHONPATH: this checkout's homagg."""
+    drop = ("HOMAGG_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "TORCHELASTIC_",
+            "GROUP_RANK", "LOCAL_WORLD_SIZE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def torchrun(*args: str) -> list[str]:
+    # --standalone: a c10d rendezvous on a port the kernel gives; distinct per run
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "4", str(ROOT / "examples" / "ddp_train.py"), "--steps", str(STEPS), *args]
+
+
+# The ranks share one pipe, and print() writes a line's text and its newline apart: another
+# rank's line may come between the two. Hence no anchors, and exact token shapes.
+def losses(out: str) -> list[float]:
+    by_step = {int(k): float(v) for k, v in re.findall(r"step +(\d+) loss (\d+\.\d{9})", out)}
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def digests(out: str) -> dict[int, str]:
+    return {int(r): d for r, d in re.findall(r"rank (\d): parameters ([0-9a-f]{16})", out)}
+
+
+def test_local_torchrun_twice_bit_identical_ranks_losses_as_gloo_and_no_job_left(tmp_path):
+    q = " ".join
+    script = (f"{q(torchrun())} && echo '=== second run' && {q(torchrun())} && "
+              f"echo '=== job list' && {sys.executable} -m homagg.controller.cli "
+              '-c "$HOMAGG_CTL_CONFIG" job list')
+    proc = subprocess.run([sys.executable, "-m", "homagg.launcher", "local", "--", "sh", "-c",
+                           script], env=clean_env(), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    first, rest = out.split("=== second run")
+    second, listing = rest.split("=== job list")
+    assert listing.strip() == "no jobs installed"
+    for run in (first, second):
+        d = digests(run)
+        assert sorted(d) == [0, 1, 2, 3], run[-2000:]
+        assert len(set(d.values())) == 1, d  # the 4 ranks: bit-identical parameters
+        assert len(losses(run)) == STEPS
+    assert digests(first) == digests(second)  # exact sums: the same model, run after run
+    assert losses(first) == losses(second)
+
+    gloo = subprocess.run(torchrun("--backend", "gloo"), env=clean_env(), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert gloo.returncode == 0, gloo.stdout[-2000:] + gloo.stderr[-2000:]
+    ref = losses(gloo.stdout)
+    assert len(ref) == STEPS
+    assert max(abs(a - b) for a, b in zip(losses(first), ref)) <= 1e-6, (losses(first), ref)
+
+
+def test_local_passes_on_the_commands_exit_status(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "homagg.launcher", "local", "--", "sh", "-c",
+                           'test -n "$HOMAGG_CONTROLLER" && test -n "$HOMAGG_TOKEN" && exit 7'],
+                          env=clean_env(), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 7, proc.stdout + proc.stderr
+
+
+def test_local_slots_is_each_jobs_region(tmp_path):
+    probe = ("from homagg.host_agent import AgentConfig; c = AgentConfig.from_env(); "
+             "print('slots', c.slots, 'job', c.job); c.membership.leave()")
+    env = clean_env() | {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                         "MASTER_PORT": "1"}
+    proc = subprocess.run([sys.executable, "-m", "homagg.launcher", "local", "--slots", "8",
+                           "--switch-slots", "32", "--", sys.executable, "-c", probe],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "slots 8 job 1" in proc.stdout, proc.stdout
