@@ -98,6 +98,35 @@ def test_exec_runs_the_ddp_example_to_identical_replicas(target, capsys):
     assert len(digests) == 2 and len(set(digests)) == 1, out
 
 
+def test_exec_with_the_service_two_jobs_join_and_one_falls_back(target, capsys):
+    """homagg-net exec --service: the workers' environment names the controller service, not
+    job and worker ids; each worker joins its job by name (MASTER_ADDR:MASTER_PORT) and the
+    service places each job once both its ranks are in. The switch has room for one job of
+    16 slots, so the other falls back to host fb. Both jobs train the DDP example to the same
+    replicas, and both are gone once their workers leave."""
+    pytest.importorskip("torch", reason="torch not installed (optional extra)")
+    pytest.importorskip("grpc", reason="grpcio not installed (controller extra)")
+    from homagg import paths
+
+    root = paths.checkout_root()
+    if root is None:
+        pytest.skip("needs the checkout's examples/")
+    rc = _run(["exec", "--target", target, "--workers", "4", "--jobs", "2", "--slots", "16",
+               "--switch-slots", "16", "--service", "--log-dir",
+               str(LOG_DIR / f"mn-exec-service-{target}"), "--", "sh", "-c",
+               'test -n "$HOMAGG_CONTROLLER" && test -z "$HOMAGG_JOB" && exec "$0" "$@"',
+               __import__("sys").executable, str(root / "examples" / "ddp_train.py"),
+               "--steps", "3"])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    digests = re.findall(r"rank \d: parameters (\w+)", out)
+    assert len(digests) == 4 and len(set(digests)) == 1, out[-3000:]
+    placed = re.findall(r"job \d+ \((\S+)\): placed on (\w+)", out)
+    assert sorted(p for _, p in placed) == ["fb", "s1"], out[-3000:]
+    assert len({name for name, _ in placed}) == 2  # a name per job: its master's address
+    assert "jobs the service still holds: none" in out
+
+
 def test_ddp_example_follows_gloo_to_1e_6_and_runs_twice_in_a_row(target, capsys):
     """examples/ddp_train.py on 4 workers, in one exec: plain DDP over gloo, then homagg's hook
     twice in a row on the same topology with no reset (the join). Every homagg run ends with

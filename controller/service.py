@@ -138,6 +138,7 @@ class JobService:
         self.removals: dict[str, int] = {}  # why -> jobs removed (metrics)
         self.refusals: dict[str, int] = {}  # gRPC code -> requests refused (metrics)
         self.joined = 0                     # jobs placed
+        self.placements: list[tuple[int, str, str]] = []  # (job id, name, place), in order
         self.renewed = 0                    # leases renewed
 
     # -- the switch --------------------------------------------------------------------------
@@ -323,6 +324,7 @@ class JobService:
         self.held[h.job_id] = h
         self._gone.pop(h.job_id, None)
         self.joined += 1
+        self.placements.append((h.job_id, p.name, pj.place.name))
         log.info("job %d (%s): %d workers placed on %s, slots %d-%d, run %d", h.job_id, p.name,
                  p.world, pj.place.name, pj.job.base, pj.job.base + pj.job.size - 1, run)
         send_to = (pj.place.ip, wire.HOMAGG_UDP_PORT_MIN)

@@ -85,6 +85,11 @@ def parser() -> argparse.ArgumentParser:
     x = sub.add_parser("exec", parents=[common],
                        help="run a command on every worker host at once, its job's settings in "
                             "the environment; exit status: the worst of the workers'")
+    x.add_argument("--service", action="store_true",
+                   help="workers join through the controller service (homagg-ctl serve, on "
+                        "host ctl): their environment has HOMAGG_CONTROLLER and HOMAGG_TOKEN, "
+                        "not job and worker ids, and the service places each job when all its "
+                        "ranks have joined (star topology)")
     x.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command and its args")
     sub.add_parser("cli", parents=[common], help="start the topology and a Mininet CLI")
     lo = sub.add_parser("local", help="no root, one machine: a software aggregator and the "
@@ -113,6 +118,11 @@ def _options(a) -> NetOptions:
             o.agent_args += (f"--{flag.replace('_', '-')}", str(getattr(a, flag)))
     if a.log_dir:
         o.log_dir = a.log_dir
+    if getattr(a, "service", False):
+        if o.topo != "star":
+            raise NetError("--service: the star topology only (the service places a job on "
+                           "one switch or the fallback, not across a tree)")
+        o.service = True
     return o
 
 
@@ -223,6 +233,8 @@ def main(argv=None) -> int:
             with make_net(_options(a)) as net:
                 print(f"target: {net.target} [{net.why}]\n{net.placement()}", flush=True)
                 rc = run_everywhere(net, command)
+                if net.service is not None:
+                    print(net.service_placement() or "the service placed no job", flush=True)
             if rc:
                 print(f"homagg-net: a worker exited with status {rc}", file=sys.stderr)
             return rc

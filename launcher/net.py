@@ -50,6 +50,10 @@ SWITCH_MAC = wire.DEFAULT_SWITCH_MAC
 FALLBACK_IP = wire.DEFAULT_FALLBACK_IP
 FALLBACK_MAC = wire.DEFAULT_FALLBACK_MAC
 AGENT_PORT = wire.DEFAULT_AGENT_PORT
+# With --service: host ctl, a node in the root namespace cabled to the switch, where
+# homagg-ctl serve's service listens for the workers' joins (it reaches the switch's and the
+# aggregators' P4Runtime from there, and sees each worker's own address as its peer).
+CTL_IP, CTL_MAC = "10.0.0.252", "00:00:0a:00:00:fc"
 
 
 class NetError(HomaggError):
@@ -105,6 +109,7 @@ class NetOptions:
     topo: str = "star"           # star | leafspine (launcher/tree.py)
     leaves: int = 2              # leafspine: leaf switches ...
     workers_per_leaf: int = 4    # ... and the workers under each (workers = their product)
+    service: bool = False        # workers join through homagg-ctl serve (HOMAGG_CONTROLLER)
 
 
 def _bmv2_switch_class():
@@ -153,6 +158,8 @@ class HomaggNet:
         self.config: Config = self._config()
         self.aggregator: Any = None  # the software aggregator's process (soft target)
         self.placed: dict[int, Any] = {}  # job id -> controller.placement.PlacedJob
+        self.service: Any = None  # controller.serve.Server, with --service
+        self.token = secrets.token_hex(16)
         self.new_run()
 
     def new_run(self) -> int:
@@ -193,10 +200,17 @@ class HomaggNet:
             if fb is not None:
                 h = net.addHost(fb.name, ip=f"{fb.ip}/24", mac=fb.mac)
                 net.addLink(h, s1, port2=fb.port)
+            if o.service:
+                ctl = self._ctl_host()
+                h = net.addHost(ctl.name, ip=f"{ctl.ip}/24", mac=ctl.mac, inNamespace=False)
+                net.addLink(h, s1, port2=ctl.port)
             net.build()
             net.start()
             for h in net.hosts:
-                h.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
+                if h.inNamespace:  # (not ctl's: the root namespace is the machine's)
+                    h.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
+                else:
+                    h.cmd(f"sysctl -q -w net.ipv6.conf.{h.defaultIntf()}.disable_ipv6=1")
                 if self.target == "bmv2":
                     # bmv2 reads and writes whole frames: a checksum left to offload would
                     # reach it unfinished. On the soft target (a Linux bridge) the offloads
@@ -209,18 +223,47 @@ class HomaggNet:
             if self.config.fallback is not None:
                 self._start_aggregator(self.config.fallback.name, self.config.fallback.grpc)
             self._install()
+            if o.service:
+                self._start_service()
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _ctl_host(self) -> Host:
+        """Host ctl (--service): cabled after the workers, the aggregator and the fallback."""
+        o = self.opts
+        return Host("ctl", CTL_IP, CTL_MAC,
+                    o.workers + 1 + (self.target == "soft") + bool(o.fallback))
+
+    def _start_service(self) -> None:
+        """homagg-ctl serve's service at host ctl: workers join their jobs by themselves
+        (exec gives them HOMAGG_CONTROLLER and HOMAGG_TOKEN, not job and worker ids)."""
+        from homagg.controller.p4client import P4RuntimeSwitch
+        from homagg.controller.serve import start
+        from homagg.controller.service import JobService, ServeOptions
+
+        def connect(place):  # election id above the launcher's own sessions', as serve's
+            return P4RuntimeSwitch(place.grpc, place.device_id, (0, 2), None,
+                                   place.name).open()
+
+        svc = JobService(self.config, connect, ServeOptions(token=self.token, slots=self.slots))
+        self.service = start(svc, f"{CTL_IP}:0")
+        log.info("controller service at %s", self.service.address)
+
+    def service_placement(self) -> str:
+        """With --service: one line per job the service placed, in order."""
+        if self.service is None:
+            return ""
+        svc = self.service.svc
+        held = ", ".join(str(j) for j in sorted(svc.held)) or "none"
+        return "\n".join([*(f"job {j} ({name}): placed on {place}"
+                            for j, name, place in svc.placements),
+                          f"jobs the service still holds: {held}"])
+
     def _config(self) -> Config:
         o = self.opts
         hosts = tuple(Host(f"h{i + 1}", host_ip(i), host_mac(i), i + 1) for i in range(o.workers))
-        per = o.workers // o.jobs
-        jobs = tuple(JobSpec(o.job + k, tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name)
-                                              for h in hosts[k * per:(k + 1) * per]), self.slots)
-                     for k in range(o.jobs))
         if self.target == "bmv2":  # its gRPC and Thrift ports are known once it runs
             sw = SwitchSpec("s1", "127.0.0.1:9559", 1, 9090, SWITCH_IP, SWITCH_MAC,
                             slots=o.switch_slots)
@@ -232,6 +275,12 @@ class HomaggNet:
             # its own port: after the workers, and after the soft target's aggregator
             fb = FallbackSpec("fb", FALLBACK_IP, FALLBACK_MAC, self._socket("fb"), 1,
                               o.workers + (2 if self.target == "soft" else 1))
+        if o.service:  # no jobs up front: the workers join, and the service places them
+            return Config(sw, (*hosts, self._ctl_host()), (), fb)
+        per = o.workers // o.jobs
+        jobs = tuple(JobSpec(o.job + k, tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name)
+                                              for h in hosts[k * per:(k + 1) * per]), self.slots)
+                     for k in range(o.jobs))
         return Config(sw, hosts, jobs, fb)
 
     def _socket(self, name: str) -> str:
@@ -409,6 +458,9 @@ class HomaggNet:
         self._install(("switch",))
 
     def stop(self) -> None:
+        if self.service is not None:
+            self.service.stop()
+            self.service = None
         for p in self.procs:
             if p.poll() is None:
                 p.terminate()
@@ -444,17 +496,22 @@ class HomaggNet:
     def worker_env(self, worker: int) -> dict[str, str]:
         """What a user's program on worker host ``worker`` needs to join its job: homagg's
         settings (``AgentConfig.from_env`` reads them) and torch.distributed's, for a gloo
-        process group over the same topology (rank within the job, its first host as master)."""
+        process group over the same topology (rank within the job, its first host as master).
+        With --service, homagg's are only the service's address and token: the worker joins
+        its job by name (MASTER_ADDR:MASTER_PORT), as under torchrun on real hosts."""
         job, index, workers = self.job_of(worker)
         host = self.net.get(f"h{worker + 1}")
+        torch = {"RANK": str(index), "WORLD_SIZE": str(workers), "LOCAL_RANK": "0",
+                 "MASTER_ADDR": host_ip(worker - index), "MASTER_PORT": str(29500 + job),
+                 "GLOO_SOCKET_IFNAME": host.defaultIntf().name}
+        if self.service is not None:  # the job's name is MASTER_ADDR:MASTER_PORT, alike
+            return {"HOMAGG_CONTROLLER": self.service.address, "HOMAGG_TOKEN": self.token,
+                    "HOMAGG_SLOTS": str(self.slots), **torch}
         return {
             "HOMAGG_JOB": str(job), "HOMAGG_WORKER": str(index), "HOMAGG_WORKERS": str(workers),
             "HOMAGG_SWITCH": f"{self.job_address(job)}:{wire.HOMAGG_UDP_PORT_MIN}",
             "HOMAGG_BIND": f"{host_ip(worker)}:{AGENT_PORT}", "HOMAGG_SLOTS": str(self.slots),
-            "HOMAGG_RUN": str(self.run),
-            "RANK": str(index), "WORLD_SIZE": str(workers), "LOCAL_RANK": "0",
-            "MASTER_ADDR": host_ip(worker - index), "MASTER_PORT": str(29500 + job),
-            "GLOO_SOCKET_IFNAME": host.defaultIntf().name,
+            "HOMAGG_RUN": str(self.run), **torch,
         }
 
     def popen(self, host, cmd: list[str], out_path: Path | None = None, **kw):
