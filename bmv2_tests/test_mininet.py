@@ -247,7 +247,8 @@ def test_leafspine_stays_exact_with_loss_at_every_agent(target, capsys):
 
 def _tree_agents(net, workers, *args):
     """homagg-agent bench on ``workers`` only (the others never start), a short deadline;
-    each one's exit status and output."""
+    each one's exit status and output. A new run (its own run number, join.p4)."""
+    net.new_run()
     hosts = net.worker_hosts()
     procs = {w: net.popen(hosts[w], net.agent_command(w, "--deadline", "3", "bench", "--size",
                                                        "20000", "--iterations", "2", *args))

@@ -18,6 +18,7 @@ import pytest
 from bmv2_tests.conftest import LOG_DIR
 from bmv2_tests.fuzz import EXPECT
 from homagg.launcher.net import HomaggNet, NetOptions, host_ip, host_mac
+from tests.staging import wait_for
 
 
 @pytest.fixture
@@ -32,12 +33,22 @@ def opts(target, name, **kw) -> NetOptions:
 
 
 def start_agents(net: HomaggNet, *args: str, tag: str = "run") -> list[subprocess.Popen]:
+    """homagg-agent on every worker: a new run (its own run number, join.p4)."""
+    net.new_run()
     procs = []
     for w, h in enumerate(net.worker_hosts()):
         out = net.opts.log_dir / f"{tag}-worker{w}.out"
         wargs = [str(net.opts.log_dir / f"worker{w}.json") if x == "{json}" else x for x in args]
         procs.append(net.popen(h, net.agent_command(w, *wargs), out))
     return procs
+
+
+def until_rounds(net, procs, rounds: int = 20, timeout: float = 60.0) -> None:
+    """Wait until the switch has completed ``rounds`` rounds of the running job (its
+    workers joined and are well into their run), while every agent still runs."""
+    wait_for(lambda: net.stats()["switch"]["STAT_COMPLETED"] >= rounds
+             or any(p.poll() is not None for p in procs), timeout, f"{rounds} rounds")
+    assert all(p.poll() is None for p in procs), "an agent stopped before the fault"
 
 
 def finish(net, procs, tag="run", timeout=240) -> list[tuple[int, str]]:
@@ -85,8 +96,7 @@ def test_dead_worker_is_named_within_the_deadline_and_the_next_run_is_exact(targ
     with HomaggNet(opts(target, "dead")) as net:
         procs = start_agents(net, "--deadline", "3", "bench", "--size", "100000",
                              "--iterations", "100000", tag="long")
-        time.sleep(4)
-        assert all(p.poll() is None for p in procs), "agents stopped before the kill"
+        until_rounds(net, procs)
         procs[3].send_signal(signal.SIGKILL)
         t_kill = time.monotonic()
         results = finish(net, procs[:3], tag="long", timeout=30)
@@ -109,8 +119,7 @@ def test_switch_restart_mid_job_recovers_or_fails_clearly(target):
     with HomaggNet(opts(target, "restart")) as net:
         procs = start_agents(net, "--deadline", "5", "bench", "--size", "100000",
                              "--iterations", iterations, "--check", tag="long")
-        time.sleep(3)
-        assert all(p.poll() is None for p in procs), "the run ended before the restart"
+        until_rounds(net, procs)
         net.restart_switch()
         results = finish(net, procs, tag="long", timeout=120)
         outcomes = []
