@@ -98,12 +98,40 @@ def test_exec_runs_the_ddp_example_to_identical_replicas(target, capsys):
     assert len(digests) == 2 and len(set(digests)) == 1, out
 
 
-def test_exec_with_the_service_two_jobs_join_and_one_falls_back(target, capsys):
+# Run as each worker of the service test: the DDP example, except that a worker holds its
+# place (does not Leave) until all four workers have trained. Without it, a fast job can leave
+# before the other joins, and both fit the switch in turn: the test would stage the order by
+# timing. Each worker writes a file on the shared file system when it is done, then waits for
+# four (Mininet hosts share the file system; a pid names a process across their namespaces).
+_HOLD_PLACES = """
+import os, pathlib, runpy, sys, time
+from homagg.host_agent import membership
+
+done = pathlib.Path(sys.argv.pop(1))
+leave = membership.Membership.leave
+
+
+def held(self):
+    (done / str(os.getpid())).touch()
+    deadline = time.monotonic() + 180
+    while len(list(done.iterdir())) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leave(self)
+
+
+membership.Membership.leave = held
+sys.argv.pop(0)
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_exec_with_the_service_two_jobs_join_and_one_falls_back(target, capsys, tmp_path):
     """homagg-net exec --service: the workers' environment names the controller service, not
     job and worker ids; each worker joins its job by name (MASTER_ADDR:MASTER_PORT) and the
     service places each job once both its ranks are in. The switch has room for one job of
-    16 slots, so the other falls back to host fb. Both jobs train the DDP example to the same
-    replicas, and both are gone once their workers leave."""
+    16 slots, and every worker holds its place until all have trained, so the job that
+    completes its join second falls back to host fb. Both jobs train the DDP example to the
+    same replicas, and both are gone once their workers leave."""
     pytest.importorskip("torch", reason="torch not installed (optional extra)")
     pytest.importorskip("grpc", reason="grpcio not installed (controller extra)")
     from homagg import paths
@@ -111,14 +139,18 @@ def test_exec_with_the_service_two_jobs_join_and_one_falls_back(target, capsys):
     root = paths.checkout_root()
     if root is None:
         pytest.skip("needs the checkout's examples/")
+    hold, done = tmp_path / "hold.py", tmp_path / "done"
+    hold.write_text(_HOLD_PLACES)
+    done.mkdir()
     rc = _run(["exec", "--target", target, "--workers", "4", "--jobs", "2", "--slots", "16",
                "--switch-slots", "16", "--service", "--log-dir",
                str(LOG_DIR / f"mn-exec-service-{target}"), "--", "sh", "-c",
                'test -n "$HOMAGG_CONTROLLER" && test -z "$HOMAGG_JOB" && exec "$0" "$@"',
-               __import__("sys").executable, str(root / "examples" / "ddp_train.py"),
-               "--steps", "3"])
+               __import__("sys").executable, str(hold), str(done),
+               str(root / "examples" / "ddp_train.py"), "--steps", "3"])
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]
+    assert len(list(done.iterdir())) == 4, out[-3000:]  # every worker reached its leave
     digests = re.findall(r"rank \d: parameters (\w+)", out)
     assert len(digests) == 4 and len(set(digests)) == 1, out[-3000:]
     placed = re.findall(r"job \d+ \((\S+)\): placed on (\w+)", out)
