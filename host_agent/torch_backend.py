@@ -1,0 +1,478 @@
+"""A torch.distributed backend named "homagg": ``dist.init_process_group("homagg")``.
+
+    import homagg.torch  # registers the backend (for the cpu device)
+    dist.init_process_group("homagg")   # or "cpu:homagg"; then DDP, dist.all_reduce, ... as usual
+
+The process group builds its agent itself, from ``AgentConfig.from_env()`` (HOMAGG_JOB,
+HOMAGG_SWITCH, HOMAGG_BIND, ...; the worker and the number of workers default to the process
+group's own rank and world size). What goes where:
+
+* ``all_reduce`` SUM and AVG of float32, float64, bfloat16 and float16 tensors: through the
+  switch, with the agent's codec (block floating point, an exact sum of the quantized values;
+  a NaN or an Inf anywhere makes the whole tensor NaN on every rank, as the DDP hook does).
+  float32 SUM is the hook's path (the sum rounded once to float32). The other dtypes and AVG
+  are converted to float64 first (exact: every bfloat16/float16/float32 is a float64), so the
+  integers on the wire are the float32 path's, and the float64 sum (exact: the integer sums
+  times a power of two) is rounded once to the tensor's dtype (AVG: divided by the world size
+  in float64 first). float64 is quantized to the codec's int32 grid like float32 (about 31
+  bits below each block's largest value, not float64's 53): said once in a warning.
+* ``all_reduce`` SUM of integer tensors: exact, as gloo's. int8/int16/uint8 are summed in
+  int32 and wrapped back to their dtype; int32 is summed in int32 and, if the switch flags an
+  overflow (every rank sees the flag), again in two 16-bit limbs; int64 always in four 16-bit
+  limbs (one round of 4x the words): the sum modulo 2**64, bit for bit gloo's.
+* Sparse COO tensors (SUM, AVG): ``Agent.allreduce_rows``, as the DDP hook does.
+* Everything else (MAX, MIN, PRODUCT, other dtypes, broadcast, all_gather, reduce_scatter,
+  all_to_all, gather, scatter, reduce, barrier, send/recv): an inner gloo group, whose result
+  is gloo's by construction. A reduction the switch cannot serve says so once (which op, which
+  dtype, why).
+
+Every collective called through this group returns a ``HomaggWork`` whose future is completed
+by the group's one agent thread, in issue order, with the list of output tensors; ``wait()``
+re-raises an error (torch's own future-backed Work loses it). The switch's rounds and the
+gloo fallbacks are issued by that one thread, so every rank issues them in the same order even
+when DDP calls from autograd's thread. C++ code that goes around Python straight to the group's
+registered cpu backend (FSDP2's reduce_scatter_tensor, functional collectives without a Python
+override) reaches a second gloo group of its own, so the two orders never mix on one gloo
+context.
+
+Subgroups (``new_group``, a device mesh's dimensions) would each need a homagg job of their
+own: the job id, the worker ids and the switch's job table for that subset of ranks come from
+whoever configures the switch (the controller service), which this module cannot ask yet. A
+subgroup is therefore an all-gloo group (a one-time warning says so).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+from torch.distributed.distributed_c10d import AllgatherOptions
+
+from homagg import wire
+from homagg.host_agent.allreduce import Agent
+from homagg.host_agent.config import AgentConfig, AgentError
+from homagg.host_agent.transport import SwitchOverflow
+
+log = logging.getLogger("homagg.torch")
+
+#: The backend's name, for ``dist.init_process_group``.
+BACKEND = "homagg"
+
+FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+#: Integer dtypes whose sum is exact in one int32 round (widened, then wrapped back).
+SMALL_INTS = (torch.int8, torch.int16, torch.uint8)
+#: The int32 limbs an integer is split into for an exact sum (16 bits each: a limb's sum
+#: stays in int32 for up to 32767 workers).
+LIMB_BITS = 16
+
+_options: dict[str, Any] = {}
+_said: set[str] = set()
+_said_lock = threading.Lock()
+
+
+def set_agent_options(**options) -> None:
+    """``AgentConfig`` fields (timeout, deadline, mode, index, ...) for the agents of process
+    groups created from now on, on top of what ``AgentConfig.from_env`` reads."""
+    _options.clear()
+    _options.update(options)
+
+
+def say_once(what: str, message: str) -> None:
+    """A warning, once per process for each ``what``."""
+    with _said_lock:
+        if what in _said:
+            return
+        _said.add(what)
+    warnings.warn(f"homagg: {message}", RuntimeWarning, stacklevel=3)
+
+
+class HomaggWork(dist.Work):
+    """A collective's handle: its future (value: the output tensors) is completed by the
+    group's agent thread. ``wait`` raises the collective's error, if any."""
+
+    def __init__(self, fut: torch.futures.Future):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._fut.wait()  # raises what the agent thread set
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.value()
+        except Exception:  # noqa: BLE001 - that is the answer
+            return False
+        return True
+
+    def exception(self):
+        if not self._fut.done():
+            return None
+        try:
+            self._fut.value()
+        except Exception as err:  # noqa: BLE001
+            return err
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._fut.value()
+
+
+def _reduce_op(opts) -> Any:
+    op = getattr(opts, "reduceOp", ReduceOp.SUM)
+    return getattr(op, "op", op)  # a ReduceOp's RedOpType (SUM, AVG, ...)
+
+
+class HomaggProcessGroup(dist.ProcessGroup):
+    """The "homagg" process group: all_reduce through the switch (``Agent``), the rest
+    through gloo. ``agent`` None: every collective goes to gloo (a subgroup)."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
+                 agent: Agent | None):
+        super().__init__(rank, size)  # type: ignore[call-arg]  # (the stub knows the 3-arg form)
+        self.agent = agent
+        # The registered cpu backend: what C++ reaches without going through Python.
+        self._cpp = dist.ProcessGroupGloo(dist.PrefixStore("homagg-cpp/", store), rank, size,
+                                          timeout)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM,
+                               self._cpp)
+        # What this group's own thread issues; a gloo context of its own (see the module doc)
+        self._gloo: Any = dist.ProcessGroupGloo(dist.PrefixStore("homagg-py/", store), rank, size,
+                                           timeout)
+        self._thread: ThreadPoolExecutor | None = ThreadPoolExecutor(
+            1, thread_name_prefix="homagg-agent")
+        self._lock = threading.Lock()
+        self.counts = {"switch": 0, "gloo": 0}  # collectives served by each, in this group
+
+    # -- the thread ------------------------------------------------------------------------------
+    def _submit(self, run: Callable[[], list[torch.Tensor]]) -> HomaggWork:
+        fut: torch.futures.Future = torch.futures.Future()
+
+        def job() -> None:
+            try:
+                fut.set_result(run())
+            except BaseException as err:  # noqa: BLE001 - raised where the work is waited on
+                fut.set_exception(err)
+
+        with self._lock:
+            if self._thread is None:
+                raise RuntimeError("homagg: the process group is shut down")
+            self._thread.submit(job)
+        return HomaggWork(fut)
+
+    def _gloo_call(self, name: str, outputs: list[torch.Tensor], *args) -> HomaggWork:
+        def run() -> list[torch.Tensor]:
+            self.counts["gloo"] += 1
+            getattr(self._gloo, name)(*args).wait()
+            return outputs
+
+        return self._submit(run)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.shutdown(wait=True)
+        if self.agent is not None:
+            self.agent.close()
+        for g in (self._gloo, self._cpp):
+            try:
+                g.shutdown()
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                pass
+
+    def abort(self) -> None:
+        self.shutdown()
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return BACKEND
+
+    # -- all_reduce ------------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):  # type: ignore[override]
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        op = _reduce_op(opts)
+        why = self._switch_refuses(tensors, op)
+        if why is not None:
+            say_once(why, why)
+            return self._gloo_call("allreduce", tensors, tensors, opts)
+
+        def run() -> list[torch.Tensor]:
+            self.counts["switch"] += 1
+            for t in tensors:
+                self._switch_allreduce(t, op)
+            return tensors
+
+        return self._submit(run)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        single = dist.AllreduceOptions()
+        if opts is not None:
+            single.reduceOp = opts.reduceOp
+        return self.allreduce(list(tensors), single)
+
+    def _switch_refuses(self, tensors, op) -> str | None:
+        """Why these tensors cannot go through the switch with ``op`` (None: they can)."""
+        if self.agent is None:
+            return ("a subgroup has no homagg job of its own (the switch's job table for a "
+                    "subset of ranks needs the controller service): its collectives go to gloo")
+        sum_like = op in (ReduceOp.SUM, ReduceOp.AVG)
+        for t in tensors:
+            if t.device.type != "cpu":
+                return f"all_reduce of a {t.device.type} tensor goes to gloo (cpu only)"
+            if not sum_like:
+                return (f"all_reduce {_op_name(op)} goes to gloo: the switch only adds (SUM "
+                        "and AVG go through it)")
+            if t.is_sparse:
+                if t.dtype not in FLOATS:
+                    return f"sparse all_reduce of {t.dtype} goes to gloo: floats only"
+                continue
+            if t.layout != torch.strided:
+                return f"all_reduce of a {t.layout} tensor goes to gloo"
+            if t.dtype in FLOATS:
+                continue
+            if op == ReduceOp.AVG:
+                return (f"all_reduce AVG of {t.dtype} goes to gloo: an integer mean is not "
+                        "an integer (gloo's answer, or its error, is gloo's)")
+            if t.dtype in SMALL_INTS or t.dtype in (torch.int32, torch.int64):
+                continue
+            return (f"all_reduce SUM of {t.dtype} goes to gloo: the switch sums int32 words "
+                    "(floats through the codec, int8/16/32/64 and uint8 exactly)")
+        return None
+
+    def _switch_allreduce(self, t: torch.Tensor, op) -> None:
+        """One tensor's SUM or AVG through the switch, in place (the agent's thread)."""
+        agent = self.agent
+        assert agent is not None
+        if t.numel() == 0:
+            return
+        if t.is_sparse:
+            t.copy_(self._sparse(t, op))
+            return
+        src = t.detach().contiguous()
+        key = ("torch", str(t.dtype), t.numel())
+        if t.dtype in FLOATS:
+            if t.dtype == torch.float64:
+                say_once("float64", "float64 all_reduce goes through the switch quantized to "
+                         "the codec's int32 grid (exact sum of the quantized values, about 31 "
+                         "bits below each block's largest value, not float64's 53)")
+            if t.dtype == torch.float32 and op == ReduceOp.SUM:  # the hook's path
+                out = agent.allreduce(src.numpy().reshape(-1), key=key)
+                t.copy_(torch.from_numpy(out).view(t.shape))
+                return
+            x = src.to(torch.float64).numpy().reshape(-1)  # exact for every float dtype
+            s = agent.allreduce(x, key=key)  # float64: exact (int sums times 2**-shift)
+            if op == ReduceOp.AVG:
+                s = s / agent.cfg.workers
+            t.copy_(torch.from_numpy(s).view(t.shape))  # rounded once to t's dtype
+            return
+        if t.dtype in SMALL_INTS:
+            q = src.to(torch.int32).numpy().reshape(-1)
+            s = agent.allreduce_int(q)
+            t.copy_(torch.from_numpy(s.astype(_np_dtype(t.dtype))).view(t.shape))  # wraps
+            return
+        x64 = src.numpy().reshape(-1).astype(np.int64)
+        if t.dtype == torch.int32:
+            try:
+                s = agent.transport.stream(wire.OP_ADD, x64.astype(np.int32))
+            except SwitchOverflow:  # every rank sees the flag: all take the limbs
+                s = _limb_sum(agent, x64, 2).astype(np.int32)
+            t.copy_(torch.from_numpy(np.ascontiguousarray(s, np.int32)).view(t.shape))
+            return
+        t.copy_(torch.from_numpy(_limb_sum(agent, x64, 4)).view(t.shape))
+
+    def _sparse(self, t: torch.Tensor, op) -> torch.Tensor:
+        agent = self.agent
+        assert agent is not None
+        g = t.detach().coalesce()
+        sparse_shape = tuple(g.shape[:g.sparse_dim()])
+        n_rows = int(np.prod(sparse_shape, dtype=np.int64))
+        idx = g.indices().numpy()
+        rows = (np.ravel_multi_index(tuple(idx), sparse_shape) if idx.size
+                else np.zeros(0, np.int64))
+        values = g.values().to(torch.float64).numpy()
+        r = agent.allreduce_rows(n_rows, rows, values, key=("torch-sparse", g.shape))
+        indices = torch.from_numpy(np.stack(np.unravel_index(r.rows, sparse_shape))
+                                   if r.rows.size
+                                   else np.zeros((len(sparse_shape), 0), np.int64))
+        vals = r.values / agent.cfg.workers if op == ReduceOp.AVG else r.values
+        return torch.sparse_coo_tensor(indices, torch.from_numpy(np.ascontiguousarray(vals))
+                                       .to(t.dtype), g.shape).coalesce()
+
+    # -- everything else: gloo, from the same thread -------------------------------------------
+    def broadcast(self, tensors, opts=None):  # type: ignore[override]
+        return self._gloo_call("broadcast", tensors, tensors,
+                               opts if opts is not None else dist.BroadcastOptions())
+
+    def reduce(self, tensors, opts=None):  # type: ignore[override]
+        return self._gloo_call("reduce", tensors, tensors,
+                               opts if opts is not None else dist.ReduceOptions())
+
+    def allgather(self, outputs, inputs, opts=None):
+        return self._gloo_call("allgather", outputs, outputs, inputs,
+                               opts if opts is not None else AllgatherOptions())
+
+    def allgather_coalesced(self, outputs, inputs, opts=None):
+        return self._gloo_call("allgather_coalesced", outputs, outputs, inputs,
+                               opts if opts is not None else AllgatherOptions())
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._gloo_call("_allgather_base", [output], output, input,
+                               opts if opts is not None else AllgatherOptions())
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else AllgatherOptions()
+
+        def run() -> list[torch.Tensor]:
+            self.counts["gloo"] += 1
+            for o, i in zip(outputs, inputs):
+                self._gloo._allgather_base(o, i, opts).wait()
+            return outputs
+
+        return self._submit(run)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, outputs, inputs, opts=None):  # type: ignore[override]
+        flat = [t for ts in outputs for t in ts]
+        return self._gloo_call("gather", flat, outputs, inputs,
+                               opts if opts is not None else dist.GatherOptions())
+
+    def scatter(self, outputs, inputs, opts=None):  # type: ignore[override]
+        return self._gloo_call("scatter", outputs, outputs, inputs,
+                               opts if opts is not None else dist.ScatterOptions())
+
+    def reduce_scatter(self, outputs, inputs, opts=None):  # type: ignore[override]
+        return self._gloo_call("reduce_scatter", outputs, outputs, inputs,
+                               opts if opts is not None else dist.ReduceScatterOptions())
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._gloo_call("_reduce_scatter_base", [output], output, input,
+                               opts if opts is not None else dist.ReduceScatterOptions())
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs,
+                                        opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+
+        def run() -> list[torch.Tensor]:
+            self.counts["gloo"] += 1
+            for o, i in zip(outputs, inputs):
+                self._gloo._reduce_scatter_base(o, i, opts).wait()
+            return outputs
+
+        return self._submit(run)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall(self, outputs, inputs, opts=None):
+        return self._gloo_call("alltoall", outputs, outputs, inputs,
+                               opts if opts is not None else dist.AllToAllOptions())
+
+    def all_to_all_single(self, output, input, output_splits, input_splits,
+                          opts=None):
+        return self._gloo_call("alltoall_base", [output], output, input, output_splits,
+                               input_splits,
+                               opts if opts is not None else dist.AllToAllOptions())
+
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts=None):
+        return self._gloo_call("barrier", [], opts if opts is not None
+                               else dist.BarrierOptions())
+
+    def send(self, tensors, dst, tag=0):
+        return self._gloo_call("send", tensors, tensors, dst, tag)
+
+    def recv(self, tensors, src, tag=0):
+        return self._gloo_call("recv", tensors, tensors, src, tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._gloo_call("recv_anysource", tensors, tensors, tag)
+
+
+def _op_name(op) -> str:
+    return str(op).rsplit(".", 1)[-1]
+
+
+def _np_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def _limb_sum(agent: Agent, x: np.ndarray, limbs: int) -> np.ndarray:
+    """The exact sum over workers of int64 ``x``, modulo 2**64 (gloo's wrapping), from
+    ``limbs`` int32 sums of 16-bit limbs (the top one signed) in one round."""
+    n = x.size
+    parts = np.empty((limbs, n), np.int32)
+    u = x.view(np.uint64)
+    for k in range(limbs - 1):
+        parts[k] = ((u >> np.uint64(LIMB_BITS * k)) & np.uint64(0xFFFF)).astype(np.int32)
+    parts[limbs - 1] = (x >> np.int64(LIMB_BITS * (limbs - 1))).astype(np.int32)
+    if limbs < 4 and np.any(parts[limbs - 1] != x >> np.int64(LIMB_BITS * (limbs - 1))):
+        raise AgentError(f"{agent.cfg.who}: a value does not fit {limbs} limbs")
+    sums = agent.allreduce_int(parts.reshape(-1)).reshape(limbs, n)
+    total = np.zeros(n, np.uint64)
+    for k in range(limbs):  # in uint64: wraps modulo 2**64, as gloo's int64 sum does
+        total += sums[k].astype(np.int64).view(np.uint64) << np.uint64(LIMB_BITS * k)
+    return total.view(np.int64)
+
+
+def _agent_config(rank: int, size: int, environ: Mapping[str, str] | None = None
+                  ) -> AgentConfig:
+    """``AgentConfig.from_env`` with the process group's rank and world size as the defaults
+    of HOMAGG_WORKER and HOMAGG_WORKERS; a HOMAGG_WORKERS other than the world size is an
+    error (the mean and the scale's headroom divide by it)."""
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault("HOMAGG_WORKER", str(rank))
+    env.setdefault("HOMAGG_WORKERS", str(size))
+    cfg = AgentConfig.from_env(env, **_options)
+    if cfg.workers != size:
+        raise AgentError(f"HOMAGG_WORKERS={cfg.workers} but the process group has {size} "
+                         "ranks: every rank must be a worker of the job")
+    return cfg
+
+
+def create(opts, backend_options=None) -> HomaggProcessGroup:
+    """The backend's creator (torch's extended API): the default group gets an agent; a
+    subgroup is all gloo (see the module doc)."""
+    store, rank, size = opts.store, opts.group_rank, opts.group_size
+    timeout = opts.timeout
+    world = list(getattr(opts, "global_ranks_in_group", []) or [])
+    subgroup = dist.is_initialized() or (world and world != list(range(len(world))))
+    if subgroup:
+        say_once("subgroup", f"process group {getattr(opts, 'group_id', '?')} (ranks "
+                 f"{world or '?'}) is a subgroup: it has no homagg job of its own (that needs "
+                 "the controller service), so all its collectives go to gloo")
+        return HomaggProcessGroup(store, rank, size, timeout, None)
+    return HomaggProcessGroup(store, rank, size, timeout, Agent(_agent_config(rank, size)))
+
+
+def register() -> None:
+    """Register the "homagg" backend for the cpu device (again: nothing)."""
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])
