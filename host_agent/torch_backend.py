@@ -28,12 +28,15 @@ group's own rank and world size). What goes where:
 
 Every collective called through this group returns a ``HomaggWork`` whose future is completed
 by the group's one agent thread, in issue order, with the list of output tensors; ``wait()``
-re-raises an error (torch's own future-backed Work loses it). The switch's rounds and the
-gloo fallbacks are issued by that one thread, so every rank issues them in the same order even
-when DDP calls from autograd's thread. C++ code that goes around Python straight to the group's
-registered cpu backend (FSDP2's reduce_scatter_tensor, functional collectives without a Python
-override) reaches a second gloo group of its own, so the two orders never mix on one gloo
-context.
+re-raises an error (torch's own future-backed Work loses it). The switch's rounds and the gloo
+fallbacks are issued by that one thread, so every rank issues them in the same order even when
+DDP calls from autograd's thread. Point-to-point send and recv are the exception: gloo's own
+Work, issued at once (gloo matches them by peer and tag, and a thread that waits for each in
+turn would deadlock two ranks that both isend, then irecv). C++ code that goes around the
+Python methods straight to the group's registered cpu backend (torch's functional collectives
+for the methods the C++ trampoline does not forward, such as reduce_scatter_tensor and
+all_gather_into_tensor) reaches a second gloo group of its own, so the two orders never mix on
+one gloo context.
 
 Subgroups (``new_group``, a device mesh's dimensions) would each need a homagg job of their
 own: the job id, the worker ids and the switch's job table for that subset of ranks come from
@@ -47,6 +50,7 @@ import logging
 import os
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -160,7 +164,9 @@ class HomaggProcessGroup(dist.ProcessGroup):
         self._thread: ThreadPoolExecutor | None = ThreadPoolExecutor(
             1, thread_name_prefix="homagg-agent")
         self._lock = threading.Lock()
-        self.counts = {"switch": 0, "gloo": 0}  # collectives served by each, in this group
+        # collectives this group served, "switch:allreduce", "gloo:<gloo's method>" (what C++
+        # sends straight to the registered backend is not seen here)
+        self.counts: Counter[str] = Counter()
 
     # -- the thread ------------------------------------------------------------------------------
     def _submit(self, run: Callable[[], list[torch.Tensor]]) -> HomaggWork:
@@ -180,7 +186,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
 
     def _gloo_call(self, name: str, outputs: list[torch.Tensor], *args) -> HomaggWork:
         def run() -> list[torch.Tensor]:
-            self.counts["gloo"] += 1
+            self.counts[f"gloo:{name}"] += 1
             getattr(self._gloo, name)(*args).wait()
             return outputs
 
@@ -215,11 +221,12 @@ class HomaggProcessGroup(dist.ProcessGroup):
         op = _reduce_op(opts)
         why = self._switch_refuses(tensors, op)
         if why is not None:
-            say_once(why, why)
+            if self.agent is not None:  # (a subgroup said so when it was made)
+                say_once(why, why)
             return self._gloo_call("allreduce", tensors, tensors, opts)
 
         def run() -> list[torch.Tensor]:
-            self.counts["switch"] += 1
+            self.counts["switch:allreduce"] += 1
             for t in tensors:
                 self._switch_allreduce(t, op)
             return tensors
@@ -347,7 +354,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else AllgatherOptions()
 
         def run() -> list[torch.Tensor]:
-            self.counts["gloo"] += 1
+            self.counts["gloo:_allgather_base"] += len(outputs)
             for o, i in zip(outputs, inputs):
                 self._gloo._allgather_base(o, i, opts).wait()
             return outputs
@@ -380,7 +387,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
 
         def run() -> list[torch.Tensor]:
-            self.counts["gloo"] += 1
+            self.counts["gloo:_reduce_scatter_base"] += len(outputs)
             for o, i in zip(outputs, inputs):
                 self._gloo._reduce_scatter_base(o, i, opts).wait()
             return outputs
@@ -405,14 +412,20 @@ class HomaggProcessGroup(dist.ProcessGroup):
         return self._gloo_call("barrier", [], opts if opts is not None
                                else dist.BarrierOptions())
 
+    # Point-to-point: straight to gloo, on the caller's thread. gloo matches a send with its
+    # receive by peer and tag, not by issue order, and the agent's thread, which waits for each
+    # collective in turn, would deadlock the usual exchange (both ranks isend, then irecv).
     def send(self, tensors, dst, tag=0):
-        return self._gloo_call("send", tensors, tensors, dst, tag)
+        self.counts["gloo:send"] += 1
+        return self._gloo.send(tensors, dst, tag)
 
     def recv(self, tensors, src, tag=0):
-        return self._gloo_call("recv", tensors, tensors, src, tag)
+        self.counts["gloo:recv"] += 1
+        return self._gloo.recv(tensors, src, tag)
 
     def recv_anysource(self, tensors, tag=0):
-        return self._gloo_call("recv_anysource", tensors, tensors, tag)
+        self.counts["gloo:recv_anysource"] += 1
+        return self._gloo.recv_anysource(tensors, tag)
 
 
 def _op_name(op) -> str:
