@@ -1,0 +1,614 @@
+"""The "homagg" torch.distributed backend (``import homagg.torch``;
+``dist.init_process_group("homagg")``), on two processes and a software aggregator, against
+gloo in the same processes (``dist.new_group(backend="gloo")``, the same inputs).
+
+Every torch.distributed collective runs on both: integers and everything that goes to gloo
+must be identical; floats through the switch must be, bit for bit, the codec's exact sum of
+the quantized values (and close to gloo's). DDP without a hook, a hand-written all_reduce
+loop and an int64 metric: losses within 1e-6 of gloo's, every rank bit-identical.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import itertools
+import os
+import warnings
+import zlib
+from collections import Counter
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch not installed (optional extra)")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from torch.distributed import ReduceOp  # noqa: E402
+
+from homagg import wire  # noqa: E402
+from homagg.host_agent import codec  # noqa: E402
+from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
+from tests.staging import agent_addresses  # noqa: E402
+
+WORLD = 2
+_switch_hosts = itertools.count(1)
+
+
+def switch_address() -> tuple[str, int]:
+    """A software aggregator's address of its own (127.0.9.X) for each test."""
+    return f"127.0.9.{next(_switch_hosts)}", wire.HOMAGG_UDP_PORT_MIN
+
+
+def run_job(fn, tmp_path, job: int, *args, options=None, world: int = WORLD):
+    """``fn(rank, world, gloo_group, *args)`` on ``world`` processes whose default group is
+    "homagg" (a soft aggregator with job ``job``); what each returns, by rank."""
+    switch = switch_address()
+    addrs = agent_addresses(world)
+    server = SoftSwitchServer(SoftSwitch(), switch).start()
+    server.switch.add_job(job, addrs, 16)
+    try:
+        mp.spawn(_entry, args=(fn, world, addrs, switch, job, str(tmp_path), options or {},
+                               args), nprocs=world, join=True)
+    finally:
+        server.stop()
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _entry(rank, fn, world, addrs, switch, job, out_dir, options, args):
+    import homagg.torch
+
+    homagg.torch.set_agent_options(timeout=0.01, deadline=30, **options)
+    os.environ.update(HOMAGG_JOB=str(job), HOMAGG_SWITCH=f"{switch[0]}:{switch[1]}",
+                      HOMAGG_BIND=f"{addrs[rank][0]}:{addrs[rank][1]}", HOMAGG_SLOTS="16")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist.init_process_group("homagg", init_method=f"file://{out_dir}/store", rank=rank,
+                                world_size=world)
+        ref = dist.new_group(backend="gloo")
+        out = fn(rank, world, ref, *args)
+    said = [str(w.message) for w in caught if str(w.message).startswith("homagg:")]
+    torch.save({"out": out, "warnings": said, "counts": dict(dist.group.WORLD.counts)},
+               f"{out_dir}/rank{rank}.pt")
+    gc.collect()  # no DDP/FSDP module alive when the groups go (an abort at exit otherwise)
+    dist.destroy_process_group()
+
+
+# -- every collective --------------------------------------------------------------------------
+
+
+def floats(rank: int, seed: int, n: int = 700, dyadic: bool = False) -> torch.Tensor:
+    """A rank's float64 input: dyadic (k/8: exact through the codec) or spread over six
+    binades' worth of magnitudes (exercises the block scales)."""
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    if dyadic:
+        return torch.randint(-1000, 1000, (n,), generator=g).double() / 8
+    return torch.randn(n, generator=g, dtype=torch.float64) * torch.logspace(-3, 3, n,
+                                                                             dtype=torch.float64)
+
+
+def ints(rank: int, seed: int, lo: int, hi: int, dtype, n: int = 300) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    return torch.randint(lo, hi, (n,), generator=g, dtype=torch.int64).to(dtype)
+
+
+CASES: list = []  # (name, check, fn(group, rank) -> list of outputs); check: how to compare
+
+
+def case(name, check="exact"):
+    def add(fn):
+        CASES.append((name, check, fn))
+        return fn
+    return add
+
+
+def _seed(name: str) -> int:
+    return zlib.crc32(name.encode()) % 10_000
+
+
+FLOAT_CASES = [(dt, op) for dt in ("float32", "float64", "bfloat16", "float16")
+               for op in ("SUM", "AVG")]
+
+
+def _float_input(name: str, dtype: str, rank: int) -> torch.Tensor:
+    x = floats(rank, _seed(name))
+    if dtype == "float16":
+        x = x / 16  # in float16's range, with its subnormals below
+    return x.to(getattr(torch, dtype)).reshape(20, 35)
+
+
+for _dt, _op in FLOAT_CASES:
+    def _f(g, rank, _dt=_dt, _op=_op, _name=f"all_reduce[{_dt} {_op}]"):
+        t = _float_input(_name, _dt, rank)
+        dist.all_reduce(t, op=getattr(ReduceOp, _op), group=g)
+        return [t]
+    case(f"all_reduce[{_dt} {_op}]", ("codec", _dt, _op))(_f)
+
+
+@case("all_reduce[float32 SUM dyadic]")
+def _dyadic(g, rank):
+    t = floats(rank, 1, dyadic=True).float()
+    dist.all_reduce(t, group=g)
+    return [t]
+
+
+def _int_input(name, dtype, lo, hi, extra, rank):
+    t = ints(rank, _seed(name), lo, hi, torch.int64)
+    t[:len(extra)] = torch.tensor([e(rank) for e in extra], dtype=torch.int64)
+    return t.to(dtype)
+
+
+def _int_case(name, dtype, lo, hi, extra=()):
+    def fn(g, rank):
+        t = _int_input(name, dtype, lo, hi, extra, rank)
+        dist.all_reduce(t, group=g)
+        return [t]
+
+    def want() -> torch.Tensor:  # the sum modulo 2**bits, as gloo's
+        total = sum(_int_input(name, torch.int64, lo, hi, extra, r).numpy().view(np.uint64)
+                    for r in range(WORLD))
+        return torch.from_numpy(total.view(np.int64).astype(_np(dtype)))
+    case(name, ("int", want))(fn)
+
+
+def _np(dtype):
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+_int_case("all_reduce[int64 SUM]", torch.int64, -2**50, 2**50,
+          (lambda r: 2**62 + r, lambda r: -2**63 + r, lambda r: 2**63 - 1, lambda r: -1))
+_int_case("all_reduce[int32 SUM]", torch.int32, -2**20, 2**20)
+_int_case("all_reduce[int32 SUM overflowing]", torch.int32, -2**20, 2**20,
+          (lambda r: 2**31 - 1 - r, lambda r: -2**31 + r))
+_int_case("all_reduce[int16 SUM]", torch.int16, -2**15, 2**15)
+_int_case("all_reduce[int8 SUM]", torch.int8, -128, 128)
+_int_case("all_reduce[uint8 SUM]", torch.uint8, 0, 256)
+
+
+@case("all_reduce[bool SUM]")
+def _bool(g, rank):
+    t = ints(rank, 3, 0, 2, torch.bool)
+    dist.all_reduce(t, group=g)
+    return [t]
+
+
+@case("all_reduce[complex64 SUM]")
+def _complex(g, rank):  # torch views it as float32 pairs: through the switch
+    t = torch.complex(floats(rank, 4, 50, True), floats(rank, 5, 50, True)).to(torch.complex64)
+    dist.all_reduce(t, group=g)
+    return [t]
+
+
+for _op in ("MAX", "MIN", "PRODUCT"):
+    def _m(g, rank, _op=_op):
+        outs = []
+        for t in (floats(rank, 6, 100).float(), ints(rank, 7, -9, 9, torch.int64)):
+            dist.all_reduce(t, op=getattr(ReduceOp, _op), group=g)
+            outs.append(t)
+        return outs
+    case(f"all_reduce[{_op}]")(_m)
+
+
+@case("all_reduce[int64 AVG]", "raises")
+def _int_avg(g, rank):
+    t = ints(rank, 8, 0, 9, torch.int64)
+    dist.all_reduce(t, op=ReduceOp.AVG, group=g)
+    return [t]
+
+
+@case("all_reduce[empty]")
+def _empty(g, rank):
+    ts = [torch.zeros(0), torch.zeros(0, 3, dtype=torch.int64)]
+    for t in ts:
+        dist.all_reduce(t, group=g)
+    return ts
+
+
+@case("all_reduce[sparse COO]", "sparse")
+def _sparse(g, rank):
+    gen = torch.Generator().manual_seed(rank)
+    rows = torch.unique(torch.randint(0, 400, (40,), generator=gen) * 2 + rank)
+    t = torch.sparse_coo_tensor(rows[None], torch.randint(-64, 64, (rows.numel(), 3),
+                                                          generator=gen).float() / 4, (801, 3))
+    dist.all_reduce(t, group=g)
+    return [t]
+
+
+@case("all_reduce[async_op]")
+def _async(g, rank):
+    ts = [floats(rank, 10 + k, 300, dyadic=True).float() for k in range(4)]
+    works = [dist.all_reduce(t, async_op=True, group=g) for t in ts]
+    works[-1].wait()
+    if g is None:  # homagg: completed in issue order, so the first three are done too
+        assert all(w.is_completed() for w in works), [w.is_completed() for w in works]
+    for w in works:
+        w.wait()
+    futs = [dist.all_reduce(t, async_op=True, group=g).get_future() for t in ts]
+    return ts + [f.wait()[0] for f in futs]
+
+
+@case("all_reduce_coalesced")
+def _coalesced(g, rank):
+    ts = [floats(rank, 20, 100, dyadic=True).float(), floats(rank, 21, 30, dyadic=True).float()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.all_reduce_coalesced(ts, group=g)
+    return ts
+
+
+@case("reduce")
+def _reduce(g, rank):
+    t = floats(rank, 30, 100).float()
+    dist.reduce(t, dst=0, group=g)
+    return [t] if rank == 0 else []
+
+
+@case("broadcast")
+def _broadcast(g, rank):
+    t = floats(rank, 31, 100).float()
+    dist.broadcast(t, src=1, group=g)
+    return [t]
+
+
+@case("broadcast_object_list")
+def _broadcast_objects(g, rank):
+    objs = [{"rank": rank}, [rank] * 3]
+    dist.broadcast_object_list(objs, src=1, group=g)
+    return objs
+
+
+@case("all_gather")
+def _all_gather(g, rank):
+    outs = [torch.zeros(50) for _ in range(WORLD)]
+    dist.all_gather(outs, floats(rank, 32, 50).float(), group=g)
+    return outs
+
+
+@case("all_gather_into_tensor")
+def _all_gather_into(g, rank):
+    out = torch.zeros(WORLD * 50, dtype=torch.int64)
+    dist.all_gather_into_tensor(out, ints(rank, 33, -5, 5, torch.int64, 50), group=g)
+    return [out]
+
+
+@case("all_gather_single")
+def _all_gather_single(g, rank):
+    out = torch.zeros(WORLD * 40)
+    dist.all_gather_single(out, floats(rank, 34, 40).float(), group=g)
+    return [out]
+
+
+@case("all_gather_coalesced")
+def _all_gather_coalesced(g, rank):
+    ins = [floats(rank, 35, 20).float(), floats(rank, 36, 7).float()]
+    outs = [[torch.zeros(20), torch.zeros(7)] for _ in range(WORLD)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.all_gather_coalesced(outs, ins, group=g)
+    return [t for ts in outs for t in ts]
+
+
+@case("all_gather_object")
+def _all_gather_object(g, rank):
+    objs: list = [None] * WORLD
+    dist.all_gather_object(objs, {"rank": rank, "x": [rank] * rank}, group=g)
+    return objs
+
+
+@case("gather")
+def _gather(g, rank):
+    outs = [torch.zeros(30) for _ in range(WORLD)] if rank == 0 else None
+    dist.gather(floats(rank, 37, 30).float(), outs, dst=0, group=g)
+    return outs or []
+
+
+@case("gather_object")
+def _gather_object(g, rank):
+    objs = [None] * WORLD if rank == 0 else None
+    dist.gather_object(("rank", rank), objs, dst=0, group=g)
+    return objs or []
+
+
+@case("scatter")
+def _scatter(g, rank):
+    out = torch.zeros(30)
+    ins = [floats(k, 38, 30).float() for k in range(WORLD)] if rank == 0 else None
+    dist.scatter(out, ins, src=0, group=g)
+    return [out]
+
+
+@case("scatter_object_list")
+def _scatter_objects(g, rank):
+    out: list = [None]
+    dist.scatter_object_list(out, [{"to": k} for k in range(WORLD)] if rank == 0 else None,
+                             src=0, group=g)
+    return out
+
+
+@case("reduce_scatter")
+def _reduce_scatter(g, rank):
+    out = torch.zeros(25)
+    dist.reduce_scatter(out, [floats(rank, 40 + k, 25).float() for k in range(WORLD)], group=g)
+    return [out]
+
+
+@case("reduce_scatter_tensor")
+def _reduce_scatter_tensor(g, rank):
+    out = torch.zeros(25)
+    dist.reduce_scatter_tensor(out, floats(rank, 42, 25 * WORLD).float(), group=g)
+    return [out]
+
+
+@case("reduce_scatter_single")
+def _reduce_scatter_single(g, rank):
+    out = torch.zeros(25, dtype=torch.int64)
+    dist.reduce_scatter_single(out, ints(rank, 43, -9, 9, torch.int64, 25 * WORLD), group=g)
+    return [out]
+
+
+@case("all_to_all")
+def _all_to_all(g, rank):
+    outs = [torch.zeros(10) for _ in range(WORLD)]
+    dist.all_to_all(outs, [floats(rank, 44 + k, 10).float() for k in range(WORLD)], group=g)
+    return outs
+
+
+@case("all_to_all_single")
+def _all_to_all_single(g, rank):
+    # uneven splits: rank r sends r + 1 + k elements to rank k
+    ins = [r + 1 + k for r in [rank] for k in range(WORLD)]
+    outs = [r + 1 + rank for r in range(WORLD)]
+    out = torch.zeros(sum(outs))
+    dist.all_to_all_single(out, floats(rank, 46, sum(ins)).float(), outs, ins, group=g)
+    return [out]
+
+
+@case("barrier")
+def _barrier(g, rank):
+    dist.barrier(group=g)
+    return []
+
+
+@case("monitored_barrier", "gloo only")
+def _monitored_barrier(g, rank):
+    dist.monitored_barrier(group=g)
+    return []
+
+
+@case("send/recv")
+def _send_recv(g, rank):
+    t = floats(rank, 47, 20).float()
+    if rank == 0:
+        dist.send(t, dst=1, group=g)
+    else:
+        dist.recv(t, src=0, group=g)
+    return [t]
+
+
+@case("isend/irecv")
+def _isend_irecv(g, rank):
+    mine, theirs = floats(rank, 48, 20).float(), torch.zeros(20)
+    works = [dist.isend(mine, dst=1 - rank, group=g), dist.irecv(theirs, src=1 - rank, group=g)]
+    for w in works:
+        w.wait()
+    return [theirs]
+
+
+@case("batch_isend_irecv")
+def _batch(g, rank):
+    mine, theirs = floats(rank, 49, 20).float(), torch.zeros(20)
+    ops = [dist.P2POp(dist.isend, mine, 1 - rank, group=g),
+           dist.P2POp(dist.irecv, theirs, 1 - rank, group=g)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    return [theirs]
+
+
+@case("send_object_list/recv_object_list")
+def _objects_p2p(g, rank):
+    objs: list = [None, None]
+    if rank == 0:
+        objs = [{"from": 0}, "x"]
+        dist.send_object_list(objs, dst=1, group=g)
+    else:
+        dist.recv_object_list(objs, src=0, group=g)
+    return objs
+
+
+#: torch.distributed functions with a ``group`` that are not collectives.
+NOT_COLLECTIVES = {"destroy_process_group", "get_backend", "get_backend_config",
+                   "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
+                   "get_world_size", "new_subgroups", "shrink_group"}
+
+
+def collectives_worker(rank, world, ref):
+    pg = dist.group.WORLD
+    results = {}
+    for name, _check, fn in CASES:
+        got = []
+        for g in (None, ref):
+            before = Counter(pg.counts)
+            try:
+                got.append(("ok", fn(g, rank)))
+            except Exception as err:  # noqa: BLE001 - compared with gloo's
+                got.append(("raised", type(err).__name__))
+            if g is None:
+                path = sorted((Counter(pg.counts) - before).keys())
+        results[name] = (got[0], got[1], path)
+    return results
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+                and torch.equal(a.to_dense(), b.to_dense()))
+    if isinstance(a, (list, tuple)):
+        return (isinstance(b, (list, tuple)) and len(a) == len(b)
+                and all(_same(x, y) for x, y in zip(a, b)))
+    return a == b
+
+
+def codec_expectation(name: str, dtype: str, op: str) -> torch.Tensor:
+    """The backend's result, from the codec: the exact integer sum of every rank's values
+    quantized at the job's agreed block shifts, times 2**-shift (exact in float64), AVG divided
+    by the world size in float64, rounded once to the dtype."""
+    xs = [_float_input(name, dtype, r).double().reshape(-1).numpy() for r in range(WORLD)]
+    shift = codec.element_shifts(codec.agreed_shifts(xs), codec.DEFAULT_BLOCK, xs[0].size)
+    exact = sum(codec.quantize(x, shift).astype(np.int64) for x in xs)
+    total = np.ldexp(exact.astype(np.float64), -shift)
+    if op == "AVG":
+        total = total / WORLD
+    return torch.from_numpy(total).to(getattr(torch, dtype)).reshape(20, 35)
+
+
+def test_every_collective_on_homagg_matches_gloo(tmp_path):
+    ranks = run_job(collectives_worker, tmp_path, 1)
+    named = {name.split("[")[0] for name, _, _ in CASES} | {"send", "recv", "isend", "irecv",
+                                                             "send_object_list",
+                                                             "recv_object_list"}
+    with_group = {n for n in dir(dist) if not n.startswith("_") and n != "reduce_op"
+                  and inspect.isfunction(getattr(dist, n, None))
+                  and "group" in inspect.signature(getattr(dist, n)).parameters}
+    assert with_group - NOT_COLLECTIVES <= named, "collectives not tested"
+    through_switch, failed = [], []
+    for name, check, _ in CASES:
+        for rank, r in enumerate(ranks):
+            (hstatus, hout), (gstatus, gout), path = r["out"][name]
+            where = f"{name} on rank {rank}"
+            if rank == 0 and "switch:allreduce" in path:
+                through_switch.append(name)
+            if check == "raises":
+                if not (hstatus == gstatus == "raised" and hout == gout):
+                    failed.append((where, hout, gout))
+                continue
+            if check == "gloo only":  # torch refuses it on any backend but gloo
+                if not ((hstatus, hout) == ("raised", "ValueError") and gstatus == "ok"):
+                    failed.append((where, hout, gout))
+                continue
+            if hstatus != "ok":
+                failed.append((where, hout, gout))
+                continue
+            if check[0] == "int":  # exact; gloo has no SUM of some of them (int16)
+                if not (torch.equal(hout[0], check[1]())
+                        and (gstatus != "ok" or _same(hout, gout))):
+                    failed.append((where, hout, gout))
+                continue
+            if gstatus != "ok":
+                failed.append((where, hout, gout))
+            elif check == "exact":
+                if not _same(hout, gout):
+                    failed.append((where, hout, gout))
+            elif check == "sparse":
+                if not (hout[0].is_sparse and torch.equal(hout[0].to_dense(),
+                                                          gout[0].to_dense())):
+                    failed.append((where, hout, gout))
+            else:
+                _, dtype, op = check
+                if not torch.equal(hout[0], codec_expectation(name, dtype, op)):
+                    failed.append((where, "not the codec's sum", hout))
+                tol = {"bfloat16": 1e-2, "float16": 1e-3}.get(dtype, 1e-5)
+                scale = float(gout[0].double().abs().max())
+                torch.testing.assert_close(hout[0].double(), gout[0].double(), rtol=tol,
+                                           atol=tol * scale)
+        # every rank holds the same (where the collective gives every rank the same)
+        if name.startswith("all_reduce") and check not in ("raises", "gloo only"):
+            assert _same(ranks[0]["out"][name][0], ranks[1]["out"][name][0]), name
+    assert not failed, "\n".join(map(str, failed))
+    expect = {f"all_reduce[{dt} {op}]" for dt, op in FLOAT_CASES} | {
+        "all_reduce[float32 SUM dyadic]", "all_reduce[int64 SUM]", "all_reduce[int32 SUM]",
+        "all_reduce[int32 SUM overflowing]", "all_reduce[int16 SUM]", "all_reduce[int8 SUM]",
+        "all_reduce[uint8 SUM]", "all_reduce[sparse COO]", "all_reduce[async_op]",
+        "all_reduce_coalesced", "all_reduce[empty]", "all_reduce[complex64 SUM]"}
+    assert set(through_switch) == expect
+    # what the switch cannot serve is said once, with the op or the dtype and why
+    said = ranks[0]["warnings"]
+    for what in ("MAX", "MIN", "PRODUCT", "torch.bool", "AVG of torch.int64",
+                 "float64"):
+        hits = [w for w in said if what in w]
+        assert len(hits) == 1, (what, said)
+
+
+# -- training --------------------------------------------------------------------------------
+
+
+def make_model(sparse: bool = False):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.EmbeddingBag(300, 8, mode="mean", sparse=sparse),
+                               torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+
+def batch(rank: int, step: int):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    idx = torch.randint(0, 300, (32, 4), generator=g)
+    return idx, (idx.float().mean(1, keepdim=True) / 300 > 0.5).float()
+
+
+def loss_of(model, rank, step):
+    idx, y = batch(rank, step)
+    return torch.nn.functional.binary_cross_entropy_with_logits(model(idx), y)
+
+
+def training_worker(rank, world, ref, steps):
+    pg = dist.group.WORLD
+    out: dict = {}
+    for which, group in (("homagg", None), ("gloo", ref)):
+        before = Counter(pg.counts)
+        # DDP, unmodified (no hook); a sparse embedding's gradient too
+        for sparse in (False, True):
+            model = make_model(sparse)
+            ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+            opt = torch.optim.SGD(model.parameters(), lr=0.5)
+            losses = []
+            for step in range(steps):
+                opt.zero_grad()
+                loss = loss_of(ddp, rank, step)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            out[which, "ddp", sparse] = (losses, [p.detach().clone()
+                                                  for p in model.parameters()])
+            del ddp, model, opt
+            gc.collect()
+        # a hand-written loop: all_reduce AVG of each gradient; an int64 metric
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        losses, metrics = [], []
+        for step in range(steps):
+            opt.zero_grad()
+            loss = loss_of(model, rank, step)
+            loss.backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad, op=ReduceOp.AVG, group=group)
+            opt.step()
+            idx, y = batch(rank, step)
+            with torch.no_grad():
+                correct = ((model(idx) > 0).float() == y).sum().to(torch.int64)
+            metric = torch.stack([correct, torch.tensor(2**40 + 7 * rank)])  # exact past 2**31
+            dist.all_reduce(metric, group=group)
+            losses.append(loss.item())
+            metrics.append(metric)
+        out[which, "loop"] = (losses, [p.detach().clone() for p in model.parameters()],
+                              metrics)
+        out[which, "counts"] = Counter(pg.counts) - before
+    return out
+
+
+def test_ddp_and_a_hand_written_loop_on_homagg_track_gloo(tmp_path):
+    steps = 6
+    ranks = [r["out"] for r in run_job(training_worker, tmp_path, 2, steps)]
+    for key in [("ddp", False), ("ddp", True), ("loop",)]:
+        h = [r[("homagg", *key)] for r in ranks]
+        g = [r[("gloo", *key)] for r in ranks]
+        for rank in range(WORLD):
+            np.testing.assert_allclose(h[rank][0], g[rank][0], rtol=0, atol=1e-6,
+                                       err_msg=f"{key} rank {rank}: losses")
+        for p0, p1 in zip(h[0][1], h[1][1]):  # every rank bit-identical
+            assert torch.equal(p0, p1), key
+    # the int64 metric: exact, on every rank, as gloo's
+    for r in ranks:
+        for mh, mg in zip(r["homagg", "loop"][2], r["gloo", "loop"][2]):
+            assert torch.equal(mh, mg) and mh[1] == 2 * 2**40 + 7
+    # DDP's gradients and the loop's went through the switch; its start-up checks to gloo
+    counts = ranks[0]["homagg", "counts"]
+    assert counts["switch:allreduce"] >= 3 * steps
+    assert ranks[0]["gloo", "counts"]["switch:allreduce"] == 0
