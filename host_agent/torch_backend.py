@@ -154,7 +154,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)  # type: ignore[call-arg]  # (the stub knows the 3-arg form)
         self.agent = agent
         # The registered cpu backend: what C++ reaches without going through Python.
-        self._cpp = dist.ProcessGroupGloo(dist.PrefixStore("homagg-cpp/", store), rank, size,
+        self._cpp: Any = dist.ProcessGroupGloo(dist.PrefixStore("homagg-cpp/", store), rank, size,
                                           timeout)
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM,
                                self._cpp)
@@ -164,6 +164,12 @@ class HomaggProcessGroup(dist.ProcessGroup):
         self._thread: ThreadPoolExecutor | None = ThreadPoolExecutor(
             1, thread_name_prefix="homagg-agent")
         self._lock = threading.Lock()
+        # reduce_scatter SUM/AVG of floats and integers: gloo (the default), or "switch": an
+        # all_reduce through the switch of which each rank keeps its part (FSDP's gradients)
+        self.scatter_via = os.environ.get("HOMAGG_TORCH_REDUCE_SCATTER") or "gloo"
+        if self.scatter_via not in ("gloo", "switch"):
+            raise AgentError(f"$HOMAGG_TORCH_REDUCE_SCATTER={self.scatter_via!r}: gloo or "
+                             "switch")
         # collectives this group served, "switch:allreduce", "gloo:<gloo's method>" (what C++
         # sends straight to the registered backend is not seen here)
         self.counts: Counter[str] = Counter()
@@ -191,6 +197,12 @@ class HomaggProcessGroup(dist.ProcessGroup):
             return outputs
 
         return self._submit(run)
+
+    @property
+    def cpp_collectives(self) -> int:
+        """How many collectives C++ sent straight to the registered gloo backend (its
+        sequence number), around this group's Python methods."""
+        return int(self._cpp._get_sequence_number_for_group())
 
     def shutdown(self) -> None:
         with self._lock:
@@ -373,24 +385,64 @@ class HomaggProcessGroup(dist.ProcessGroup):
                                opts if opts is not None else dist.ScatterOptions())
 
     def reduce_scatter(self, outputs, inputs, opts=None):  # type: ignore[override]
-        return self._gloo_call("reduce_scatter", outputs, outputs, inputs,
-                               opts if opts is not None else dist.ReduceScatterOptions())
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        work = self._switch_scatter(
+            lambda: [(o, torch.cat([t.reshape(-1) for t in ins]))
+                     for o, ins in zip(outputs, inputs)],
+            [t for ins in inputs for t in ins], opts)
+        if work is not None:
+            return work
+        return self._gloo_call("reduce_scatter", outputs, outputs, inputs, opts)
 
     def reduce_scatter_single(self, output, input, opts=None):
-        return self._gloo_call("_reduce_scatter_base", [output], output, input,
-                               opts if opts is not None else dist.ReduceScatterOptions())
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        work = self._switch_scatter(lambda: [(output, input.reshape(-1).clone())], [input],
+                                    opts)
+        if work is not None:
+            return work
+        return self._gloo_call("_reduce_scatter_base", [output], output, input, opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs,
                                         opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
+        work = self._switch_scatter(
+            lambda: [(o, i.reshape(-1).clone()) for o, i in zip(outputs, inputs)], inputs, opts)
+        if work is not None:
+            return work
 
         def run() -> list[torch.Tensor]:
             self.counts["gloo:_reduce_scatter_base"] += len(outputs)
             for o, i in zip(outputs, inputs):
                 self._gloo._reduce_scatter_base(o, i, opts).wait()
             return outputs
+
+        return self._submit(run)
+
+    def _switch_scatter(self, pairs: Callable[[], list[tuple[torch.Tensor, torch.Tensor]]],
+                        inputs: list[torch.Tensor], opts) -> HomaggWork | None:
+        """A reduce_scatter through the switch, with HOMAGG_TORCH_REDUCE_SCATTER=switch: an
+        all_reduce of the whole input (every rank's part, in rank order, flat), of which this
+        rank keeps its part; ``pairs()`` gives (output, flat input copy) pairs. None: it goes
+        to gloo (the default, or what the switch cannot serve: said once)."""
+        if self.scatter_via != "switch" or self.agent is None:
+            return None
+        op = _reduce_op(opts)
+        why = self._switch_refuses(inputs, op)
+        if why is None and any(t.is_sparse for t in inputs):
+            why = "a sparse reduce_scatter goes to gloo"
+        if why is not None:
+            say_once(why, why.replace("all_reduce", "reduce_scatter", 1))
+            return None
+        todo = pairs()
+
+        def run() -> list[torch.Tensor]:
+            self.counts["switch:reduce_scatter"] += 1
+            for out, full in todo:
+                self._switch_allreduce(full, op)
+                out.copy_(full.reshape(self.size(), -1)[self.rank()].view_as(out))
+            return [out for out, _ in todo]
 
         return self._submit(run)
 

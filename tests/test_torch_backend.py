@@ -40,27 +40,29 @@ def switch_address() -> tuple[str, int]:
     return f"127.0.9.{next(_switch_hosts)}", wire.HOMAGG_UDP_PORT_MIN
 
 
-def run_job(fn, tmp_path, job: int, *args, options=None, world: int = WORLD):
+def run_job(fn, tmp_path, job: int, *args, options=None, env=None, world: int = WORLD):
     """``fn(rank, world, gloo_group, *args)`` on ``world`` processes whose default group is
-    "homagg" (a soft aggregator with job ``job``); what each returns, by rank."""
+    "homagg" (a soft aggregator with job ``job``; ``options``: AgentConfig fields, ``env``:
+    more environment); what each returns, by rank."""
     switch = switch_address()
     addrs = agent_addresses(world)
     server = SoftSwitchServer(SoftSwitch(), switch).start()
     server.switch.add_job(job, addrs, 16)
     try:
         mp.spawn(_entry, args=(fn, world, addrs, switch, job, str(tmp_path), options or {},
-                               args), nprocs=world, join=True)
+                               env or {}, args), nprocs=world, join=True)
     finally:
         server.stop()
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def _entry(rank, fn, world, addrs, switch, job, out_dir, options, args):
+def _entry(rank, fn, world, addrs, switch, job, out_dir, options, env, args):
     import homagg.torch
 
     homagg.torch.set_agent_options(timeout=0.01, deadline=30, **options)
     os.environ.update(HOMAGG_JOB=str(job), HOMAGG_SWITCH=f"{switch[0]}:{switch[1]}",
-                      HOMAGG_BIND=f"{addrs[rank][0]}:{addrs[rank][1]}", HOMAGG_SLOTS="16")
+                      HOMAGG_BIND=f"{addrs[rank][0]}:{addrs[rank][1]}", HOMAGG_SLOTS="16",
+                      **env)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dist.init_process_group("homagg", init_method=f"file://{out_dir}/store", rank=rank,
@@ -68,7 +70,9 @@ def _entry(rank, fn, world, addrs, switch, job, out_dir, options, args):
         ref = dist.new_group(backend="gloo")
         out = fn(rank, world, ref, *args)
     said = [str(w.message) for w in caught if str(w.message).startswith("homagg:")]
-    torch.save({"out": out, "warnings": said, "counts": dict(dist.group.WORLD.counts)},
+    pg = dist.group.WORLD
+    torch.save({"out": out, "warnings": said, "counts": dict(pg.counts),
+                "cpp backend": pg.cpp_collectives},
                f"{out_dir}/rank{rank}.pt")
     gc.collect()  # no DDP/FSDP module alive when the groups go (an abort at exit otherwise)
     dist.destroy_process_group()
@@ -612,3 +616,81 @@ def test_ddp_and_a_hand_written_loop_on_homagg_track_gloo(tmp_path):
     counts = ranks[0]["homagg", "counts"]
     assert counts["switch:allreduce"] >= 3 * steps
     assert ranks[0]["gloo", "counts"]["switch:allreduce"] == 0
+
+
+# -- FSDP2 -----------------------------------------------------------------------------------
+
+
+def fsdp_worker(rank, world, ref, steps, which):
+    """FSDP2 (``fully_shard``) on a mesh of the "homagg" group (1-D, or HSDP: 2 replicas of 1
+    shard), and on gloo's: the losses, what each path served, the full parameters."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    pg = dist.group.WORLD
+    meshes = {"homagg": lambda: init_device_mesh("cpu", (world,)),
+              "hsdp": lambda: init_device_mesh("cpu", (world, 1),
+                                               mesh_dim_names=("replicate", "shard")),
+              "gloo": lambda: DeviceMesh.from_group(ref, "cpu")}
+    out = {}
+    for name in (*which, "gloo"):
+        mesh = meshes[name]()
+        model = make_model()
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        before, cpp = Counter(pg.counts), pg.cpp_collectives
+        losses = []
+        for step in range(steps):
+            opt.zero_grad()
+            loss = loss_of(model, rank, step)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        served = dict(Counter(pg.counts) - before)
+        served["cpp backend"] = pg.cpp_collectives - cpp
+        params = [p.full_tensor().detach().clone() for p in model.parameters()]
+        out[name] = (losses, served, params)
+        del model, opt
+        gc.collect()
+    return out
+
+
+@pytest.mark.parametrize("scatter", ["gloo", "switch"])
+def test_fsdp2_on_homagg(tmp_path, scatter):
+    """FSDP2 on a 1-D mesh of the homagg group: its all_gather goes to gloo, its
+    reduce_scatter too by default, or through the switch with HOMAGG_TORCH_REDUCE_SCATTER=switch;
+    losses and parameters within 1e-6 of FSDP2's on gloo. HSDP with 2 replicas of one shard:
+    the replicate dimension spans the world, so the mesh uses the default group and the
+    gradients' all_reduce goes through the switch; the shard dimension's groups are subgroups
+    (gloo, said once)."""
+    steps = 4
+    which = ("homagg", "hsdp") if scatter == "gloo" else ("homagg",)
+    ranks = run_job(fsdp_worker, tmp_path, 3, steps, which,
+                    env={"HOMAGG_TORCH_REDUCE_SCATTER": scatter})
+    for name in which:
+        served = ranks[0]["out"][name][1]
+        print(f"FSDP2 {name}, reduce_scatter via {scatter}: {served}")
+        for rank, r in enumerate(ranks):
+            losses, _, params = r["out"][name]
+            ref_losses, _, ref_params = r["out"]["gloo"]
+            np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-6,
+                                       err_msg=f"{name} rank {rank}")
+            for p, q in zip(params, ref_params):
+                torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+        for p0, p1 in zip(ranks[0]["out"][name][2], ranks[1]["out"][name][2]):
+            assert torch.equal(p0, p1)
+    served = ranks[0]["out"]["homagg"][1]
+    assert served.get("gloo:_allgather_base", 0) > 0
+    if scatter == "switch":
+        assert served.get("switch:reduce_scatter", 0) >= steps
+        assert "gloo:_reduce_scatter_base" not in served
+    else:
+        assert served.get("gloo:_reduce_scatter_base", 0) >= steps
+        assert "switch:allreduce" not in served and "switch:reduce_scatter" not in served
+        # HSDP: the replicas' all_reduce through the switch; the shards' subgroups said why
+        hsdp = ranks[0]["out"]["hsdp"][1]
+        assert hsdp.get("switch:allreduce", 0) >= steps and hsdp["cpp backend"] == 0
+        assert sum("is a subgroup" in w for w in ranks[0]["warnings"]) == 1
