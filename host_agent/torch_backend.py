@@ -16,15 +16,21 @@ group's own rank and world size). What goes where:
   times a power of two) is rounded once to the tensor's dtype (AVG: divided by the world size
   in float64 first). float64 is quantized to the codec's int32 grid like float32 (about 31
   bits below each block's largest value, not float64's 53): said once in a warning.
+  (torch itself hands a complex tensor's SUM over as its float pairs: through the switch too.)
 * ``all_reduce`` SUM of integer tensors: exact, as gloo's. int8/int16/uint8 are summed in
-  int32 and wrapped back to their dtype; int32 is summed in int32 and, if the switch flags an
-  overflow (every rank sees the flag), again in two 16-bit limbs; int64 always in four 16-bit
-  limbs (one round of 4x the words): the sum modulo 2**64, bit for bit gloo's.
+  int32 and wrapped back to their dtype (gloo has no int16 SUM; this has); int32 is summed in
+  int32 and, if the switch flags an overflow (every rank sees the flag), again in two 16-bit
+  limbs; int64 always in four 16-bit limbs (one round of 4x the words): the sum modulo 2**64,
+  bit for bit gloo's.
 * Sparse COO tensors (SUM, AVG): ``Agent.allreduce_rows``, as the DDP hook does.
-* Everything else (MAX, MIN, PRODUCT, other dtypes, broadcast, all_gather, reduce_scatter,
-  all_to_all, gather, scatter, reduce, barrier, send/recv): an inner gloo group, whose result
-  is gloo's by construction. A reduction the switch cannot serve says so once (which op, which
-  dtype, why).
+* ``reduce_scatter`` (all three forms) SUM/AVG: gloo by default; with
+  HOMAGG_TORCH_REDUCE_SCATTER=switch, an all_reduce through the switch of which each rank keeps
+  its part (FSDP2's gradients then reach the switch; every rank sends the whole tensor).
+* Everything else (MAX, MIN, PRODUCT, AVG of integers, bool and other dtypes, broadcast,
+  all_gather, all_to_all, gather, scatter, reduce, barrier, send/recv): an inner gloo group,
+  whose result is gloo's by construction. A reduction the switch cannot serve says so once per
+  process (which op or dtype, and why). ``monitored_barrier`` is gloo's only (torch checks the
+  backend's name), as with NCCL.
 
 Every collective called through this group returns a ``HomaggWork`` whose future is completed
 by the group's one agent thread, in issue order, with the list of output tensors; ``wait()``
@@ -32,16 +38,20 @@ re-raises an error (torch's own future-backed Work loses it). The switch's round
 fallbacks are issued by that one thread, so every rank issues them in the same order even when
 DDP calls from autograd's thread. Point-to-point send and recv are the exception: gloo's own
 Work, issued at once (gloo matches them by peer and tag, and a thread that waits for each in
-turn would deadlock two ranks that both isend, then irecv). C++ code that goes around the
-Python methods straight to the group's registered cpu backend (torch's functional collectives
-for the methods the C++ trampoline does not forward, such as reduce_scatter_tensor and
-all_gather_into_tensor) reaches a second gloo group of its own, so the two orders never mix on
-one gloo context.
+turn would deadlock two ranks that both isend, then irecv). The group also registers a gloo
+group of its own as its cpu backend, which torch needs for any method a Python group does not
+override; C++ code going around the Python methods would reach it (``cpp_collectives`` counts
+them), apart from the one the agent's thread uses, so the two orders never mix on one gloo
+context. With torch 2.13 nothing does: DDP's start-up checks, FSDP2 and the functional
+collectives all come through the Python methods (tests/test_torch_backend.py shows which path
+served each).
 
 Subgroups (``new_group``, a device mesh's dimensions) would each need a homagg job of their
 own: the job id, the worker ids and the switch's job table for that subset of ranks come from
 whoever configures the switch (the controller service), which this module cannot ask yet. A
-subgroup is therefore an all-gloo group (a one-time warning says so).
+subgroup is therefore an all-gloo group (a one-time warning says so). A device mesh dimension
+that spans every rank in order is the default group itself (torch reuses it): HSDP's replicas'
+all_reduce over 2 x 1 goes through the switch.
 """
 
 from __future__ import annotations

@@ -419,6 +419,25 @@ def _objects_p2p(g, rank):
     return objs
 
 
+def _funcol(name, fn):
+    """A functional collective (torch.distributed._functional_collectives: DTensor's and
+    torch.compile's), on the homagg group itself where the others get None."""
+    def run(g, rank):
+        from torch.distributed import _functional_collectives as funcol
+        return [fn(funcol, dist.group.WORLD if g is None else g, rank)]
+    case(f"functional.{name}")(run)
+
+
+_funcol("all_reduce", lambda f, g, rank: f.all_reduce(
+    floats(rank, 50, 64, dyadic=True).float(), "sum", g).wait())
+_funcol("all_gather_tensor", lambda f, g, rank: f.all_gather_tensor(
+    floats(rank, 51, 16).float(), 0, g).wait())
+_funcol("reduce_scatter_tensor", lambda f, g, rank: f.reduce_scatter_tensor(
+    floats(rank, 52, 32).float(), "sum", 0, g).wait())
+_funcol("all_to_all_single", lambda f, g, rank: f.all_to_all_single(
+    floats(rank, 53, 16).float(), None, None, g).wait())
+
+
 #: torch.distributed functions with a ``group`` that are not collectives.
 NOT_COLLECTIVES = {"destroy_process_group", "get_backend", "get_backend_config",
                    "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
@@ -431,13 +450,14 @@ def collectives_worker(rank, world, ref):
     for name, _check, fn in CASES:
         got = []
         for g in (None, ref):
-            before = Counter(pg.counts)
+            before, cpp = Counter(pg.counts), pg.cpp_collectives
             try:
                 got.append(("ok", fn(g, rank)))
             except Exception as err:  # noqa: BLE001 - compared with gloo's
                 got.append(("raised", type(err).__name__))
             if g is None:
                 path = sorted((Counter(pg.counts) - before).keys())
+                path += ["cpp backend"] * (pg.cpp_collectives > cpp)
         results[name] = (got[0], got[1], path)
     return results
 
@@ -517,13 +537,19 @@ def test_every_collective_on_homagg_matches_gloo(tmp_path):
         # every rank holds the same (where the collective gives every rank the same)
         if name.startswith("all_reduce") and check not in ("raises", "gloo only"):
             assert _same(ranks[0]["out"][name][0], ranks[1]["out"][name][0]), name
+    for name, _, _ in CASES:
+        print(f"{name:40s} {' '.join(ranks[0]['out'][name][2]) or '-'}")
     assert not failed, "\n".join(map(str, failed))
     expect = {f"all_reduce[{dt} {op}]" for dt, op in FLOAT_CASES} | {
         "all_reduce[float32 SUM dyadic]", "all_reduce[int64 SUM]", "all_reduce[int32 SUM]",
         "all_reduce[int32 SUM overflowing]", "all_reduce[int16 SUM]", "all_reduce[int8 SUM]",
         "all_reduce[uint8 SUM]", "all_reduce[sparse COO]", "all_reduce[async_op]",
-        "all_reduce_coalesced", "all_reduce[empty]", "all_reduce[complex64 SUM]"}
+        "all_reduce_coalesced", "all_reduce[empty]", "all_reduce[complex64 SUM]",
+        "functional.all_reduce"}
     assert set(through_switch) == expect
+    # every collective went through the group's Python methods, none around them to the
+    # registered gloo backend
+    assert all("cpp backend" not in r["out"][name][2] for r in ranks for name, _, _ in CASES)
     # what the switch cannot serve is said once, with the op or the dtype and why
     said = ranks[0]["warnings"]
     for what in ("MAX", "MIN", "PRODUCT", "torch.bool", "AVG of torch.int64",
@@ -599,7 +625,8 @@ def training_worker(rank, world, ref, steps):
 
 def test_ddp_and_a_hand_written_loop_on_homagg_track_gloo(tmp_path):
     steps = 6
-    ranks = [r["out"] for r in run_job(training_worker, tmp_path, 2, steps)]
+    run = run_job(training_worker, tmp_path, 2, steps)
+    ranks = [r["out"] for r in run]
     for key in [("ddp", False), ("ddp", True), ("loop",)]:
         h = [r[("homagg", *key)] for r in ranks]
         g = [r[("gloo", *key)] for r in ranks]
@@ -613,6 +640,8 @@ def test_ddp_and_a_hand_written_loop_on_homagg_track_gloo(tmp_path):
         for mh, mg in zip(r["homagg", "loop"][2], r["gloo", "loop"][2]):
             assert torch.equal(mh, mg) and mh[1] == 2 * 2**40 + 7
     # DDP's gradients and the loop's went through the switch; its start-up checks to gloo
+    print("training: served", dict(ranks[0]["homagg", "counts"]), "registered backend",
+          [r["cpp backend"] for r in run])
     counts = ranks[0]["homagg", "counts"]
     assert counts["switch:allreduce"] >= 3 * steps
     assert ranks[0]["gloo", "counts"]["switch:allreduce"] == 0
