@@ -117,13 +117,18 @@ class HomaggWork(dist.Work):
     def __init__(self, fut: torch.futures.Future):
         super().__init__()
         self._fut = fut
+        # What get_future hands out: the same value, and an error as one raised in a callback,
+        # which torch keeps as a C++ error (the message, with the original type's name). The
+        # original Python exception in a future, reached from DDP's reducer in C++ (no comm
+        # hook, no GIL), crashes the process (seen with torch 2.13: SIGSEGV in backward).
+        self._public = fut.then(_value)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         self._fut.wait()  # raises what the agent thread set
         return True
 
     def get_future(self) -> torch.futures.Future:
-        return self._fut
+        return self._public
 
     def is_completed(self) -> bool:
         return self._fut.done()
@@ -148,6 +153,10 @@ class HomaggWork(dist.Work):
 
     def result(self) -> list[torch.Tensor]:
         return self._fut.value()
+
+
+def _value(fut: torch.futures.Future) -> list[torch.Tensor]:
+    return fut.value()
 
 
 def _reduce_op(opts) -> Any:

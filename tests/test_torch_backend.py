@@ -40,14 +40,16 @@ def switch_address() -> tuple[str, int]:
     return f"127.0.9.{next(_switch_hosts)}", wire.HOMAGG_UDP_PORT_MIN
 
 
-def run_job(fn, tmp_path, job: int, *args, options=None, env=None, world: int = WORLD):
+def run_job(fn, tmp_path, job: int, *args, options=None, env=None, world: int = WORLD,
+            table_job: int | None = None):
     """``fn(rank, world, gloo_group, *args)`` on ``world`` processes whose default group is
     "homagg" (a soft aggregator with job ``job``; ``options``: AgentConfig fields, ``env``:
-    more environment); what each returns, by rank."""
+    more environment; ``table_job``: the job the aggregator knows instead); what each
+    returns, by rank."""
     switch = switch_address()
     addrs = agent_addresses(world)
     server = SoftSwitchServer(SoftSwitch(), switch).start()
-    server.switch.add_job(job, addrs, 16)
+    server.switch.add_job(job if table_job is None else table_job, addrs, 16)
     try:
         mp.spawn(_entry, args=(fn, world, addrs, switch, job, str(tmp_path), options or {},
                                env or {}, args), nprocs=world, join=True)
@@ -59,7 +61,7 @@ def run_job(fn, tmp_path, job: int, *args, options=None, env=None, world: int = 
 def _entry(rank, fn, world, addrs, switch, job, out_dir, options, env, args):
     import homagg.torch
 
-    homagg.torch.set_agent_options(timeout=0.01, deadline=30, **options)
+    homagg.torch.set_agent_options(**{"timeout": 0.01, "deadline": 30, **options})
     os.environ.update(HOMAGG_JOB=str(job), HOMAGG_SWITCH=f"{switch[0]}:{switch[1]}",
                       HOMAGG_BIND=f"{addrs[rank][0]}:{addrs[rank][1]}", HOMAGG_SLOTS="16",
                       **env)
@@ -723,3 +725,87 @@ def test_fsdp2_on_homagg(tmp_path, scatter):
         hsdp = ranks[0]["out"]["hsdp"][1]
         assert hsdp.get("switch:allreduce", 0) >= steps and hsdp["cpp backend"] == 0
         assert sum("is a subgroup" in w for w in ranks[0]["warnings"]) == 1
+
+
+# -- errors, configuration -------------------------------------------------------------------
+
+
+def _raised(fn):
+    try:
+        fn()
+    except Exception as err:  # noqa: BLE001 - what the test looks at
+        return type(err).__name__, str(err)
+    return None
+
+
+def failing_worker(rank, world, ref):
+    """The aggregator does not know this job: every switch collective fails, and says so;
+    DDP's backward (no hook) raises it too (a future holding the Python exception itself
+    crashed the process there)."""
+    out = {"sync": _raised(lambda: dist.all_reduce(torch.ones(100))),
+           "async": _raised(lambda: dist.all_reduce(torch.ones(10), async_op=True).wait()),
+           "future": _raised(lambda: dist.all_reduce(torch.ones(10), async_op=True)
+                             .get_future().wait())}
+    x = torch.tensor([float(rank)])
+    dist.all_reduce(x, op=ReduceOp.MAX)  # gloo's collectives are unaffected
+    out["max"] = x
+    def backward():
+        ddp = torch.nn.parallel.DistributedDataParallel(make_model())
+        loss_of(ddp, rank, 0).backward()
+
+    out["ddp"] = _raised(backward)
+    return out
+
+
+def test_a_failing_switch_collective_raises_on_every_rank_and_gloo_goes_on(tmp_path):
+    ranks = [r["out"] for r in run_job(failing_worker, tmp_path, 4, table_job=5,
+                                       options={"deadline": 1.0})]
+    for out in ranks:
+        assert out["sync"][0] == "AgentError" and "DROP_WRONG_IDENTITY" in out["sync"][1], out
+        for how in ("async", "future", "ddp"):  # the agent stays broken: raised at once
+            assert out[how] is not None and "unusable after an earlier failure" in out[how][1], (
+                how, out[how])
+        assert out["max"].item() == 1.0
+
+
+def test_work_reraises_and_reports_a_failed_future():
+    from homagg.host_agent.torch_backend import HomaggWork
+
+    fut = torch.futures.Future()
+    work = HomaggWork(fut)
+    assert not work.is_completed() and not work.is_success() and work.exception() is None
+    fut.set_exception(ValueError("no switch"))
+    assert work.is_completed() and not work.is_success()
+    assert isinstance(work.exception(), ValueError)
+    with pytest.raises(ValueError, match="no switch"):
+        work.wait()
+    # its future: the error as a callback's (a C++ error, which DDP's reducer survives)
+    with pytest.raises(RuntimeError, match="ValueError: no switch"):
+        work.get_future().wait()
+    ok = torch.futures.Future()
+    ok.set_result([torch.ones(2)])
+    assert HomaggWork(ok).wait() and HomaggWork(ok).result()[0].sum() == 2
+
+
+def test_agent_config_takes_rank_and_world_size_from_the_process_group():
+    from homagg.host_agent.config import AgentError
+    from homagg.host_agent.torch_backend import _agent_config
+
+    env = {"HOMAGG_JOB": "7", "HOMAGG_SWITCH": "10.0.0.254", "HOMAGG_BIND": "10.0.0.2:50000"}
+    cfg = _agent_config(1, 3, env)
+    assert (cfg.job, cfg.worker, cfg.workers, cfg.bind) == (7, 1, 3, ("10.0.0.2", 50000))
+    # the environment's worker id wins (a controller may number workers its own way)
+    assert _agent_config(1, 3, {**env, "HOMAGG_WORKER": "2"}).worker == 2
+    with pytest.raises(AgentError, match="HOMAGG_WORKERS=4 but the process group has 3"):
+        _agent_config(1, 3, {**env, "HOMAGG_WORKERS": "4"})
+    with pytest.raises(AgentError, match="HOMAGG_JOB is not set"):
+        _agent_config(0, 2, {})
+
+
+def test_import_homagg_torch_registers_the_backend_and_leaves_torch_alone():
+    import homagg.torch
+
+    assert "HOMAGG" in dist.Backend._plugins
+    assert dist.Backend.backend_capability["homagg"] == ["cpu"]
+    assert torch.__name__ == "torch" and homagg.torch.__name__ == "homagg.torch"
+    homagg.torch.register()  # again: nothing
