@@ -199,7 +199,9 @@ class HomaggProcessGroup(dist.ProcessGroup):
 
         def job() -> None:
             try:
-                fut.set_result(run())
+                with torch.no_grad():  # outputs are written as gloo's C++ does: no autograd
+                    result = run()
+                fut.set_result(result)
             except BaseException as err:  # noqa: BLE001 - raised where the work is waited on
                 fut.set_exception(err)
 

@@ -202,6 +202,24 @@ def _int_avg(g, rank):
     return [t]
 
 
+@case("all_reduce[requires_grad]")
+def _requires_grad(g, rank):  # a parameter, written in place as gloo does
+    t = torch.nn.Parameter(floats(rank, 9, 64, dyadic=True).float())
+    dist.all_reduce(t, group=g)
+    return [t.detach()]
+
+
+@case("new_group")
+def _new_group(g, rank):  # a subgroup of homagg's: gloo (said once); of gloo's: gloo
+    sub = dist.new_group([0, 1]) if g is None else dist.new_group([0, 1], backend="gloo")
+    t = floats(rank, 2, 100).float()
+    dist.all_reduce(t, group=sub)
+    if g is None:  # a homagg group with no agent of its own
+        assert type(sub).__name__ == "HomaggProcessGroup" and sub.agent is None
+    dist.destroy_process_group(sub)
+    return [t]
+
+
 @case("all_reduce[empty]")
 def _empty(g, rank):
     ts = [torch.zeros(0), torch.zeros(0, 3, dtype=torch.int64)]
@@ -547,7 +565,7 @@ def test_every_collective_on_homagg_matches_gloo(tmp_path):
         "all_reduce[int32 SUM overflowing]", "all_reduce[int16 SUM]", "all_reduce[int8 SUM]",
         "all_reduce[uint8 SUM]", "all_reduce[sparse COO]", "all_reduce[async_op]",
         "all_reduce_coalesced", "all_reduce[empty]", "all_reduce[complex64 SUM]",
-        "functional.all_reduce"}
+        "functional.all_reduce", "all_reduce[requires_grad]"}
     assert set(through_switch) == expect
     # every collective went through the group's Python methods, none around them to the
     # registered gloo backend
@@ -555,7 +573,7 @@ def test_every_collective_on_homagg_matches_gloo(tmp_path):
     # what the switch cannot serve is said once, with the op or the dtype and why
     said = ranks[0]["warnings"]
     for what in ("MAX", "MIN", "PRODUCT", "torch.bool", "AVG of torch.int64",
-                 "float64"):
+                 "float64", "is a subgroup"):
         hits = [w for w in said if what in w]
         assert len(hits) == 1, (what, said)
 
