@@ -41,24 +41,28 @@ def switch_address() -> tuple[str, int]:
 
 
 def run_job(fn, tmp_path, job: int, *args, options=None, env=None, world: int = WORLD,
-            table_job: int | None = None):
+            table_job: int | None = None, backend: str = "homagg"):
     """``fn(rank, world, gloo_group, *args)`` on ``world`` processes whose default group is
     "homagg" (a soft aggregator with job ``job``; ``options``: AgentConfig fields, ``env``:
-    more environment; ``table_job``: the job the aggregator knows instead); what each
-    returns, by rank."""
+    more environment; ``table_job``: the job the aggregator knows instead; ``backend``: the
+    name given to init_process_group); what each returns, by rank, and whether the group
+    closed its agent and thread at destroy_process_group."""
     switch = switch_address()
     addrs = agent_addresses(world)
     server = SoftSwitchServer(SoftSwitch(), switch).start()
     server.switch.add_job(job if table_job is None else table_job, addrs, 16)
     try:
         mp.spawn(_entry, args=(fn, world, addrs, switch, job, str(tmp_path), options or {},
-                               env or {}, args), nprocs=world, join=True)
+                               env or {}, backend, args), nprocs=world, join=True)
     finally:
         server.stop()
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    for r in range(world):
+        ranks[r]["closed"] = (tmp_path / f"closed{r}").read_text()
+    return ranks
 
 
-def _entry(rank, fn, world, addrs, switch, job, out_dir, options, env, args):
+def _entry(rank, fn, world, addrs, switch, job, out_dir, options, env, backend, args):
     import homagg.torch
 
     homagg.torch.set_agent_options(**{"timeout": 0.01, "deadline": 30, **options})
@@ -67,7 +71,7 @@ def _entry(rank, fn, world, addrs, switch, job, out_dir, options, env, args):
                       **env)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        dist.init_process_group("homagg", init_method=f"file://{out_dir}/store", rank=rank,
+        dist.init_process_group(backend, init_method=f"file://{out_dir}/store", rank=rank,
                                 world_size=world)
         ref = dist.new_group(backend="gloo")
         out = fn(rank, world, ref, *args)
@@ -78,6 +82,8 @@ def _entry(rank, fn, world, addrs, switch, job, out_dir, options, env, args):
                f"{out_dir}/rank{rank}.pt")
     gc.collect()  # no DDP/FSDP module alive when the groups go (an abort at exit otherwise)
     dist.destroy_process_group()
+    with open(f"{out_dir}/closed{rank}", "w") as f:  # destroy shut the group down
+        f.write(f"thread {pg._thread is None}, socket {pg.agent.sock.fileno() == -1}")
 
 
 # -- every collective --------------------------------------------------------------------------
@@ -646,6 +652,7 @@ def training_worker(rank, world, ref, steps):
 def test_ddp_and_a_hand_written_loop_on_homagg_track_gloo(tmp_path):
     steps = 6
     run = run_job(training_worker, tmp_path, 2, steps)
+    assert [r["closed"] for r in run] == ["thread True, socket True"] * WORLD
     ranks = [r["out"] for r in run]
     for key in [("ddp", False), ("ddp", True), ("loop",)]:
         h = [r[("homagg", *key)] for r in ranks]
@@ -776,8 +783,11 @@ def failing_worker(rank, world, ref):
 
 
 def test_a_failing_switch_collective_raises_on_every_rank_and_gloo_goes_on(tmp_path):
-    ranks = [r["out"] for r in run_job(failing_worker, tmp_path, 4, table_job=5,
-                                       options={"deadline": 1.0})]
+    """(Named "cpu:homagg" here: the device-qualified form works too.)"""
+    run = run_job(failing_worker, tmp_path, 4, table_job=5, options={"deadline": 1.0},
+                  backend="cpu:homagg")
+    ranks = [r["out"] for r in run]
+    assert [r["closed"] for r in run] == ["thread True, socket True"] * WORLD
     for out in ranks:
         assert out["sync"][0] == "AgentError" and "DROP_WRONG_IDENTITY" in out["sync"][1], out
         for how in ("async", "future", "ddp"):  # the agent stays broken: raised at once
