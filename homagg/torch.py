@@ -14,8 +14,10 @@ from homagg.host_agent.torch_backend import (
     HomaggWork,
     register,
     set_agent_options,
+    set_subgroup_config,
 )
 
 register()
 
-__all__ = ["BACKEND", "HomaggProcessGroup", "HomaggWork", "register", "set_agent_options"]
+__all__ = ["BACKEND", "HomaggProcessGroup", "HomaggWork", "register", "set_agent_options",
+           "set_subgroup_config"]

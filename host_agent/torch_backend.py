@@ -46,10 +46,12 @@ context. With torch 2.13 nothing does: DDP's start-up checks, FSDP2 and the func
 collectives all come through the Python methods (tests/test_torch_backend.py shows which path
 served each).
 
-Subgroups (``new_group``, a device mesh's dimensions) would each need a homagg job of their
-own: the job id, the worker ids and the switch's job table for that subset of ranks come from
-whoever configures the switch (the controller service), which this module cannot ask yet. A
-subgroup is therefore an all-gloo group (a one-time warning says so). A device mesh dimension
+Subgroups (``new_group``, a device mesh's dimensions) each need a homagg job of their own: the
+job id, the worker ids and the switch's job table for that subset of ranks come from whoever
+configures the switch (the controller service), which this module cannot ask yet. So a
+subgroup is an all-gloo group (a one-time warning says so), unless
+``set_subgroup_config(provider)`` says which job it is: then it has an agent (and a thread) of
+its own, independent of the default group's, as a separate communicator is. A device mesh dimension
 that spans every rank in order is the default group itself (torch reuses it): HSDP's replicas'
 all_reduce over 2 x 1 goes through the switch.
 """
@@ -90,6 +92,9 @@ SMALL_INTS = (torch.int8, torch.int16, torch.uint8)
 LIMB_BITS = 16
 
 _options: dict[str, Any] = {}
+#: (global ranks of a subgroup, this rank's rank in it) -> its agent's config, or None: gloo
+SubgroupConfig = Callable[[list[int], int], "AgentConfig | None"]
+_subgroup_config: SubgroupConfig | None = None
 _said: set[str] = set()
 _said_lock = threading.Lock()
 
@@ -99,6 +104,16 @@ def set_agent_options(**options) -> None:
     groups created from now on, on top of what ``AgentConfig.from_env`` reads."""
     _options.clear()
     _options.update(options)
+
+
+def set_subgroup_config(provider: SubgroupConfig | None) -> None:
+    """How a subgroup (``new_group``, a device mesh's dimension) gets a homagg job of its own:
+    ``provider(global_ranks, group_rank)`` returns the config of this rank's agent in the
+    subgroup's job (a job id, worker id and bind address of its own; the switch's job table
+    must hold that job), or None for gloo. With no provider (the default, until the controller
+    service hands out jobs), every subgroup goes to gloo."""
+    global _subgroup_config
+    _subgroup_config = provider
 
 
 def say_once(what: str, message: str) -> None:
@@ -549,12 +564,19 @@ def create(opts, backend_options=None) -> HomaggProcessGroup:
     timeout = opts.timeout
     world = list(getattr(opts, "global_ranks_in_group", []) or [])
     subgroup = dist.is_initialized() or (world and world != list(range(len(world))))
-    if subgroup:
+    if not subgroup:
+        return HomaggProcessGroup(store, rank, size, timeout, Agent(_agent_config(rank, size)))
+    cfg = _subgroup_config(world, rank) if _subgroup_config is not None else None
+    if cfg is None:
         say_once("subgroup", f"process group {getattr(opts, 'group_id', '?')} (ranks "
                  f"{world or '?'}) is a subgroup: it has no homagg job of its own (that needs "
-                 "the controller service), so all its collectives go to gloo")
+                 "the controller service, or homagg.torch.set_subgroup_config), so all its "
+                 "collectives go to gloo")
         return HomaggProcessGroup(store, rank, size, timeout, None)
-    return HomaggProcessGroup(store, rank, size, timeout, Agent(_agent_config(rank, size)))
+    if cfg.workers != size:
+        raise AgentError(f"subgroup of ranks {world}: its job has {cfg.workers} workers, the "
+                         f"group {size} ranks")
+    return HomaggProcessGroup(store, rank, size, timeout, Agent(cfg))
 
 
 def register() -> None:

@@ -41,16 +41,19 @@ def switch_address() -> tuple[str, int]:
 
 
 def run_job(fn, tmp_path, job: int, *args, options=None, env=None, world: int = WORLD,
-            table_job: int | None = None, backend: str = "homagg"):
+            table_job: int | None = None, backend: str = "homagg", tables=None):
     """``fn(rank, world, gloo_group, *args)`` on ``world`` processes whose default group is
     "homagg" (a soft aggregator with job ``job``; ``options``: AgentConfig fields, ``env``:
     more environment; ``table_job``: the job the aggregator knows instead; ``backend``: the
-    name given to init_process_group); what each returns, by rank, and whether the group
+    name given to init_process_group; ``tables``: more jobs for the aggregator, job ->
+    addresses); what each returns, by rank, and whether the group
     closed its agent and thread at destroy_process_group."""
     switch = switch_address()
     addrs = agent_addresses(world)
     server = SoftSwitchServer(SoftSwitch(), switch).start()
     server.switch.add_job(job if table_job is None else table_job, addrs, 16)
+    for other, other_addrs in (tables or {}).items():
+        server.switch.add_job(other, other_addrs, 16)
     try:
         mp.spawn(_entry, args=(fn, world, addrs, switch, job, str(tmp_path), options or {},
                                env or {}, backend, args), nprocs=world, join=True)
@@ -750,6 +753,54 @@ def test_fsdp2_on_homagg(tmp_path, scatter):
         hsdp = ranks[0]["out"]["hsdp"][1]
         assert hsdp.get("switch:allreduce", 0) >= steps and hsdp["cpp backend"] == 0
         assert sum("is a subgroup" in w for w in ranks[0]["warnings"]) == 1
+
+
+# -- subgroups with a job of their own ---------------------------------------------------------
+
+
+def subgroup_worker(rank, world, ref, sub_addrs, job):
+    import homagg.torch
+    from homagg.host_agent import AgentConfig
+
+    host, port = os.environ["HOMAGG_SWITCH"].split(":")
+
+    def provider(ranks, group_rank):  # what the controller service would hand out
+        if ranks != [0, 1]:
+            return None
+        return AgentConfig(job, group_rank, len(ranks), (host, int(port)),
+                           sub_addrs[ranks[group_rank]], slots=16, timeout=0.01, deadline=30)
+
+    homagg.torch.set_subgroup_config(provider)
+    sub = dist.new_group([0, 1])
+    gloo_sub = dist.new_group([0, 1], backend="gloo")
+    a, b = floats(rank, 60, 500).float(), floats(rank, 61, 500, dyadic=True).float()
+    b_ref = b.clone()
+    works = [dist.all_reduce(a, async_op=True),  # the default group's job, meanwhile
+             dist.all_reduce(b, group=sub, async_op=True)]
+    for w in reversed(works):
+        w.wait()
+    dist.all_reduce(b_ref, group=gloo_sub)
+    c = ints(rank, 62, -2**40, 2**40, torch.int64)
+    c_ref = c.clone()
+    dist.all_reduce(c, group=sub)
+    dist.all_reduce(c_ref, group=gloo_sub)
+    out = {"a": a, "b": (b, b_ref), "c": (c, c_ref), "sub": dict(sub.counts),
+           "job": sub.agent.cfg.job}
+    dist.destroy_process_group(sub)
+    return out
+
+
+def test_a_subgroup_with_a_job_of_its_own_goes_through_the_switch(tmp_path):
+    """``set_subgroup_config``: new_group's subgroup gets an agent in its own job (here both
+    ranks again: a second job on the same aggregator), next to the default group's."""
+    sub_addrs = agent_addresses(WORLD)
+    ranks = run_job(subgroup_worker, tmp_path, 8, sub_addrs, 9, tables={9: sub_addrs})
+    for r in ranks:
+        out = r["out"]
+        assert out["job"] == 9 and out["sub"] == {"switch:allreduce": 2}
+        assert torch.equal(*out["b"]) and torch.equal(*out["c"])
+        assert not any("is a subgroup" in w for w in r["warnings"])
+    assert torch.equal(ranks[0]["out"]["a"], ranks[1]["out"]["a"])
 
 
 # -- errors, configuration -------------------------------------------------------------------
