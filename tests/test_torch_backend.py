@@ -888,3 +888,77 @@ def test_import_homagg_torch_registers_the_backend_and_leaves_torch_alone():
     assert dist.Backend.backend_capability["homagg"] == ["cpu"]
     assert torch.__name__ == "torch" and homagg.torch.__name__ == "homagg.torch"
     homagg.torch.register()  # again: nothing
+
+
+def hsdp_worker(rank, world, ref, steps, jobs):
+    """HSDP on a 2 x 2 mesh of 4 ranks, each mesh dimension's groups a homagg job of their own
+    (``jobs``: global ranks -> (job, addresses)), against FSDP2 on gloo's 4 ranks."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import homagg.torch
+    from homagg.host_agent import AgentConfig
+
+    host, port = os.environ["HOMAGG_SWITCH"].split(":")
+    groups = []
+
+    def provider(ranks, group_rank):
+        job, addrs = jobs[tuple(ranks)]
+        return AgentConfig(job, group_rank, len(ranks), (host, int(port)), addrs[group_rank],
+                           slots=16, timeout=0.01, deadline=30)
+
+    homagg.torch.set_subgroup_config(provider)
+    out = {}
+    for name in ("hsdp", "gloo"):
+        if name == "hsdp":
+            mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+            groups = [mesh.get_group(d) for d in ("replicate", "shard")]
+        else:
+            mesh = DeviceMesh.from_group(ref, "cpu")
+        model = make_model()
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        before = [Counter(g.counts) for g in groups]
+        losses = []
+        for step in range(steps):
+            opt.zero_grad()
+            loss = loss_of(model, rank, step)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        served = [dict(Counter(g.counts) - b) for g, b in zip(groups, before)]
+        params = [p.full_tensor().detach().clone() for p in model.parameters()]
+        out[name] = (losses, served, params)
+        del model, opt
+        gc.collect()
+    out["jobs"] = [g.agent.cfg.job for g in groups]
+    return out
+
+
+def test_hsdp_on_four_ranks_with_a_job_per_mesh_group(tmp_path):
+    """HSDP (2 replicas x 2 shards): the replicas' all_reduce and the shards' reduce_scatter
+    (HOMAGG_TORCH_REDUCE_SCATTER=switch) go through the switch, each mesh group a homagg job
+    of its own (set_subgroup_config); losses and parameters within 1e-6 of FSDP2 on gloo."""
+    steps, world = 3, 4
+    jobs = {ranks: (job, agent_addresses(2))
+            for job, ranks in enumerate([(0, 2), (1, 3), (0, 1), (2, 3)], start=11)}
+    ranks = run_job(hsdp_worker, tmp_path, 10, steps, jobs, world=world,
+                    tables={job: addrs for job, addrs in jobs.values()},
+                    env={"HOMAGG_TORCH_REDUCE_SCATTER": "switch"})
+    for rank, r in enumerate(ranks):
+        losses, served, params = r["out"]["hsdp"]
+        ref_losses, _, ref_params = r["out"]["gloo"]
+        np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-6)
+        for p, q in zip(params, ref_params):
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+        replicate, shard = served
+        print(f"HSDP rank {rank}: jobs {r['out']['jobs']}, replicate group {replicate}, "
+              f"shard group {shard}")
+        assert replicate.get("switch:allreduce", 0) >= steps
+        assert shard.get("switch:reduce_scatter", 0) >= steps
+        assert shard.get("gloo:_allgather_base", 0) >= steps
+        for p0, p1 in zip(params, ranks[0]["out"]["hsdp"][2]):
+            assert torch.equal(p0, p1)
