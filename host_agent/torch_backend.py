@@ -122,6 +122,7 @@ def say_once(what: str, message: str) -> None:
         if what in _said:
             return
         _said.add(what)
+    log.info("%s", message)
     warnings.warn(f"homagg: {message}", RuntimeWarning, stacklevel=3)
 
 
@@ -139,6 +140,8 @@ class HomaggWork(dist.Work):
         self._public = fut.then(_value)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        """Wait for the collective; raise its error. (``timeout`` is not used: the agent's
+        deadline bounds a switch collective, the group's timeout a gloo one.)"""
         self._fut.wait()  # raises what the agent thread set
         return True
 
@@ -188,13 +191,13 @@ class HomaggProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)  # type: ignore[call-arg]  # (the stub knows the 3-arg form)
         self.agent = agent
         # The registered cpu backend: what C++ reaches without going through Python.
-        self._cpp: Any = dist.ProcessGroupGloo(dist.PrefixStore("homagg-cpp/", store), rank, size,
-                                          timeout)
+        self._cpp: Any = dist.ProcessGroupGloo(dist.PrefixStore("homagg-cpp/", store), rank,
+                                               size, timeout)
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM,
                                self._cpp)
         # What this group's own thread issues; a gloo context of its own (see the module doc)
-        self._gloo: Any = dist.ProcessGroupGloo(dist.PrefixStore("homagg-py/", store), rank, size,
-                                           timeout)
+        self._gloo: Any = dist.ProcessGroupGloo(dist.PrefixStore("homagg-py/", store), rank,
+                                                size, timeout)
         self._thread: ThreadPoolExecutor | None = ThreadPoolExecutor(
             1, thread_name_prefix="homagg-agent")
         self._lock = threading.Lock()
