@@ -262,8 +262,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND
 
-    @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:
         return BACKEND
 
     # -- all_reduce ------------------------------------------------------------------------------

@@ -475,6 +475,7 @@ NOT_COLLECTIVES = {"destroy_process_group", "get_backend", "get_backend_config",
 
 def collectives_worker(rank, world, ref):
     pg = dist.group.WORLD
+    assert dist.get_backend() == "homagg" and pg.name() == "homagg" and pg.size() == world
     results = {}
     for name, _check, fn in CASES:
         got = []
