@@ -963,3 +963,53 @@ def test_hsdp_on_four_ranks_with_a_job_per_mesh_group(tmp_path):
         assert shard.get("gloo:_allgather_base", 0) >= steps
         for p0, p1 in zip(params, ranks[0]["out"]["hsdp"][2]):
             assert torch.equal(p0, p1)
+
+
+# -- the example -----------------------------------------------------------------------------
+
+
+def test_the_ddp_example_with_each_backend(tmp_path):
+    """examples/ddp_train.py --backend gloo | hook | homagg on 2 processes: homagg's two paths
+    end with the same parameters (with 2 workers DDP's division before the sum is exact, so
+    the backend's sum is the hook's), on both ranks, and their losses are gloo's to 1e-6."""
+    import re
+    import subprocess
+    import sys
+
+    from homagg import paths
+
+    root = paths.checkout_root()
+    if root is None:
+        pytest.skip("needs the checkout's examples/")
+    runs = {}
+    for backend in ("gloo", "hook", "homagg"):
+        switch, addrs = switch_address(), agent_addresses(WORLD)
+        server = SoftSwitchServer(SoftSwitch(), switch).start()
+        server.switch.add_job(1, addrs, 16)
+        store = tmp_path / f"{backend}-store"
+        try:
+            procs = [subprocess.Popen(
+                [sys.executable, str(root / "examples" / "ddp_train.py"), "--steps", "5",
+                 "--rows", "2000", "--backend", backend, "--init-method", f"file://{store}"],
+                env={**os.environ, "PYTHONPATH": str(root), "RANK": str(r),
+                     "WORLD_SIZE": str(WORLD), "HOMAGG_JOB": "1",
+                     "HOMAGG_SWITCH": f"{switch[0]}:{switch[1]}",
+                     "HOMAGG_BIND": f"{addrs[r][0]}:{addrs[r][1]}", "HOMAGG_SLOTS": "16",
+                     # the hook's from_env needs them; the backend takes the group's rank
+                     **({"HOMAGG_WORKER": str(r), "HOMAGG_WORKERS": str(WORLD)}
+                        if backend == "hook" else {})},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for r in range(WORLD)]
+            outs = [p.communicate(timeout=300)[0] for p in procs]
+        finally:
+            server.stop()
+        assert all(p.returncode == 0 for p in procs), outs
+        text = "".join(outs)
+        runs[backend] = ([float(x) for x in re.findall(r"step +\d+ loss (\S+)", text)],
+                         re.findall(r"rank \d: parameters (\w+)", text))
+    gloo_losses = np.array(runs["gloo"][0])
+    for backend in ("hook", "homagg"):
+        losses, digests = runs[backend]
+        assert len(losses) == 5 and np.abs(np.array(losses) - gloo_losses).max() <= 1e-6
+        assert len(digests) == WORLD and len(set(digests)) == 1
+    assert runs["hook"][1] == runs["homagg"][1]
