@@ -257,7 +257,18 @@ def _async(g, rank):
     for w in works:
         w.wait()
     futs = [dist.all_reduce(t, async_op=True, group=g).get_future() for t in ts]
-    return ts + [f.wait()[0] for f in futs]
+    # switch and gloo collectives mixed: completed in issue order all the same
+    m, b = floats(rank, 14, 50).float(), floats(rank, 15, 50).float()
+    works = [dist.all_reduce(ts[0], async_op=True, group=g),
+             dist.all_reduce(m, op=ReduceOp.MAX, async_op=True, group=g),
+             dist.all_reduce(ts[1], async_op=True, group=g),
+             dist.broadcast(b, src=0, async_op=True, group=g)]
+    works[-1].wait()
+    if g is None:
+        assert all(w.is_completed() for w in works), [w.is_completed() for w in works]
+    for w in works:
+        w.wait()
+    return ts + [f.wait()[0] for f in futs] + [m, b]
 
 
 @case("all_reduce_coalesced")
