@@ -268,12 +268,24 @@ class HomaggProcessGroup(dist.ProcessGroup):
     # -- all_reduce ------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):  # type: ignore[override]
         opts = opts if opts is not None else dist.AllreduceOptions()
+        if len(tensors) != 1:  # several: one sum over all of them (gloo's multi-device rule)
+            say_once("several", "all_reduce of a list of several tensors goes to gloo (one "
+                     "sum over all of them and every rank's)")
+            return self._gloo_call("allreduce", tensors, tensors, opts)
+        return self._allreduce_each("allreduce", tensors, opts)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        return self._allreduce_each("allreduce_coalesced", list(tensors), opts)
+
+    def _allreduce_each(self, name: str, tensors, opts) -> HomaggWork:
+        """Each tensor's own sum, through the switch, or all of them through gloo's ``name``."""
         op = _reduce_op(opts)
         why = self._switch_refuses(tensors, op)
         if why is not None:
             if self.agent is not None:  # (a subgroup said so when it was made)
                 say_once(why, why)
-            return self._gloo_call("allreduce", tensors, tensors, opts)
+            return self._gloo_call(name, tensors, tensors, opts)
 
         def run() -> list[torch.Tensor]:
             self.counts["switch:allreduce"] += 1
@@ -282,12 +294,6 @@ class HomaggProcessGroup(dist.ProcessGroup):
             return tensors
 
         return self._submit(run)
-
-    def allreduce_coalesced(self, tensors, opts=None):
-        single = dist.AllreduceOptions()
-        if opts is not None:
-            single.reduceOp = opts.reduceOp
-        return self.allreduce(list(tensors), single)
 
     def _switch_refuses(self, tensors, op) -> str | None:
         """Why these tensors cannot go through the switch with ``op`` (None: they can)."""

@@ -280,6 +280,15 @@ def _coalesced(g, rank):
     return ts
 
 
+@case("all_reduce_coalesced[MAX]")
+def _coalesced_max(g, rank):  # to gloo's all_reduce_coalesced: each tensor its own maximum
+    ts = [floats(rank, 22, 100).float(), floats(rank, 23, 30).float()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.all_reduce_coalesced(ts, op=ReduceOp.MAX, group=g)
+    return ts
+
+
 @case("reduce")
 def _reduce(g, rank):
     t = floats(rank, 30, 100).float()
