@@ -184,12 +184,15 @@ def _reduce_op(opts) -> Any:
 
 class HomaggProcessGroup(dist.ProcessGroup):
     """The "homagg" process group: all_reduce through the switch (``Agent``), the rest
-    through gloo. ``agent`` None: every collective goes to gloo (a subgroup)."""
+    through gloo. ``make_agent`` returns the group's agent, or None: every collective goes to
+    gloo (a subgroup without a job). Every rank learns whether every other's agent started
+    (one gloo all_reduce): if one could not, all raise at once, instead of the others waiting
+    for it at their first collective."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
-                 agent: Agent | None):
+                 make_agent: Callable[[], Agent | None]):
         super().__init__(rank, size)  # type: ignore[call-arg]  # (the stub knows the 3-arg form)
-        self.agent = agent
+        self.agent: Agent | None = None
         # The registered cpu backend: what C++ reaches without going through Python.
         self._cpp: Any = dist.ProcessGroupGloo(dist.PrefixStore("homagg-cpp/", store), rank,
                                                size, timeout)
@@ -210,6 +213,26 @@ class HomaggProcessGroup(dist.ProcessGroup):
         # collectives this group served, "switch:allreduce", "gloo:<gloo's method>" (what C++
         # sends straight to the registered backend is not seen here)
         self.counts: Counter[str] = Counter()
+        self._start(make_agent)
+
+    def _start(self, make_agent: Callable[[], Agent | None]) -> None:
+        failure: BaseException | None = None
+        try:
+            self.agent = make_agent()
+        except Exception as err:  # noqa: BLE001 - every rank hears of it, then it is raised
+            failure = err
+        state = torch.zeros(3, dtype=torch.int64)  # ranks with an agent, without, failed
+        state[2 if failure is not None else 0 if self.agent is not None else 1] = 1
+        self._gloo.allreduce([state]).wait()
+        with_agent, without, failed = (int(v) for v in state)
+        if failed or (with_agent and without):
+            self.shutdown()
+            if failure is not None:
+                raise failure
+            raise AgentError(f"homagg: {failed} rank(s) of this process group could not start "
+                             "an agent (their own error says why)" if failed else
+                             f"homagg: {with_agent} rank(s) have a homagg job for this group, "
+                             f"{without} not: every rank must agree")
 
     # -- the thread ------------------------------------------------------------------------------
     def _submit(self, run: Callable[[], list[torch.Tensor]]) -> HomaggWork:
@@ -573,18 +596,23 @@ def create(opts, backend_options=None) -> HomaggProcessGroup:
     world = list(getattr(opts, "global_ranks_in_group", []) or [])
     subgroup = dist.is_initialized() or (world and world != list(range(len(world))))
     if not subgroup:
-        return HomaggProcessGroup(store, rank, size, timeout, Agent(_agent_config(rank, size)))
-    cfg = _subgroup_config(world, rank) if _subgroup_config is not None else None
-    if cfg is None:
-        say_once("subgroup", f"process group {getattr(opts, 'group_id', '?')} (ranks "
-                 f"{world or '?'}) is a subgroup: it has no homagg job of its own (that needs "
-                 "the controller service, or homagg.torch.set_subgroup_config), so all its "
-                 "collectives go to gloo")
-        return HomaggProcessGroup(store, rank, size, timeout, None)
-    if cfg.workers != size:
-        raise AgentError(f"subgroup of ranks {world}: its job has {cfg.workers} workers, the "
-                         f"group {size} ranks")
-    return HomaggProcessGroup(store, rank, size, timeout, Agent(cfg))
+        return HomaggProcessGroup(store, rank, size, timeout,
+                                  lambda: Agent(_agent_config(rank, size)))
+
+    def subgroup_agent() -> Agent | None:
+        cfg = _subgroup_config(world, rank) if _subgroup_config is not None else None
+        if cfg is None:
+            say_once("subgroup", f"process group {getattr(opts, 'group_id', '?')} (ranks "
+                     f"{world or '?'}) is a subgroup: it has no homagg job of its own (that "
+                     "needs the controller service, or homagg.torch.set_subgroup_config), so "
+                     "all its collectives go to gloo")
+            return None
+        if cfg.workers != size:
+            raise AgentError(f"subgroup of ranks {world}: its job has {cfg.workers} workers, "
+                             f"the group {size} ranks")
+        return Agent(cfg)
+
+    return HomaggProcessGroup(store, rank, size, timeout, subgroup_agent)
 
 
 def register() -> None:

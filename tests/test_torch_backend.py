@@ -29,7 +29,7 @@ from torch.distributed import ReduceOp  # noqa: E402
 from homagg import wire  # noqa: E402
 from homagg.host_agent import codec  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
-from tests.staging import agent_addresses  # noqa: E402
+from tests.staging import agent_address, agent_addresses  # noqa: E402
 
 WORLD = 2
 _switch_hosts = itertools.count(1)
@@ -869,6 +869,30 @@ def test_a_failing_switch_collective_raises_on_every_rank_and_gloo_goes_on(tmp_p
             assert out[how] is not None and "unusable after an earlier failure" in out[how][1], (
                 how, out[how])
         assert out["max"].item() == 1.0
+
+
+def _bad_bind_entry(rank, world, addr, out_dir):
+    import homagg.torch  # noqa: F401 - registers the backend
+
+    os.environ.update(HOMAGG_JOB="1", HOMAGG_SWITCH="127.0.9.254",
+                      # rank 1: an address no interface has (TEST-NET-1): its bind fails
+                      HOMAGG_BIND=f"{addr[0]}:{addr[1]}" if rank == 0 else "192.0.2.1:20000")
+    try:
+        dist.init_process_group("homagg", init_method=f"file://{out_dir}/store", rank=rank,
+                                world_size=world)
+        result = None
+    except Exception as err:  # noqa: BLE001 - what the test looks at
+        result = (type(err).__name__, str(err))
+    torch.save(result, f"{out_dir}/rank{rank}.pt")
+
+
+def test_an_agent_that_cannot_start_fails_init_on_every_rank(tmp_path):
+    mp.spawn(_bad_bind_entry, args=(WORLD, agent_address(), str(tmp_path)), nprocs=WORLD,
+             join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD))
+    assert r1[0] == "AgentError" and "cannot bind 192.0.2.1:20000" in r1[1], r1
+    assert r0 == ("AgentError", "homagg: 1 rank(s) of this process group could not start an "
+                  "agent (their own error says why)"), r0
 
 
 def test_work_reraises_and_reports_a_failed_future():
