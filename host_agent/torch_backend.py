@@ -5,7 +5,8 @@
 
 The process group builds its agent itself, from ``AgentConfig.from_env()`` (HOMAGG_JOB,
 HOMAGG_SWITCH, HOMAGG_BIND, ...; the worker and the number of workers default to the process
-group's own rank and world size). What goes where:
+group's own rank and world size); the ranks agree that every agent started (a rank that cannot
+bind its address fails ``init_process_group`` on every rank at once). What goes where:
 
 * ``all_reduce`` SUM and AVG of float32, float64, bfloat16 and float16 tensors: through the
   switch, with the agent's codec (block floating point, an exact sum of the quantized values;
