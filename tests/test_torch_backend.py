@@ -701,6 +701,46 @@ def test_ddp_and_a_hand_written_loop_on_homagg_track_gloo(tmp_path):
     assert ranks[0]["gloo", "counts"]["switch:allreduce"] == 0
 
 
+def scaler_worker(rank, world, ref):
+    """DDP on homagg with AMP's GradScaler: an inf in one rank's loss at step 1."""
+    model = make_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    log = []
+    for step in range(3):
+        before = [p.detach().clone() for p in model.parameters()]
+        scale = scaler.get_scale()
+        opt.zero_grad()
+        idx, y = batch(rank, step)
+        if step == 1 and rank == 1:
+            y[3] = float("inf")  # an overflowed loss on one rank only
+        out = ddp(idx)
+        scaler.scale(torch.nn.functional.mse_loss(out, y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        changed = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        log.append((scale, scaler.get_scale(), changed,
+                    [p.detach().clone() for p in model.parameters()]))
+    del ddp
+    return log
+
+
+def test_ddp_grad_scaler_on_homagg_skips_the_step_on_every_rank(tmp_path):
+    """A non-finite gradient on one rank makes the whole bucket NaN on every rank (the
+    switch's rule), so GradScaler skips the step everywhere, as over gloo."""
+    logs = [r["out"] for r in run_job(scaler_worker, tmp_path, 6)]
+    for step in range(3):
+        for r in range(WORLD):
+            before, after, changed, _ = logs[r][step]
+            if step == 1:
+                assert not changed and after == before / 2, (r, step)
+            else:
+                assert changed and after == before, (r, step)
+        for p0, p1 in zip(logs[0][step][3], logs[1][step][3]):
+            assert torch.equal(p0, p1)
+
+
 # -- FSDP2 -----------------------------------------------------------------------------------
 
 
