@@ -633,12 +633,14 @@ def training_worker(rank, world, ref, steps):
     out: dict = {}
     for which, group in (("homagg", None), ("gloo", ref)):
         before = Counter(pg.counts)
-        # DDP, unmodified (no hook); a sparse embedding's gradient too
-        for sparse in (False, True):
-            model = make_model(sparse)
+        # DDP, unmodified (no hook); a sparse embedding's gradient too; gradients as views
+        # of the buckets and a static graph
+        for variant in ("dense", "sparse", "views"):
+            model = make_model(variant == "sparse")
             # small buckets: several all_reduces in flight while autograd goes on
-            ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group,
-                                                            bucket_cap_mb=0.0004)
+            ddp = torch.nn.parallel.DistributedDataParallel(
+                model, process_group=group, bucket_cap_mb=0.0004,
+                gradient_as_bucket_view=variant == "views", static_graph=variant == "views")
             opt = torch.optim.SGD(model.parameters(), lr=0.5)
             losses = []
             for step in range(steps):
@@ -647,8 +649,8 @@ def training_worker(rank, world, ref, steps):
                 loss.backward()
                 opt.step()
                 losses.append(loss.item())
-            out[which, "ddp", sparse] = (losses, [p.detach().clone()
-                                                  for p in model.parameters()])
+            out[which, "ddp", variant] = (losses, [p.detach().clone()
+                                                   for p in model.parameters()])
             del ddp, model, opt
             gc.collect()
         # a hand-written loop: all_reduce AVG of each gradient; an int64 metric
@@ -680,7 +682,7 @@ def test_ddp_and_a_hand_written_loop_on_homagg_track_gloo(tmp_path):
     run = run_job(training_worker, tmp_path, 2, steps)
     assert [r["closed"] for r in run] == ["thread True, socket True"] * WORLD
     ranks = [r["out"] for r in run]
-    for key in [("ddp", False), ("ddp", True), ("loop",)]:
+    for key in [("ddp", "dense"), ("ddp", "sparse"), ("ddp", "views"), ("loop",)]:
         h = [r[("homagg", *key)] for r in ranks]
         g = [r[("gloo", *key)] for r in ranks]
         for rank in range(WORLD):
@@ -696,8 +698,8 @@ def test_ddp_and_a_hand_written_loop_on_homagg_track_gloo(tmp_path):
     print("training: served", dict(ranks[0]["homagg", "counts"]), "registered backend",
           [r["cpp backend"] for r in run])
     counts = ranks[0]["homagg", "counts"]
-    # the loop: 6 a step; DDP: 1 + 2 a step with one dense bucket, more with two in flight
-    assert counts["switch:allreduce"] > 9 * steps
+    # the loop: 6 a step; DDP: 1 + 2 + 1 a step with one dense bucket, more with two in flight
+    assert counts["switch:allreduce"] > 10 * steps
     assert ranks[0]["gloo", "counts"]["switch:allreduce"] == 0
 
 
