@@ -576,16 +576,21 @@ def _limb_sum(agent: Agent, x: np.ndarray, limbs: int) -> np.ndarray:
 
 def _agent_config(rank: int, size: int, environ: Mapping[str, str] | None = None
                   ) -> AgentConfig:
-    """``AgentConfig.from_env`` with the process group's rank and world size as the defaults
-    of HOMAGG_WORKER and HOMAGG_WORKERS; a HOMAGG_WORKERS other than the world size is an
+    """``AgentConfig.from_env`` on the environment with the process group's own rank and
+    world size where they matter: RANK and WORLD_SIZE are the group's (what a join through a
+    controller service names this member by, whatever the rendezvous was), and they are the
+    defaults of HOMAGG_WORKER and HOMAGG_WORKERS (``homagg-net exec`` sets those to the
+    switch's job table's numbering, which stands). A job of another size than the group is an
     error (the mean and the scale's headroom divide by it)."""
     env = dict(os.environ if environ is None else environ)
+    env["RANK"], env["WORLD_SIZE"] = str(rank), str(size)
     env.setdefault("HOMAGG_WORKER", str(rank))
     env.setdefault("HOMAGG_WORKERS", str(size))
     cfg = AgentConfig.from_env(env, **_options)
     if cfg.workers != size:
-        raise AgentError(f"HOMAGG_WORKERS={cfg.workers} but the process group has {size} "
-                         "ranks: every rank must be a worker of the job")
+        raise AgentError(f"the homagg job has {cfg.workers} workers (HOMAGG_WORKERS) but the "
+                         f"process group has {size} ranks: every rank must be a worker of "
+                         "the job")
     return cfg
 
 

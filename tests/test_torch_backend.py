@@ -956,8 +956,8 @@ def test_work_reraises_and_reports_a_failed_future():
     assert HomaggWork(ok).wait() and HomaggWork(ok).result()[0].sum() == 2
 
 
-def test_agent_config_takes_rank_and_world_size_from_the_process_group():
-    from homagg.host_agent.config import AgentError
+def test_agent_config_takes_rank_and_world_size_from_the_process_group(monkeypatch):
+    from homagg.host_agent.config import AgentConfig, AgentError
     from homagg.host_agent.torch_backend import _agent_config
 
     env = {"HOMAGG_JOB": "7", "HOMAGG_SWITCH": "10.0.0.254", "HOMAGG_BIND": "10.0.0.2:50000"}
@@ -965,10 +965,22 @@ def test_agent_config_takes_rank_and_world_size_from_the_process_group():
     assert (cfg.job, cfg.worker, cfg.workers, cfg.bind) == (7, 1, 3, ("10.0.0.2", 50000))
     # the environment's worker id wins (a controller may number workers its own way)
     assert _agent_config(1, 3, {**env, "HOMAGG_WORKER": "2"}).worker == 2
-    with pytest.raises(AgentError, match="HOMAGG_WORKERS=4 but the process group has 3"):
+    with pytest.raises(AgentError, match=r"job has 4 workers \(HOMAGG_WORKERS\) but the "
+                                         "process group has 3"):
         _agent_config(1, 3, {**env, "HOMAGG_WORKERS": "4"})
     with pytest.raises(AgentError, match="HOMAGG_JOB is not set"):
         _agent_config(0, 2, {})
+    # what from_env sees: the group's RANK and WORLD_SIZE (a controller join names the
+    # member by them), whatever the environment had
+    seen: dict = {}
+
+    def from_env(environ, **options):
+        seen.update(environ)
+        return AgentConfig(7, int(environ["HOMAGG_WORKER"]), int(environ["WORLD_SIZE"]))
+
+    monkeypatch.setattr(AgentConfig, "from_env", from_env)
+    _agent_config(2, 3, {**env, "RANK": "0", "WORLD_SIZE": "8"})
+    assert (seen["RANK"], seen["WORLD_SIZE"], seen["HOMAGG_WORKER"]) == ("2", "3", "2")
 
 
 def test_import_homagg_torch_registers_the_backend_and_leaves_torch_alone():
