@@ -93,8 +93,8 @@ def _entry(rank, fn, world, addrs, switch, job, out_dir, options, env, backend, 
 
 
 def floats(rank: int, seed: int, n: int = 700, dyadic: bool = False) -> torch.Tensor:
-    """A rank's float64 input: dyadic (k/8: exact through the codec) or spread over six
-    binades' worth of magnitudes (exercises the block scales)."""
+    """A rank's float64 input: dyadic (k/8: exact through the codec) or with magnitudes
+    spread over six decades (exercises the block scales)."""
     g = torch.Generator().manual_seed(1000 * seed + rank)
     if dyadic:
         return torch.randint(-1000, 1000, (n,), generator=g).double() / 8
