@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 LOG_DIR = ROOT / "build" / "logs" / "bench-ddp"
 EXAMPLE = ROOT / "examples" / "ddp_train.py"
-VARIANTS = [("gloo", ["--backend", "gloo"]), ("homagg", ["--backend", "homagg"]),
-            ("homagg dense", ["--backend", "homagg", "--mode", "dense"])]
+VARIANTS = [("gloo", ["--backend", "gloo"]), ("homagg", ["--backend", "hook"]),
+            ("homagg dense", ["--backend", "hook", "--mode", "dense"])]
 WARMUP = 3
 
 

@@ -8,14 +8,23 @@ DDP's own bookkeeping, and the agent all find their settings in the environment)
 Model: an embedding table (the sparse-ish gradients homagg compresses) and an MLP, trained on
 synthetic click data seeded per (worker, step). Worker 0 prints the loss (9 decimals: curves
 from the two backends are compared to 1e-6); every worker prints a digest of its parameters at
-the end, so identical replicas are easy to see. ``--backend gloo`` runs plain DDP (gloo
-all-reduce) on the same data, as the baseline. ``--sparse`` makes the embedding's gradient a
-sparse COO tensor (it goes through the hook sparse).
+the end, so identical replicas are easy to see. ``--backend`` picks the path of the gradients:
+
+* ``hook`` (the default): a DDP process group over gloo, and homagg's communication hook
+  (``HookState``, ``homagg_hook``) all-reduces the gradient buckets through the switch;
+* ``homagg``: the torch.distributed backend ``import homagg.torch`` registers: the process group
+  itself is ``dist.init_process_group("homagg")`` and DDP runs unmodified, no hook (its
+  gradients' all_reduce goes through the switch, its start-up checks through gloo);
+* ``gloo``: plain DDP (gloo all-reduce) on the same data, as the baseline.
+
+``--sparse`` makes the embedding's gradient a sparse COO tensor (it goes through the switch
+sparse, with the hook or the backend).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import os
 import time
@@ -54,7 +63,11 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.5)
-    ap.add_argument("--backend", choices=["homagg", "gloo"], default="homagg")
+    ap.add_argument("--backend", choices=["hook", "homagg", "gloo"], default="hook",
+                    help="hook: gloo group + homagg's DDP hook; homagg: the homagg "
+                    "process group, DDP unmodified; gloo: plain DDP")
+    ap.add_argument("--init-method", default="env://",
+                    help="torch.distributed's rendezvous (default: MASTER_ADDR/MASTER_PORT)")
     ap.add_argument("--sparse", action="store_true", help="sparse embedding gradients")
     ap.add_argument("--mode", default="auto", help="homagg's mode: auto, dense, union, sketch")
     ap.add_argument("--index", default="auto", help="homagg's index: auto, flat, hier")
@@ -62,11 +75,19 @@ def main() -> int:
                     help="the hook blocks (no agent thread): for comparison")
     a = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if a.backend == "homagg":
+        import homagg.torch  # registers the "homagg" backend
+
+        homagg.torch.set_agent_options(mode=a.mode, index=a.index)
+    # the only change the homagg backend asks of a DDP script: its name here
+    dist.init_process_group("homagg" if a.backend == "homagg" else "gloo",
+                            init_method=a.init_method, rank=rank, world_size=world)
     model = make_model(a.rows, a.dim, a.sparse)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     agent, state = None, None
     if a.backend == "homagg":
+        agent = dist.group.WORLD.agent  # type: ignore[attr-defined]  # (for its counters)
+    if a.backend == "hook":
         agent = Agent(AgentConfig.from_env(mode=a.mode, index=a.index))
         # overlap: the agent's thread sums each bucket while autograd goes on
         state = HookState.of(agent, model, overlap=not a.no_overlap)
@@ -77,7 +98,7 @@ def main() -> int:
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(ddp(idx), y)
-        loss.backward()  # DDP's all-reduce (the hook) runs here, overlapped with autograd
+        loss.backward()  # DDP's all-reduce (hook or backend) runs here, overlapped with autograd
         opt.step()
         ms = 1e3 * (time.perf_counter() - t0)  # the step, all-reduce included
         if rank == 0:
@@ -88,9 +109,11 @@ def main() -> int:
         print(f"rank {rank}: homagg sent {c.packets_sent} packets ({c.bytes_sent} B), "
               f"{c.retransmissions} retransmitted, {c.rounds} rounds, "
               f"{c.seconds:.2f} s in rounds", flush=True)
-    if state is not None and agent is not None:
+    if state is not None and agent is not None:  # the hook's (the backend closes its own)
         state.close()
         agent.close()
+    del ddp, model, opt  # no DDP alive when the group goes (an abort at exit otherwise)
+    gc.collect()
     # every rank done before any leaves: rank 0 holds the rendezvous store, and a rank still
     # tearing gloo down when it goes aborts (seen over bmv2 trees' slower routed links)
     dist.barrier()

@@ -2,8 +2,9 @@
 
 ``allreduce`` (the Agent: negotiation, modes, rescaling) over ``transport`` (the slot pool,
 retransmission, deadline, with ``rto``'s timeout), configured by ``config``; ``codec`` holds
-the encodings; ``torch_hook`` plugs the agent into DDP; ``simulate`` runs the whole all-reduce
-in memory (``simulate_allreduce``).
+the encodings; ``torch_hook`` plugs the agent into DDP, ``torch_backend`` makes it a
+torch.distributed backend ("homagg", registered by ``import homagg.torch``); ``simulate``
+runs the whole all-reduce in memory (``simulate_allreduce``).
 """
 
 from homagg.host_agent.allreduce import Agent

@@ -17,7 +17,8 @@ and errors that name the parameter and the element within it (from
 blocks, and a parameter is named by its place in ``bucket.parameters()`` and its shape.
 Sparse COO gradients (``sparse=True`` embeddings) go through ``Agent.allreduce_rows`` and come
 back sparse. torch is an optional dependency
-(the CPU build is enough); only this module imports it. (No ``from __future__ import
+(the CPU build is enough); only this module, ``torch_backend`` (the "homagg" process group, no
+hook needed) and ``homagg.torch`` import it. (No ``from __future__ import
 annotations`` here: DDP checks the hook's annotations as objects.)
 """
 
