@@ -192,6 +192,47 @@ def test_ddp_example_follows_gloo_to_1e_6_and_runs_twice_in_a_row(target, capsys
         assert len(set(digests[4 * k:4 * k + 4])) == 1, digests
 
 
+def test_exec_each_workload_on_the_homagg_backend_tracks_gloo(target, capsys):
+    """The torch.distributed backend under homagg-net exec, 4 workers, only the backend's name
+    changed from gloo: DDP without a hook, a hand-written dist.all_reduce loop, FSDP2 (its
+    reduce_scatter through the switch) and HSDP. Each homagg run: bit-identical replicas,
+    losses within 1e-6 of the same workload on gloo, the int64 metric exact on every rank,
+    and more packets through the switch than the metric's one per step."""
+    pytest.importorskip("torch", reason="torch not installed (optional extra)")
+    from homagg import paths
+
+    root = paths.checkout_root()
+    if root is None:
+        pytest.skip("needs the checkout's examples/")
+    steps, workloads = 4, ("ddp", "loop", "fsdp", "hsdp")
+    ex = f"{__import__('sys').executable} {root / 'examples' / 'ddp_train.py'} --steps {steps}"
+    chain = " && ".join(f"{ex} --workload {w} --backend gloo && "
+                        f"HOMAGG_TORCH_REDUCE_SCATTER=switch {ex} --workload {w} "
+                        "--backend homagg" for w in workloads)
+    rc = _run(["exec", "--target", target, "--workers", "4", "--log-dir",
+               str(LOG_DIR / f"mn-exec-backend-{target}"), "--", "sh", "-c", chain])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    curves: list[list[float]] = []
+    for step, loss in re.findall(r"\[w0\] step +(\d+) loss (\S+)", out):
+        if int(step) == 0:
+            curves.append([])
+        curves[-1].append(float(loss))
+    assert len(curves) == 2 * len(workloads), out[-3000:]
+    for k, w in enumerate(workloads):
+        gloo, homagg = curves[2 * k], curves[2 * k + 1]
+        assert len(gloo) == len(homagg) == steps
+        assert np.abs(np.array(homagg) - np.array(gloo)).max() <= 1e-6, (w, homagg, gloo)
+    digests = re.findall(r"rank \d: parameters (\w+)", out)
+    seen = re.findall(r"rank \d: samples seen (\d+)", out)
+    sent = [int(n) for n in re.findall(r"rank \d: homagg sent (\d+) packets", out)]
+    assert len(digests) == len(seen) == 4 * 2 * len(workloads), out[-3000:]
+    assert set(seen) == {str(4 * 64 * steps)}  # every rank of every run: the metric exact
+    for k in range(len(workloads)):  # the homagg runs: identical replicas
+        assert len(set(digests[8 * k + 4:8 * k + 8])) == 1, (workloads[k], digests)
+    assert len(sent) == 4 * len(workloads) and min(sent) > steps, sent
+
+
 @pytest.mark.parametrize("workers,jobs,switch_slots", [(8, 4, 32), (16, 8, 64)])
 def test_jobs_past_the_switch_slots_fall_back_and_every_one_is_exact(target, capsys, workers,
                                                                      jobs, switch_slots):

@@ -19,6 +19,13 @@ the end, so identical replicas are easy to see. ``--backend`` picks the path of 
 
 ``--sparse`` makes the embedding's gradient a sparse COO tensor (it goes through the switch
 sparse, with the hook or the backend).
+
+``--workload`` picks what drives the all-reduce, for ``--backend homagg`` or ``gloo`` (the hook
+needs DDP): ``ddp`` (the default, as above); ``loop``: no DDP, a hand-written loop that calls
+``dist.all_reduce(grad, op=AVG)`` on every parameter's gradient; ``fsdp``: FSDP2's
+``fully_shard`` on a 1-D device mesh; ``hsdp``: FSDP2 on a 2-D mesh of (world) replicas of one
+shard, whose replicate all-reduce spans the world. Every workload also sums an int64 counter
+of the samples seen, each step, and checks it (the metric reduction a training loop does).
 """
 
 from __future__ import annotations
@@ -49,9 +56,29 @@ def batch(rank: int, step: int, rows: int, size: int = 64):
     return idx, y
 
 
+def wrap(model: torch.nn.Module, workload: str, world: int) -> torch.nn.Module:
+    """The model as the workload trains it: DDP, itself (the loop), or FSDP2-sharded."""
+    if workload == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    if workload == "loop":
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = (init_device_mesh("cpu", (world,)) if workload == "fsdp" else
+            init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard")))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
 def digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for p in model.parameters():
+        if hasattr(p, "full_tensor"):  # FSDP2's DTensor: the whole parameter, on every rank
+            p = p.full_tensor()
         h.update(p.detach().numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -73,7 +100,12 @@ def main() -> int:
     ap.add_argument("--index", default="auto", help="homagg's index: auto, flat, hier")
     ap.add_argument("--no-overlap", action="store_true",
                     help="the hook blocks (no agent thread): for comparison")
+    ap.add_argument("--workload", choices=["ddp", "loop", "fsdp", "hsdp"], default="ddp",
+                    help="ddp: DDP; loop: dist.all_reduce on each gradient; fsdp: FSDP2 on a "
+                    "1-D mesh; hsdp: FSDP2 on a (world x 1) mesh")
     a = ap.parse_args()
+    if a.workload != "ddp" and (a.backend == "hook" or a.sparse):
+        ap.error(f"--workload {a.workload} takes --backend homagg or gloo, dense gradients")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if a.backend == "homagg":
         import homagg.torch  # registers the "homagg" backend
@@ -83,7 +115,7 @@ def main() -> int:
     dist.init_process_group("homagg" if a.backend == "homagg" else "gloo",
                             init_method=a.init_method, rank=rank, world_size=world)
     model = make_model(a.rows, a.dim, a.sparse)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = wrap(model, a.workload, world)
     agent, state = None, None
     if a.backend == "homagg":
         agent = dist.group.WORLD.agent  # type: ignore[attr-defined]  # (for its counters)
@@ -93,16 +125,28 @@ def main() -> int:
         state = HookState.of(agent, model, overlap=not a.no_overlap)
         ddp.register_comm_hook(state=state, hook=homagg_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=a.lr)
+    seen = 0
     for step in range(a.steps):
         idx, y = batch(rank, step, a.rows)
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(ddp(idx), y)
         loss.backward()  # DDP's all-reduce (hook or backend) runs here, overlapped with autograd
+        if a.workload == "loop":  # what a loop without DDP does: average every gradient
+            for p in model.parameters():
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
         opt.step()
+        # a metric: the samples the job has seen, summed as an int64 (exact on any backend)
+        count = torch.tensor([idx.shape[0]], dtype=torch.int64)
+        dist.all_reduce(count)
+        seen += int(count.item())
         ms = 1e3 * (time.perf_counter() - t0)  # the step, all-reduce included
         if rank == 0:
             print(f"step {step:3d} loss {loss.item():.9f} ms {ms:.1f}", flush=True)
+    if seen != world * idx.shape[0] * a.steps:
+        raise SystemExit(f"rank {rank}: the job saw {seen} samples, not "
+                         f"{world * idx.shape[0] * a.steps}")
+    print(f"rank {rank}: samples seen {seen}", flush=True)
     print(f"rank {rank}: parameters {digest(model)}", flush=True)
     if agent is not None:
         c = agent.counters

@@ -20,6 +20,9 @@ never a wrapped sum (every block's shift goes down together).
 Scales are per block (block floating point, ``codec.blocks``): block k's shift is the tensor
 shift plus the job's offset for k. With the hierarchical index the block words ride in the mid
 round instead, only for the blocks the union's top level touches (an empty tensor sends none).
+The block words carry the blocks' split flags (one bit per block): a block that holds a run of
+values far below its peak on some worker (a small layer next to a large one) is split, and
+one more OR round gives each of its elements a scale of its own (``codec.blocks``).
 
 Non-finite values: a worker whose tensor holds a NaN or an Inf sets the flag in round 1; if the
 OR has it, every worker stops after round 1 (no index or value round, no timeout) and returns
@@ -89,10 +92,14 @@ class Result:
     block_shifts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     block: int = codec.DEFAULT_BLOCK
     nonfinite: bool = False
+    split: np.ndarray | None = None  # the split blocks' per-element shifts, when any block
+                                     # split: then the whole tensor's (n), else None
 
     @property
     def shift(self) -> np.ndarray:
         """The per-element shift (int64, n): element i is in units of 2**-shift[i]."""
+        if self.split is not None:
+            return self.split
         return codec.element_shifts(self.block_shifts, self.block, self.n)
 
     @property
@@ -284,6 +291,8 @@ class Agent:
         e = scan.max_exponent() if finite else None
         onehot = _exponent_words(e, nonfinite=not finite)
         blocks = codec.block_words(scan.idx, scan.raw, n, B, e)
+        nz = slice(None) if finite else slice(0)
+        flags = codec.split_flags(scan.idx[nz], scan.raw[nz], n, B, cfg.split)
 
         mode = codec.as_mode(cfg.mode, auto=True)
         if mode == AUTO and key is not None and self._last_mode.get(key) == Mode.DENSE:
@@ -292,15 +301,16 @@ class Agent:
         index_rounds: dict[str, int] = {}
         u = 0
         if mode == Mode.DENSE:
-            agg = self.transport.stream(wire.OP_OR, np.concatenate([onehot, blocks])
+            agg = self.transport.stream(wire.OP_OR, np.concatenate([onehot, blocks, flags])
                                         ).view(np.uint32)
             union_words = None
-            block_agg = agg[wire.EXP_WORDS:]
+            block_agg = agg[wire.EXP_WORDS:wire.EXP_WORDS + blocks.size]
+            split = codec.split_blocks(agg[wire.EXP_WORDS + blocks.size:], n, B)
         else:
             index = codec.choose_index(cfg.index, n, self._last_union.get(key)
                                        if key is not None else None)
-            agg, union_words, index_rounds, block_agg = self._index_rounds(scan, onehot, blocks,
-                                                                           index)
+            agg, union_words, index_rounds, block_agg, split = self._index_rounds(
+                scan, onehot, blocks, flags, index)
         if _nonfinite(agg[:wire.EXP_WORDS]):
             # Every worker saw the flag in round 1: no further round, on any of them.
             log.info("%s: non-finite values in the job's tensor: NaN", cfg.who)
@@ -326,14 +336,24 @@ class Agent:
         if key is not None:
             self._last_mode[key] = mode
         e_all = _max_exponent(agg[:wire.EXP_WORDS])
-        offsets = codec.block_offsets(block_agg)
+        offsets = block_offsets = codec.block_offsets(block_agg)
+        scale_block = B  # elements per entry of ``offsets``: 1 once blocks split
+        split_rounds = {}
+        if split.size:
+            # The split round: one word per element of a split block; its elements' own
+            # offsets (every worker has the same blocks, from the OR).
+            at = codec.split_positions(split, n, B)
+            ored = self.transport.stream(wire.OP_OR, codec.element_words(
+                scan.idx, scan.raw, at, e)).view(np.uint32)
+            offsets, scale_block = codec.split_offsets(block_offsets, B, n, at, ored), 1
+            split_rounds = {"split": at.size}
         shift = codec.shift_for(e_all, cfg.workers, cfg.headroom) + cfg.shift_bias
         rounds = {}
         for _attempt in range(cfg.max_rescales + 1):
             block_shifts = shift + offsets
             try:
-                values, rounds = self._value_rounds(flat, scan, block_shifts, mode, union_words,
-                                                    union)
+                values, rounds = self._value_rounds(flat, scan, block_shifts, scale_block, mode,
+                                                    union_words, union)
                 break
             except SwitchOverflow:
                 self.counters.rescales += 1
@@ -349,57 +369,70 @@ class Agent:
                              f"{cfg.max_rescales} rescales")
         # Each element rounded once, from its exact value * 2**-(its block's shift).
         if union_words is None:
-            out = codec.scale_blocks(values, block_shifts, B, out_dtype)
+            out = codec.scale_blocks(values, block_shifts, scale_block, out_dtype)
         elif mode == Mode.UNION:
-            out = codec.decode_union_blocks(union_words, n, values, block_shifts, B, out_dtype)
+            out = codec.decode_union_blocks(union_words, n, values, block_shifts, scale_block,
+                                            out_dtype)
         else:
             assert union is not None  # mode sketch
             out = codec.scale_blocks(codec.assemble(n, union, values, 0, np.float64),
-                                     block_shifts, B, out_dtype)
+                                     block_shifts, scale_block, out_dtype)
         return Result(out, shift, Mode(mode), n, union_words, values,
-                      self.counters.bytes_sent - before, {**index_rounds, **rounds}, union,
-                      index=index, block_shifts=block_shifts, block=B)
+                      self.counters.bytes_sent - before,
+                      {**index_rounds, **split_rounds, **rounds}, union, index=index,
+                      block_shifts=shift + block_offsets, block=B,
+                      split=block_shifts if split.size else None)
 
-    def _index_rounds(self, scan, onehot, blocks, index):
-        """Round 1 (exponent words, and the flat bitmap after the block words, or the top
-        level) and, for ``hier``, the mid round (with the block words of the scale blocks the
-        union's blocks touch) and the leaf round: (round 1's ORed words, the flat union
-        bitmap, words per index round, the ORed block words). Round 1 flagging a non-finite
-        value anywhere ends it there (union bitmap None)."""
+    def _index_rounds(self, scan, onehot, blocks, flags, index):
+        """Round 1 (exponent words, and the flat bitmap after the block words and split flags,
+        or the top level) and, for ``hier``, the mid round (with the block words and split
+        flags of the scale blocks the union's blocks touch) and the leaf round: (round 1's
+        ORed words, the flat union bitmap, words per index round, the ORed block words, the
+        split blocks). Round 1 flagging a non-finite value anywhere ends it there (union
+        bitmap None)."""
         stream = self.transport.stream
         E = wire.EXP_WORDS
+        n, B = scan.n, self.cfg.block
         if index == codec.FLAT:
-            agg = stream(wire.OP_OR, np.concatenate([onehot, blocks, scan.words])
+            agg = stream(wire.OP_OR, np.concatenate([onehot, blocks, flags, scan.words])
                          ).view(np.uint32)
-            union_words = agg[E + blocks.size:]
-            return agg, union_words, {codec.ROUND_FLAT: union_words.size}, agg[E:E + blocks.size]
-        levels = codec.Levels.of(scan.words, scan.n)
+            union_words = agg[E + blocks.size + flags.size:]
+            return (agg, union_words, {codec.ROUND_FLAT: union_words.size},
+                    agg[E:E + blocks.size],
+                    codec.split_blocks(agg[E + blocks.size:E + blocks.size + flags.size], n, B))
+        levels = codec.Levels.of(scan.words, n)
         agg = stream(wire.OP_OR, np.concatenate([onehot, levels.top])).view(np.uint32)
+        split = np.zeros(0, np.int64)
         if _nonfinite(agg[:E]):
-            return agg, None, {codec.ROUND_TOP: levels.top.size}, None
+            return agg, None, {codec.ROUND_TOP: levels.top.size}, None, split
         block_agg = np.zeros(blocks.size, np.uint32)
         first = [True]
 
         def or_round(words):
+            nonlocal split
             if not first[0]:
                 return stream(wire.OP_OR, words[0]).view(np.uint32)
             first[0] = False  # the mid round: the touched scale blocks' words ride along
-            touched = _blocks_touched(codec.union_blocks(agg[E:], scan.n), scan.n,
-                                      self.cfg.block)
-            got = stream(wire.OP_OR, np.concatenate([words[0], blocks[touched]])
+            touched = _blocks_touched(codec.union_blocks(agg[E:], n), n, B)
+            mine = np.zeros(blocks.size, bool)
+            mine[codec.split_blocks(flags, n, B)] = True
+            got = stream(wire.OP_OR, np.concatenate([words[0], blocks[touched],
+                                                     codec.kernels.active.pack(mine[touched])])
                          ).view(np.uint32)
-            block_agg[touched] = got[words[0].size:]
-            return got[:words[0].size]
+            w = words[0].size
+            block_agg[touched] = got[w:w + touched.size]
+            split = touched[codec.set_bits(got[w + touched.size:], touched.size)]
+            return got[:w]
 
         union_words, sent = codec.hier_rounds([levels], agg[E:], or_round)
-        return agg, union_words, sent, block_agg
+        return agg, union_words, sent, block_agg, split
 
-    def _value_rounds(self, flat, scan, block_shifts, mode, union_words, union):
+    def _value_rounds(self, flat, scan, block_shifts, B, mode, union_words, union):
         """The value round (and the residual): exact sums, on the union (int32 words from the
-        switch in mode union, int64 for the sketch) or dense (int64). An empty union (every
-        worker sees it) sends nothing."""
+        switch in mode union, int64 for the sketch) or dense (int64), each element at the
+        shift of its block of ``B`` elements. An empty union (every worker sees it) sends
+        nothing."""
         stream = self.transport.stream
-        B = self.cfg.block
         if mode == Mode.DENSE or union_words is None:
             q = codec.quantize(flat, codec.element_shifts(block_shifts, B, flat.size))
             return stream(wire.OP_ADD, q).astype(np.int64), {"dense": q.size}

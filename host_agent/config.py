@@ -60,6 +60,8 @@ class AgentConfig:
     index: str = AUTO            # auto | flat | hier: the non-zeros' index (codec.index)
     headroom: int = DEFAULT_HEADROOM
     block: int = DEFAULT_BLOCK   # elements per scale block (codec.blocks); same on every worker
+    split: bool = True           # split blocks that hold a run far below their peak (a small
+                                 # layer next to a large one: codec.blocks); same on every worker
     max_rescales: int = 6
     words: int | None = None     # K, words per packet: None learns the switch's at the join;
                                  # a number is checked against it (a mismatch fails at once)

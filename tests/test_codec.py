@@ -546,8 +546,11 @@ def test_agreed_block_shifts_keep_the_headroom_bound_per_element():
     s = codec.shift_for(e, 3)
     assert (shifts >= s).all() and (shifts <= s + codec.MAX_OFFSET).all()
     per = codec.element_shifts(shifts, 128, 5000)
+    split = codec.agreed_shifts(xs, block=128, split=True)  # split blocks: finer, still bound
+    assert (split > per).sum() > 100 and (split >= per).all()
     for x in xs:
         assert np.abs(codec.quantize(x, per).astype(np.int64)).max() <= 2 ** (e + s)
+        assert np.abs(codec.quantize(x, split).astype(np.int64)).max() <= 2 ** (e + s)
 
 
 def test_quantize_takes_per_element_shifts_and_names_the_bad_index():

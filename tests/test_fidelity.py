@@ -35,17 +35,19 @@ def fidelity(out, exact, layer=LAYER):
     return np.array(med), np.array(zero)
 
 
-def assert_exact(sim, xs, delta=0):
+def assert_exact(sim, xs, delta=0, split=True):
     """Bit for bit the integer sum at the negotiated per-block shifts (plus ``delta``: the
     shift bias less the rescales), on every worker."""
     r0 = sim.results[0]
     np.testing.assert_array_equal(r0.block_shifts,
                                   codec.agreed_shifts(xs, block=r0.block) + delta)
+    np.testing.assert_array_equal(r0.shift, codec.agreed_shifts(xs, block=r0.block, split=True,
+                                                                enabled=split) + delta)
     expect = np.sum([codec.quantize(x, r0.shift).astype(np.int64) for x in xs], axis=0)
     for r in sim.results:
+        np.testing.assert_array_equal(r.shift, r0.shift)
         np.testing.assert_array_equal(r.ints(), expect)
-        np.testing.assert_array_equal(r.out, codec.scale_blocks(expect, r.block_shifts,
-                                                                r.block))
+        np.testing.assert_array_equal(r.out, codec.scale_blocks(expect, r.shift, 1))
 
 
 @pytest.mark.parametrize("mode,index", [("auto", "auto"), ("dense", "auto"), ("union", "flat"),
@@ -68,8 +70,8 @@ def test_one_scale_per_tensor_is_what_the_blocks_fix():
     xs = layered(2)
     exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
     n = xs[0].size
-    one = simulate_allreduce(xs, mode="dense", block=n)  # one block: the old single scale
-    assert_exact(one, xs)
+    one = simulate_allreduce(xs, mode="dense", block=n, split=False)  # the old single scale
+    assert_exact(one, xs, split=False)
     med, zero = fidelity(one.out[0], exact)
     assert med[6] > 1e-2 and zero[-1] > 0.5  # 1e-7: percent errors; 1e-10: mostly zeros
 
@@ -78,11 +80,14 @@ def test_block_words_cost_under_1_percent_of_dense():
     xs = layered(3)
     n = xs[0].size
     sim = simulate_allreduce(xs, mode="dense")
-    dense_packets = -(-n // wire.WORDS_PER_PACKET)
-    round1 = -(-(wire.EXP_WORDS + codec.block_count(n, codec.DEFAULT_BLOCK))
-               // wire.WORDS_PER_PACKET)
-    assert sim.wire_bytes[0] == (dense_packets + round1) * wire.PACKET_BYTES
-    assert round1 / dense_packets <= 0.01
+    K = wire.WORDS_PER_PACKET
+    dense_packets = -(-n // K)
+    nb = codec.block_count(n, codec.DEFAULT_BLOCK)
+    round1 = -(-(wire.EXP_WORDS + nb + -(-nb // 32)) // K)  # exponent, blocks, split flags
+    split = sim.results[0].rounds.get("split", 0)  # blocks that straddle two layers, if any
+    split_packets = -(-split // K)
+    assert sim.wire_bytes[0] == (dense_packets + round1 + split_packets) * wire.PACKET_BYTES
+    assert (round1 + split_packets) / dense_packets <= 0.01
 
 
 @pytest.mark.parametrize("block", [128, 256, 1000, 4096])
@@ -129,3 +134,97 @@ def test_a_worker_failing_stops_its_peers_at_once():
     with pytest.raises(AgentError, match="index 5"):
         simulate_allreduce(xs, mode="union", shift_bias=7, deadline=30)
     assert time.monotonic() - t0 < 5  # worker 1 did not wait for the 30 s deadline
+
+
+# -- blocks that straddle a small layer and a large one (a flat bucket's parameter boundary) ---
+
+def bucket(seed, workers=WORKERS):
+    """A DDP-like flat bucket: layers from 1e-1 down to 1e-10 of lengths that are not
+    multiples of the block (some far shorter than one), a 7-element layer of 1e-10 between
+    two layers of 1e-1, then a sparse tail at 1e-1: every small layer shares blocks with
+    much larger neighbours. Returns (per-worker tensors, the layers' (start, end))."""
+    rng = np.random.default_rng(seed)
+    lens = [20011, 3001, 777, 12345, 999, 5003, 257, 40000, 1234, 9999, 131, 7, 301]
+    scales = [10.0 ** -k for k in range(1, 11)] + [1e-1, 1e-10, 1e-1]
+    bounds = np.cumsum([0] + lens)
+    xs = []
+    for _ in range(workers):
+        tail = np.zeros(200_000)
+        at = rng.choice(tail.size, 1000, replace=False)
+        tail[at] = rng.normal(0, 1e-1, at.size)
+        xs.append(np.concatenate([rng.normal(0, s, n) for s, n in zip(scales, lens)]
+                                 + [tail]).astype(np.float32))
+    return xs, list(zip(bounds[:-1], bounds[1:]))
+
+
+def layer_fidelity(out, exact, layers):
+    med, zero = [], []
+    for a, b in layers:
+        o, e = out[a:b], exact[a:b]
+        nz = e != 0
+        med.append(float(np.median(np.abs(o[nz] - e[nz]) / np.abs(e[nz]))))
+        zero.append(float(np.mean(o[nz] == 0)))
+    return np.array(med), np.array(zero)
+
+
+@pytest.mark.parametrize("mode,index", [("auto", "auto"), ("dense", "auto"), ("union", "flat"),
+                                        ("sketch", "hier"), ("union", "hier")])
+def test_a_small_layer_next_to_a_large_one_keeps_its_own_scale(mode, index):
+    xs, layers = bucket(8)
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    sim = simulate_allreduce(xs, mode=mode, index=index)
+    assert_exact(sim, xs)
+    assert sim.results[0].rounds.get("split", 0) > 0  # the straddling blocks split
+    med, zero = layer_fidelity(sim.out[0], exact, layers)
+    assert med.max() <= 1e-6, med
+    assert zero.max() <= 1e-4, zero
+    # and it costs: the negotiation and the split round under 1% of dense bytes
+    n = xs[0].size
+    r = sim.results[0].rounds
+    values = sum(v for k, v in r.items() if k in ("dense", "union", "sketch", "residual")
+                 or k.startswith("index") or k == codec.ROUND_FLAT)
+    assert sim.wire_bytes[0] / wire.PACKET_BYTES * wire.WORDS_PER_PACKET - values <= 0.01 * n
+
+
+def test_without_the_split_the_small_layers_at_a_boundary_are_crushed():
+    # the case above with the split turned off: what the split fixes, so the test above can
+    # fail
+    xs, layers = bucket(8)
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    sim = simulate_allreduce(xs, mode="dense", split=False)
+    assert "split" not in sim.results[0].rounds
+    _, zero = layer_fidelity(sim.out[0], exact, layers)
+    assert zero[9] > 0.01 and zero[11] == 1.0  # the 1e-10 layers beside a 1e-1 one
+
+
+def test_normal_layers_rarely_split():
+    # one layer of N(0, 1) values per block boundary: a run of three values 8 binades below
+    # the peak is rare, so a plain tensor pays no split round
+    rng = np.random.default_rng(9)
+    xs = [rng.normal(0, 1, 1_000_003).astype(np.float32) for _ in range(WORKERS)]
+    sim = simulate_allreduce(xs, mode="dense")
+    assert sim.results[0].rounds.get("split", 0) <= 2 * codec.DEFAULT_BLOCK
+    assert_exact(sim, xs)
+
+
+def test_split_flags_want_a_run_of_small_values_in_one_block():
+    B = 16
+    x = np.zeros(64, np.float32)
+    x[0] = 1.0
+    x[2:4] = 1e-4           # block 0: a run of 2 small values: no split
+    x[16] = 1.0
+    x[20:23] = 1e-4         # block 1: a run of 3: split
+    x[32] = 1.0
+    x[40], x[42], x[44] = 1e-4, 1e-4, 1e-4  # block 2: three small values, not consecutive
+    x[48] = 1.0
+    x[61:64] = 1e-3         # block 3: a run of 3 small values (2**-10 below): split
+    x[29:32] = 1e-4         # block 1 end, with x[32] (block 2's peak) after: one block only
+    scan = codec.Scan.of(x)
+    got = codec.split_blocks(codec.split_flags(scan.idx, scan.raw, x.size, B), x.size, B)
+    assert got.tolist() == [1, 3]
+    y = x.copy()
+    y[21] = 0.0             # a zero breaks the run
+    y[62] = 1e-2            # 2**-7 below the peak: not small
+    scan = codec.Scan.of(y)
+    got = codec.split_blocks(codec.split_flags(scan.idx, scan.raw, y.size, B), y.size, B)
+    assert got.tolist() == [1]  # 29..31 still a run in block 1

@@ -57,13 +57,14 @@ def assert_exact(res, xs, n_rows):
     r0 = res[0].result
     np.testing.assert_array_equal(r0.block_shifts, codec.agreed_shifts(on_union,
                                                                        block=r0.block))
+    np.testing.assert_array_equal(r0.shift, codec.agreed_shifts(on_union, block=r0.block,
+                                                                split=True))
     exact = np.sum([codec.quantize(m, r0.shift).astype(np.int64) for m in on_union], axis=0)
     for r in res:
         np.testing.assert_array_equal(r.rows, union)
         np.testing.assert_array_equal(r.result.ints(), exact)
         np.testing.assert_array_equal(r.values.reshape(-1),
-                                      codec.scale_blocks(exact, r.result.block_shifts,
-                                                         r.result.block))
+                                      codec.scale_blocks(exact, r.result.shift, 1))
     # and it is the dense sum, to float rounding
     dense = np.zeros((n_rows,) + dim, np.float64)
     for rows, vals in xs:

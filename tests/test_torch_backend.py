@@ -524,10 +524,10 @@ def _same(a, b) -> bool:
 
 def codec_expectation(name: str, dtype: str, op: str) -> torch.Tensor:
     """The backend's result, from the codec: the exact integer sum of every rank's values
-    quantized at the job's agreed block shifts, times 2**-shift (exact in float64), AVG divided
-    by the world size in float64, rounded once to the dtype."""
+    quantized at the job's agreed shifts (split blocks included), times 2**-shift (exact in
+    float64), AVG divided by the world size in float64, rounded once to the dtype."""
     xs = [_float_input(name, dtype, r).double().reshape(-1).numpy() for r in range(WORLD)]
-    shift = codec.element_shifts(codec.agreed_shifts(xs), codec.DEFAULT_BLOCK, xs[0].size)
+    shift = codec.agreed_shifts(xs, split=True)
     exact = sum(codec.quantize(x, shift).astype(np.int64) for x in xs)
     total = np.ldexp(exact.astype(np.float64), -shift)
     if op == "AVG":

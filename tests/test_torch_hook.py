@@ -91,13 +91,13 @@ def test_ddp_hook_gives_the_exact_mean(tmp_path, overlap):
     for step, ((got0, per_worker, order), (got1, _, _)) in enumerate(zip(r0, r1)):
         for k, (g0, g1) in enumerate(zip(got0, got1)):
             assert torch.equal(g0, g1), f"step {step}: workers disagree on parameter {k}"
-        # One bucket holds every parameter (in ``order``): its per-block shifts are what the
-        # workers' buckets negotiate (codec.agreed_shifts); quantization is elementwise.
+        # One bucket holds every parameter (in ``order``): its per-element shifts are what the
+        # workers' buckets negotiate (codec.agreed_shifts, split blocks included);
+        # quantization is elementwise.
         assert sorted(order) == list(range(len(got0)))
         flat = [np.concatenate([grads[k].reshape(-1).numpy() for k in order])
                 for grads in per_worker]
-        shift = codec.element_shifts(codec.agreed_shifts(flat), codec.DEFAULT_BLOCK,
-                                     flat[0].size)
+        shift = codec.agreed_shifts(flat, split=True)
         exact = sum(codec.quantize(f, shift).astype(np.int64) for f in flat)
         mean = np.ldexp(exact.astype(np.float64), -shift).astype(np.float32) / np.float32(world)
         start = 0

@@ -50,7 +50,12 @@ from homagg.host_agent.codec.blocks import (
     block_words,
     decode_union_blocks,
     element_shifts,
+    element_words,
     scale_blocks,
+    split_blocks,
+    split_flags,
+    split_offsets,
+    split_positions,
 )
 from homagg.host_agent.codec.errors import AggregationOverflow, CodecError
 from homagg.host_agent.codec.index import (
@@ -114,7 +119,8 @@ from homagg.host_agent.codec.union import (
 
 __all__ = [
     "AUTO", "DEFAULT_BLOCK", "DEFAULT_HEADROOM", "MAX_OFFSET", "agreed_shifts", "block_count",
-    "block_offsets", "block_words", "decode_union_blocks", "element_shifts", "scale_blocks",
+    "block_offsets", "block_words", "decode_union_blocks", "element_shifts", "element_words",
+    "scale_blocks", "split_blocks", "split_flags", "split_offsets", "split_positions",
     "DEFAULT_RATIO", "FLAT", "HIER", "INDEXES", "INT32_MAX",
     "INT32_MIN", "K_HASHES", "MODES", "ROUND_FLAT", "ROUND_LEAF", "ROUND_MID", "ROUND_TOP",
     "SKETCH_SLACK", "AggregationOverflow", "CodecError", "Levels", "Mode", "PeelResult", "Scan",
