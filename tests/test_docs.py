@@ -258,6 +258,11 @@ def history_found(text: str) -> list[str]:
 
 def test_no_commit_hashes_or_issue_numbers():
     bad = [f"{p.relative_to(ROOT)}: {h}" for p in PAGES for h in history_found(p.read_text())]
+    # the figures' script and data too (read as code; SVGs hold colours, not history)
+    for f in sorted(DOCS.rglob("*")):
+        if f.suffix in (".py", ".json"):
+            bad += [f"{f.relative_to(ROOT)}: {h}"
+                    for h in history_found("```\n" + f.read_text() + "\n```")]
     assert not bad, "history belongs in CHANGELOG.md:\n" + "\n".join(bad)
 
 
