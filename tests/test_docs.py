@@ -117,6 +117,10 @@ def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser
     return {}
 
 
+MODULES = {"homagg.controller": "homagg-ctl", "homagg.host_agent": "homagg-agent",
+           "homagg.launcher": "homagg-net", "homagg.targets.soft": "homagg-softswitch"}
+
+
 @dataclass
 class CommandLine:
     page: str
@@ -143,9 +147,14 @@ def command_lines() -> list[CommandLine]:
             s = s.split(" #")[0]
             # ./run.sh demo passes its arguments to homagg-net demo
             s = re.sub(r"(?:^|(?<=\s))\./run\.sh demo\b", "homagg-net demo", s)
-            pat = r"(?:^|[\s;(&|])(homagg-(?:ctl|net|agent|softswitch))(?=\s|$)([^;|&]*)"
-            for m in re.finditer(pat, s):
-                cmd = m.group(1) + m.group(2)
+            # python -m homagg.<part> is the same command as its script
+            for module, script in MODULES.items():
+                s = re.sub(rf"\S*python3? -m {re.escape(module)}(?=\s|$)", script, s)
+            pat = r"(?:^|(?<=[\s;(&|'\"]))homagg-(?:ctl|net|agent|softswitch)(?=\s|$)"
+            starts = [m.start() for m in re.finditer(pat, s)]
+            for start, end in zip(starts, [*starts[1:], len(s)]):
+                # a command runs to the next command (one nested in sh -c '...'), ; | or &
+                cmd = re.split(r"[;|&]", s[start:end])[0].rstrip(" '\"")
                 if len(cmd.split()) > 1 and cmd.split()[1].startswith("("):
                     continue  # prose in a picture: "installed by homagg-ctl (P4Runtime)"
                 try:
@@ -199,6 +208,22 @@ def test_flag_check_can_fail():
     # the top level's flags go before the subcommand
     assert check_command(parsers, ["homagg-ctl", "-c", "x", "stats", "--json"]) == []
     assert check_command(parsers, ["homagg-ctl", "stats", "--config", "x"]) == ["--config"]
+
+
+def test_transcripts_say_what_produced_them():
+    """A code block that quotes output (the demo's last lines, a ``$ homagg-...`` session) has
+    the command that produced it in the paragraph before it."""
+    bad = []
+    for page in PAGES:
+        text = page.read_text()
+        for m in re.finditer(r"```[a-z]*\n(.*?)```", text, re.S):
+            block = m.group(1)
+            if not (block.startswith("$ homagg") or "done on " in block):
+                continue
+            before = text[max(0, m.start() - 700):m.start()]
+            if not re.search(r"`(?:sudo |\./run\.sh|homagg-|\S*python|\S*pytest)[^`]*`", before):
+                bad.append(f"{page.name}: {block.splitlines()[0][:60]!r}")
+    assert not bad, "quoted output with no command before it:\n" + "\n".join(bad)
 
 
 # --- 2. links and anchors -------------------------------------------------------------------
