@@ -2,7 +2,7 @@
 
 Every case asserts bit-exact sums (the agents' --check recomputes every worker's tensor and
 compares each aggregate with the integer sum) or a specific, clear error. Needs root and Mininet;
-the bmv2 half also needs bmv2 and p4c. Figures are recorded in README ("Reliability").
+the bmv2 half also needs bmv2 and p4c. Figures are recorded in docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_switch_restart_mid_job_recovers_or_fails_clearly(target):
         print(f"after a {target} restart: {outcomes}")
         # The restarted switch serves a new run exactly after a reset: its join registers
         # restarted with it, so the next join could hand out the generation the surviving
-        # run kept using (README, The switch program: limits).
+        # run kept using (docs/protocol.md, "The join, runs and generations": limits).
         net.reset_jobs()
         procs = start_agents(net, "bench", "--size", "100000", "--iterations", "5", "--check",
                              tag="after")

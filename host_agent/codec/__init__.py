@@ -23,7 +23,7 @@ arithmetic (int32 add with overflow detection, bitwise OR).
 
 Note on bytes: once every worker knows U exactly, ``union`` costs u words and ``sketch`` about
 1.23 u words, so the byte-count policy (``choose_mode``) prefers ``union``; ``sketch`` is kept,
-tested and benchmarked as the paper's scheme (see README, "Codec").
+tested and benchmarked as the paper's scheme (see docs/agent.md, "The codec").
 
 Speed: the loops over the bitmap, the union and the sketch run as numba kernels (``kernels``);
 each has a numpy twin, kept as the reference the tests compare it with bit for bit, and used

@@ -1,0 +1,371 @@
+"""Draw every figure under docs/figures/ (SVG) from committed data, with matplotlib.
+
+    python docs/figures/plots.py            # all figures
+    python docs/figures/plots.py tree seq   # some of them (names: see FIGURES)
+
+The benchmark figures are drawn from ``docs/figures/data/benchmarks.json``: the numbers the
+benchmarks printed on the machine that docs/performance.md describes, each section with the
+command that produced it (rerun that command to get new numbers, update the JSON, rerun this
+script). The topology and the packet sequence are drawn from the protocol's rules, not data.
+Needs matplotlib (``pip install -e ".[bench]"``); no root, no network.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data" / "benchmarks.json"
+
+plt.rcParams.update({
+    "svg.fonttype": "none",      # text stays text: small files
+    "svg.hashsalt": "homagg",    # stable ids: a rerun rewrites identical files
+    "font.size": 8,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+})
+
+
+def _data() -> dict:
+    return json.loads(DATA.read_text())
+
+
+def _rows(section: dict) -> list[dict]:
+    return [dict(zip(section["columns"], r)) for r in section["rows"]]
+
+
+def _save(fig, name: str) -> Path:
+    path = HERE / f"{name}.svg"
+    fig.savefig(path, metadata={"Date": None, "Creator": "docs/figures/plots.py"})
+    plt.close(fig)
+    return path
+
+
+def aggregation() -> Path:
+    rows = _rows(_data()["aggregation"])
+    targets = ["soft", "bmv2"]
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.0))
+    for ax, t in zip(axes, targets):
+        rs = [r for r in rows if r["target"] == t]
+        ax.bar([0], [rs[0]["dense_eps"] / 1e6], color="grey", label="dense")
+        xs = range(1, len(rs) + 1)
+        ax.bar([x - 0.2 for x in xs], [r["flat_eps"] / 1e6 for r in rs], 0.4,
+               color="tab:orange", label="flat index")
+        bars = ax.bar([x + 0.2 for x in xs], [r["hier_eps"] / 1e6 for r in rs], 0.4,
+                      color="tab:blue", label="hier index")
+        for b, r in zip(bars, rs):
+            ax.text(b.get_x() + b.get_width() / 2, b.get_height(),
+                    f"{r['hier_eps'] / r['dense_eps']:.0f}x", ha="center", va="bottom",
+                    fontsize=7)
+        ax.set_xticks([0, *xs], ["dense"] + [r["density"] for r in rs], fontsize=7)
+        ax.set_title(f"{t}, {rs[0]['workers']} workers, N = {rs[0]['n']}", fontsize=8)
+        ax.set_xlabel("density per worker (x: hier over dense)")
+    axes[0].set_ylabel("M fp32 elements/s")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("all-reduce throughput: compressed (auto) vs dense in-network", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, "aggregation")
+
+
+def training() -> Path:
+    rows = _rows(_data()["training"])
+    fig, ax = plt.subplots(figsize=(6, 2.8))
+    colors = ["grey" if r["variant"].startswith("gloo") else
+              "tab:blue" if "compressed" in r["variant"] else "tab:orange" for r in rows]
+    bars = ax.bar(range(len(rows)), [r["median_ms"] for r in rows], color=colors)
+    for b, r in zip(bars, rows):
+        ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{r['vs_gloo']:.1f}x",
+                ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(rows)), [r["variant"] for r in rows], rotation=15, ha="right",
+                  fontsize=7)
+    ax.set_ylabel("ms / iteration (median)")
+    ax.set_title("GMF demo model, 4 workers, 100 Mbit/s links (x: speed vs gloo)", fontsize=8)
+    fig.tight_layout()
+    return _save(fig, "training")
+
+
+def tree() -> Path:
+    rows = _rows(_data()["tree"])
+    fig, axes = plt.subplots(1, 2, figsize=(6.5, 2.8))
+    targets = ["soft", "bmv2"]
+    for k, t in enumerate(targets):
+        star = next(r for r in rows if r["target"] == t and r["topo"] == "star")
+        tr = next(r for r in rows if r["target"] == t and r["topo"] == "leafspine")
+        for ax, key in ((axes[0], "top_rx_mb"), (axes[1], "ms_per_allreduce")):
+            bars = ax.bar([3 * k, 3 * k + 1], [star[key], tr[key]],
+                          color=["grey", "tab:blue"])
+            ax.text(bars[1].get_x() + 0.4, bars[1].get_height(),
+                    f"{tr[key] / star[key]:.2f}x", ha="center", va="bottom", fontsize=7)
+    for ax in axes:
+        ax.set_xticks([3 * k + d for k in range(len(targets)) for d in (0, 1)],
+                      [f"{t}\n{n}" for t in targets for n in ("star", "tree")], fontsize=7)
+    axes[0].set_ylabel("MB into the top switch")
+    axes[1].set_ylabel("ms per all-reduce (median)")
+    fig.suptitle("leaf/spine (2 leaves x 4) vs star (8 workers), dense, 100k elements "
+                 "(x: tree / star)", fontsize=8)
+    fig.tight_layout()
+    return _save(fig, "tree")
+
+
+def switch_cost() -> Path:
+    sec = _data()["switch_cost"]
+    rows = _rows(sec)
+    fig, ax = plt.subplots(figsize=(5.5, 2.8))
+    modes = ["window", "blast"]
+    for i, prog in enumerate(["l2fwd", "homagg"]):
+        med = [sorted(r[f"{prog}_pps"] for r in rows if r["mode"] == m)[1] / 1e3
+               for m in modes]
+        xs = [j + (i - 0.5) * 0.38 for j in range(len(modes))]
+        ax.bar(xs, med, 0.38, label=prog, color="grey" if prog == "l2fwd" else "tab:blue")
+        for x, v in zip(xs, med):
+            ax.text(x, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
+    ratio = {m: sorted(r["homagg_pps"] / r["l2fwd_pps"] for r in rows if r["mode"] == m)[1]
+             for m in modes}
+    ax.set_xticks(range(len(modes)), [f"{m} (homagg/l2fwd {ratio[m]:.0%})" for m in modes])
+    ax.set_ylabel("kpackets/s out of bmv2 (median of 3)")
+    ax.set_title("bmv2, K = 256: homagg.p4 (1-worker job) vs minimal L2 forwarding",
+                 fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, "switch_cost")
+
+
+def ddp_step() -> Path:
+    d = _data()
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.0), gridspec_kw={"width_ratios": [2, 1]})
+    for ax, key, title in ((axes[0], "ddp_step", "star, 4 workers"),
+                           (axes[1], "ddp_step_leafspine", "leaf/spine, 2 x 2")):
+        rows = _rows(d[key])
+        names = [("gloo_ms", "gloo", "grey"), ("homagg_ms", "homagg", "tab:blue"),
+                 ("homagg_dense_ms", "homagg dense", "tab:orange")]
+        w = 0.27
+        for k, (col, label, color) in enumerate(names):
+            ax.bar([i + w * k for i in range(len(rows))], [r[col] for r in rows], w,
+                   label=label, color=color)
+        for i, r in enumerate(rows):
+            ax.text(i + w, r["homagg_ms"], f"{r['gloo_ms'] / r['homagg_ms']:.1f}x",
+                    ha="center", va="bottom", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_xticks([i + w for i in range(len(rows))],
+                      [f"{r['target']}\n{r['links']}" for r in rows], fontsize=7)
+        ax.set_title(title, fontsize=8)
+    axes[0].set_ylabel("ms per DDP step (median, rank 0)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("examples/ddp_train.py: DDP over gloo vs homagg's hook (x: gloo / homagg)",
+                 fontsize=8)
+    fig.tight_layout()
+    return _save(fig, "ddp_step")
+
+
+def pps() -> Path:
+    rows = _rows(_data()["pps"])
+    fig, ax = plt.subplots(figsize=(5.5, 2.6))
+    cols = [("echo_dgps", "Python UDP echo", "grey"),
+            ("aggregator_dgps", "software aggregator", "tab:blue"),
+            ("agent_dgps", "agent", "tab:orange")]
+    w = 0.27
+    for k, (col, label, color) in enumerate(cols):
+        ax.bar([i + w * k for i in range(len(rows))], [r[col] / 1e3 for r in rows], w,
+               label=label, color=color)
+    ax.set_xticks([i + w for i in range(len(rows))], [f"K = {r['k']}" for r in rows])
+    ax.set_ylabel("k datagrams per CPU second")
+    ax.set_title("datagrams per core, loopback, 4 agents --mode dense", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, "pps")
+
+
+def codec() -> Path:
+    rows = _rows(_data()["codec"])
+    fig, ax = plt.subplots(figsize=(5.5, 2.6))
+    cols = [("union_pct", "union u/n", "grey"), ("flat_pct", "flat index", "tab:orange"),
+            ("hier_pct", "hier index", "tab:blue")]
+    w = 0.27
+    for k, (col, label, color) in enumerate(cols):
+        ax.bar([i + w * k for i in range(len(rows))], [r[col] for r in rows], w,
+               label=label, color=color)
+    ax.set_yscale("log")
+    ax.set_xticks([i + w for i in range(len(rows))],
+                  [r["density"].replace(", ", "\n") for r in rows], fontsize=7)
+    ax.set_ylabel("% of dense fp32 bytes")
+    ax.set_title("wire bytes per worker, 8 workers, N = 10M (simulator)", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, "codec")
+
+
+def reliability() -> Path:
+    rows = _rows(_data()["reliability"])
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(7, 2.8))
+    for ax, col, label in ((axes[0], "retransmissions", "retransmissions (100 iterations)"),
+                           (axes[1], "seconds", "seconds for the run")):
+        for k, t in enumerate(["soft", "bmv2"]):
+            ys = [next(r[col] for r in rows if r["case"] == c and r["target"] == t)
+                  for c in cases]
+            ax.bar([i + 0.38 * k for i in range(len(cases))], ys, 0.38, label=t,
+                   color="tab:blue" if t == "soft" else "tab:orange")
+        ax.set_xticks([i + 0.19 for i in range(len(cases))],
+                      [c.replace(" + ", "\n+ ") for c in cases], fontsize=6)
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("faults injected at the agents' sockets, 4 workers: every sum exact",
+                 fontsize=8)
+    fig.tight_layout()
+    return _save(fig, "reliability")
+
+
+def topology() -> Path:
+    """The launcher's leaf/spine topology (--topo leafspine --leaves 2 --workers-per-leaf 4)."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.set_axis_off()
+    ax.set_xlim(-0.5, 8.5)
+    ax.set_ylim(-0.9, 3.3)
+
+    def box(x, y, text, color, w=1.6, h=0.5):
+        ax.add_patch(plt.Rectangle((x - w / 2, y - h / 2), w, h, facecolor=color,
+                                   edgecolor="black", linewidth=0.8))
+        ax.text(x, y, text, ha="center", va="center", fontsize=7)
+
+    spine = (4.0, 2.8)
+    leaves = [(2.0, 1.5), (6.0, 1.5)]
+    box(*spine, "spine s1\n10.0.0.254", "#cfe2f3", w=1.8)
+    box(7.6, 2.8, "fb: fallback\n10.0.0.253", "#eeeeee", w=1.5)
+    ax.plot([spine[0] + 0.9, 7.6 - 0.75], [2.8, 2.8], color="grey", linewidth=0.8,
+            linestyle="--")
+    for i, (lx, ly) in enumerate(leaves):
+        box(lx, ly, f"leaf{i + 1} s{i + 2}\n10.0.0.{200 + i}", "#d9ead3", w=1.8)
+        ax.annotate("", xy=(spine[0], spine[1] - 0.25), xytext=(lx, ly + 0.25),
+                    arrowprops={"arrowstyle": "<->", "color": "tab:blue", "linewidth": 1.0})
+        ax.text((lx + spine[0]) / 2 + (-0.75 if i == 0 else 0.75), 2.15,
+                "one partial sum per round\nup; the final down", ha="center", fontsize=6,
+                color="tab:blue")
+        for k in range(4):
+            wx = lx - 1.5 + k
+            n = 4 * i + k + 1
+            box(wx, 0.0, f"h{n}\n10.0.0.{n}", "white", w=0.85, h=0.45)
+            ax.plot([wx, lx], [0.23, ly - 0.25], color="black", linewidth=0.6)
+    ax.text(4.0, -0.55, "each worker sends to its leaf; a leaf sums its 4 workers and is one "
+            "worker of the spine's job;\nthe spine's result comes back down and each leaf "
+            "multicasts it", ha="center", va="top", fontsize=6)
+    fig.tight_layout()
+    return _save(fig, "topology")
+
+
+def sequence() -> Path:
+    """One tensor's rounds between 3 workers and a switch, with a lost result retransmitted."""
+    cols = {"h1": 0.0, "h2": 1.0, "h3": 2.0, "switch": 4.6}
+    fig, ax = plt.subplots(figsize=(7, 6.0))
+    ax.set_axis_off()
+    y = 0.0
+    step = 0.32
+
+    def up(src, label="", color="black"):
+        nonlocal y
+        x0, x1 = cols[src], cols["switch"]
+        ax.annotate("", xy=(x1, y - step * 0.8), xytext=(x0, y),
+                    arrowprops={"arrowstyle": "->", "color": color, "linewidth": 0.9})
+        if label:
+            xm = (cols["h3"] + x1) / 2
+            ym = y - step * 0.8 * (xm - x0) / (x1 - x0)
+            ax.text(xm, ym + 0.02, label, fontsize=6, color=color, ha="center",
+                    va="bottom", rotation=-2)
+        y -= step
+
+    def multicast(dsts, color, label="result multicast", lost=()):
+        nonlocal y
+        x0 = cols["switch"]
+        for k, d in enumerate(dsts):
+            x1 = cols[d]
+            yy = y - 0.12 * k
+            if d in lost:
+                mid = (x0 + x1) / 2 + 0.6
+                ax.plot([x0, mid], [yy, yy - step * 0.4], color=color, linewidth=0.9,
+                        linestyle="--")
+                ax.text(mid, yy - step * 0.4, "x lost", fontsize=7, color="red",
+                        ha="right", va="center")
+            else:
+                ax.annotate("", xy=(x1, yy - step * 0.8), xytext=(x0, yy),
+                            arrowprops={"arrowstyle": "->", "color": color,
+                                        "linewidth": 0.9})
+        ax.text(x0 - 0.1, y + 0.04, label, fontsize=6, color=color, ha="right",
+                va="bottom")
+        y -= step + 0.12 * len(dsts)
+
+    def note(text):
+        ax.text(cols["switch"] + 0.12, y + step * 0.6, text, fontsize=6, va="center",
+                ha="left")
+
+    def phase(text):
+        nonlocal y
+        y -= 0.25
+        ax.plot([-0.4, cols["switch"] + 1.9], [y, y], color="lightgrey", linewidth=0.6)
+        ax.text(-0.4, y + 0.03, text, fontsize=7, weight="bold", ha="left", va="bottom",
+                color="dimgrey")
+        y -= 0.2
+
+    phase("join: once per run")
+    up("h1", "JOIN (header only, a nonce)")
+    up("h2")
+    up("h3")
+    note("all 3 joined: hand out generation g")
+    multicast(["h1", "h2", "h3"], "black", label="reply: gen g, K words")
+    phase("OR round: exponents, NaN/Inf bit, block words, non-zero bitmap")
+    up("h1", "OP_OR  slot 0, seq 1 (copy 1)", "tab:purple")
+    up("h2", color="tab:purple")
+    up("h3", color="tab:purple")
+    note("3 of 3: OR complete")
+    multicast(["h1", "h2", "h3"], "tab:purple")
+    phase("ADD round: int32 values (dense, union or sketch)")
+    up("h1", "OP_ADD  slot 0, seq 2 (copy 0)", "tab:blue")
+    up("h2", color="tab:blue")
+    up("h3", color="tab:blue")
+    note("3 of 3: int32 sum, overflow flag")
+    multicast(["h1", "h2", "h3"], "tab:blue", lost=("h2",))
+    phase("h1 and h3 go on: slot 0's next round uses the other copy")
+    up("h1", "OP_ADD  slot 0, seq 3 (copy 1)", "tab:green")
+    up("h3", color="tab:green")
+    note("copy 0 still holds seq 2's result (the shadow copy)")
+    phase("h2 hears nothing within its retransmission timeout")
+    up("h2", "seq 2 again: already counted", "tab:red")
+    note("not added again: the result is answered from copy 0")
+    multicast(["h2"], "tab:red", label="FLAG_RETRANS, unicast to h2")
+    up("h2", "OP_ADD  slot 0, seq 3 (copy 1)", "tab:green")
+    note("3 of 3: seq 3 complete")
+    multicast(["h1", "h2", "h3"], "tab:green")
+    for name, x in cols.items():
+        ax.text(x, 0.35, name, ha="center", fontsize=8, weight="bold")
+        ax.plot([x, x], [y, 0.25], color="grey", linewidth=0.6, zorder=0)
+    ax.set_xlim(-0.5, cols["switch"] + 2.0)
+    ax.set_ylim(y - 0.1, 0.6)
+    fig.tight_layout()
+    return _save(fig, "sequence")
+
+
+FIGURES: dict[str, Callable[[], Path]] = {
+    "aggregation": aggregation, "training": training, "tree": tree,
+    "switch_cost": switch_cost, "ddp_step": ddp_step, "pps": pps, "codec": codec,
+    "reliability": reliability, "topology": topology, "sequence": sequence,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = (argv if argv is not None else sys.argv[1:]) or list(FIGURES)
+    for n in names:
+        if n not in FIGURES:
+            print(f"unknown figure {n!r}; one of {', '.join(FIGURES)}", file=sys.stderr)
+            return 2
+        print(FIGURES[n]().relative_to(HERE.parent.parent))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
