@@ -19,6 +19,16 @@ def target(net_target):
     return net_target
 
 
+def _loss_curves(out: str) -> list[list[float]]:
+    """Worker 0's loss per step, one list per run of the example (a run starts at step 0)."""
+    curves: list[list[float]] = []
+    for step, loss in re.findall(r"\[w0\] step +(\d+) loss (\S+)", out):
+        if int(step) == 0:
+            curves.append([])
+        curves[-1].append(float(loss))
+    return curves
+
+
 def _run(argv):
     from homagg.launcher.cli import main
 
@@ -176,11 +186,7 @@ def test_ddp_example_follows_gloo_to_1e_6_and_runs_twice_in_a_row(target, capsys
                f"{ex} --backend gloo && {ex} && {ex} && {ex} --sparse"])
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]
-    curves: list[list[float]] = []
-    for step, loss in re.findall(r"\[w0\] step +(\d+) loss (\S+)", out):
-        if int(step) == 0:
-            curves.append([])
-        curves[-1].append(float(loss))
+    curves = _loss_curves(out)
     assert len(curves) == 4 and all(len(c) == 15 for c in curves), out[-3000:]
     gloo = np.array(curves[0])
     for c in curves[1:]:
@@ -213,11 +219,7 @@ def test_exec_each_workload_on_the_homagg_backend_tracks_gloo(target, capsys):
                str(LOG_DIR / f"mn-exec-backend-{target}"), "--", "sh", "-c", chain])
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]
-    curves: list[list[float]] = []
-    for step, loss in re.findall(r"\[w0\] step +(\d+) loss (\S+)", out):
-        if int(step) == 0:
-            curves.append([])
-        curves[-1].append(float(loss))
+    curves = _loss_curves(out)
     assert len(curves) == 2 * len(workloads), out[-3000:]
     for k, w in enumerate(workloads):
         gloo, homagg = curves[2 * k], curves[2 * k + 1]
