@@ -1,4 +1,4 @@
-"""One worker of bench/training.py, run on a Mininet host: trains the demo model (host_agent/ncf.py
+"""One worker of bench/training.py, run on a Mininet host: trains the demo model (host_agent/workloads.py
 GMF, same data, seeds and update as ``homagg-agent train``) and times every iteration, with the
 gradients summed either through homagg or with torch.distributed's gloo all_reduce.
 

@@ -1,4 +1,4 @@
-"""Training time per iteration of the demo model (host_agent/ncf.py GMF: 4000 users, 8000 items,
+"""Training time per iteration of the demo model (host_agent/workloads.py GMF: 4000 users, 8000 items,
 dim 16, i.e. 200k fp32 parameters, 800 KB of gradients per worker per step) on the Mininet star
 with every worker link shaped to 100 Mbit/s (HTB, both ends): homagg compressed (agent mode
 ``auto``), homagg dense in-network (mode ``dense``), and the baseline users run today,

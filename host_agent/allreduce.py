@@ -4,7 +4,7 @@
                               bind=("10.0.0.1", 50000), slots=64))
     total = agent.allreduce(grad)          # fp32 in, fp32 out: the exact sum of quantized values
 
-Per tensor (DESIGN.md section 1): one OR round carrying the job's scale negotiation (a one-hot
+Per tensor (docs/agent.md): one OR round carrying the job's scale negotiation (a one-hot
 exponent per worker: the OR gives the max; bit 0 of those words says "I have a NaN or an Inf";
 then, dense or flat, one word per block of ``AgentConfig.block`` elements, the block's offset
 below the tensor max: ``codec.blocks``) and the index of the non-zeros: the flat bitmap, or

@@ -7,8 +7,8 @@
  *
  * This file only wires the pipeline together. include/: size.p4 (every size), constants.p4
  * (the protocol), types.p4, headers.p4 (the wire diagram), parser.p4, lanes.p4; one control per
- * file under include/control/: forwarding, aggregation (admission, slot_state, words, reply),
- * result_addressing.
+ * file under include/control/: forwarding, aggregation (admission, join, slot_state, words,
+ * reply, uplink for trees), result_addressing.
  */
 #include <core.p4>
 #include <v1model.p4>
