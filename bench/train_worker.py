@@ -1,6 +1,7 @@
-"""One worker of bench/training.py, run on a Mininet host: trains the demo model (host_agent/workloads.py
-GMF, same data, seeds and update as ``homagg-agent train``) and times every iteration, with the
-gradients summed either through homagg or with torch.distributed's gloo all_reduce.
+"""One worker of bench/training.py, run on a Mininet host: trains the demo model
+(host_agent/workloads.py GMF, same data, seeds and update as ``homagg-agent train``) and times
+every iteration, with the gradients summed either through homagg or with torch.distributed's
+gloo all_reduce.
 
     python -m bench.train_worker --backend homagg --mode auto --worker 0 --workers 4 \\
         --bind 10.0.0.1:50000 --slots 64 --iterations 20 --out w0.json

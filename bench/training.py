@@ -1,8 +1,8 @@
-"""Training time per iteration of the demo model (host_agent/workloads.py GMF: 4000 users, 8000 items,
-dim 16, i.e. 200k fp32 parameters, 800 KB of gradients per worker per step) on the Mininet star
-with every worker link shaped to 100 Mbit/s (HTB, both ends): homagg compressed (agent mode
-``auto``), homagg dense in-network (mode ``dense``), and the baseline users run today,
-torch.distributed's gloo all_reduce of the same gradients over the same links.
+"""Training time per iteration of the demo model (host_agent/workloads.py GMF: 4000 users, 8000
+items, dim 16, i.e. 200k fp32 parameters, 800 KB of gradients per worker per step) on the
+Mininet star with every worker link shaped to 100 Mbit/s (HTB, both ends): homagg compressed
+(agent mode ``auto``), homagg dense in-network (mode ``dense``), and the baseline users run
+today, torch.distributed's gloo all_reduce of the same gradients over the same links.
 
     sudo python -m bench.training            # 4 workers, 20 timed iterations, soft + bmv2, ~3 min
     sudo python -m bench.training --quick    # 10 iterations, soft target only

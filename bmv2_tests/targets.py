@@ -1,7 +1,8 @@
 """One interface over the two aggregation targets, so the same packet tests run on both.
 
-``Bmv2Target`` drives simple_switch_grpc through veth pairs (homagg/targets/testbed.py) and installs jobs with
-the controller; ``SoftTarget`` calls the software aggregator's ``handle`` directly.
+``Bmv2Target`` drives simple_switch_grpc through veth pairs (homagg/targets/testbed.py) and
+installs jobs with the controller; ``SoftTarget`` calls the software aggregator's ``handle``
+directly.
 """
 
 from __future__ import annotations

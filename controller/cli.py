@@ -153,7 +153,7 @@ def _connect(a, place: P.Place, pipeline: Pipeline | None = None) -> P4RuntimeSw
 
 def _need_config(a) -> Config:
     if not a.config:
-        raise ConfigError("this command needs --config FILE (see homagg/netconfig.py, or docs/controller.md)")
+        raise ConfigError("this command needs --config FILE (see docs/controller.md)")
     return load(a.config)
 
 
