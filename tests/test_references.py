@@ -68,7 +68,8 @@ def named_paths(files: list[str]) -> list[tuple[str, int, str]]:
 
 
 def exists(tok: str, files: set[str]) -> bool:
-    # the core's folders are linked into homagg/, so homagg/controller/x.py is controller/x.py
+    # the top-level folders are linked into homagg/: a name under homagg/controller is one under
+    # controller
     alias = tok[len("homagg/"):] if tok.startswith("homagg/") else tok
     return any(p in files or (ROOT / p).is_dir() for p in (tok, alias, "docs/" + tok))
 
