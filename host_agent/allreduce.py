@@ -54,6 +54,7 @@ class Counters:
     packets_sent: int = 0
     bytes_sent: int = 0
     retransmissions: int = 0
+    early_resends: int = 0    # of those, resent on RACK's evidence before the timeout
     results: int = 0
     ignored: int = 0          # late duplicates, foreign or malformed datagrams
     rounds: int = 0

@@ -19,6 +19,13 @@ earlier generation as empty, so chunk numbers (and round tags) start at 0 in eve
 that follow each other on one job need no reset; a worker still retransmitting from an earlier
 run is dropped as stale.
 
+Loss is also detected without waiting out the timeout, as TCP's RACK does (RFC 8985): once the
+result of a chunk sent after chunk c has come back, c is deemed lost when it has been out for
+that result's round trip plus a reordering window (a quarter of the smoothed round trip), and
+is resent then. A chunk the switch said it holds (a status reply) is exempt: a peer's packet is
+what it waits for. Each such resend waits for a later chunk's result again, so none repeats
+without new evidence, and the timeout (with backoff) still covers a loss with nothing after it.
+
 Datagrams go out and come in by the run where the kernel allows (``homagg.udpio``: UDP GSO
 and GRO): the chunks a window opens leave in one system call, and the results a peer sent
 together come up in one, matched to their chunks with numpy a run at a time. Packets off the
@@ -189,6 +196,10 @@ class _Round:
         self.sent_at = np.full(nchunks, np.inf)
         self.rto = np.full(nchunks, t.rtt.rto)
         self.resent = np.zeros(nchunks, bool)
+        self.held = np.zeros(nchunks, bool)  # the switch said it holds our contribution
+        # RACK: the latest-sent chunk whose result came back (its send time, its number) and
+        # that result's round trip
+        self.rack_ts, self.rack_c, self.rack_rtt = -np.inf, -1, 0.0
         self.overflow = False
         self.ndone = 0
         self.next_c = 0
@@ -283,17 +294,38 @@ class _Round:
             self.counters.bytes_sent += n * self.psize
 
     def retransmit(self, pending: np.ndarray, now: float) -> np.ndarray:
-        """Resend overdue chunks, with backoff; returns the chunks still pending."""
+        """Resend overdue chunks, with backoff, and chunks RACK deems lost (without); returns
+        the chunks still pending."""
         if pending.size:
             pending = pending[~self.done[pending]]
-            due = pending[self.sent_at[pending] + self.rto[pending] <= now]
-            for c in due:
+            overdue = self.sent_at[pending] + self.rto[pending] <= now
+            for c in pending[overdue]:
+                self.rto[c] = min(self.rto[c] * self.cfg.backoff, self.cfg.max_timeout)
+            early = ~overdue & (self.rack_due(pending) <= now)
+            for c in pending[overdue | early]:
                 self.send(int(c))
                 self.sent_at[c] = now
-                self.rto[c] = min(self.rto[c] * self.cfg.backoff, self.cfg.max_timeout)
                 self.resent[c] = True
                 self.counters.retransmissions += not self.join
+            self.counters.early_resends += 0 if self.join else int(early.sum())
         return pending
+
+    def rack_due(self, pending: np.ndarray) -> np.ndarray:
+        """Per pending chunk, when RACK deems it lost: sent before the latest-sent chunk whose
+        result came back (or with it, and numbered before it), and out for that result's
+        round trip plus the reordering window; inf for the others."""
+        sent = self.sent_at[pending]
+        before = (sent < self.rack_ts) | ((sent == self.rack_ts) & (pending < self.rack_c))
+        srtt = self.t.rtt.srtt or 0.0
+        return np.where(before & ~self.held[pending], sent + self.rack_rtt + srtt / 4, np.inf)
+
+    def delivered(self, chunks: np.ndarray, now: float) -> None:
+        """RACK's state after results for ``chunks`` (newly done) came back."""
+        sent = self.sent_at[chunks]
+        i = int(np.lexsort((chunks, sent))[-1])  # latest sent, then highest numbered
+        if (sent[i], chunks[i]) > (self.rack_ts, self.rack_c):
+            self.rack_ts, self.rack_c = float(sent[i]), int(chunks[i])
+            self.rack_rtt = now - self.rack_ts
 
     def in_flight(self) -> np.ndarray:
         """Chunks sent (within the window) and not done."""
@@ -301,8 +333,10 @@ class _Round:
         return np.flatnonzero(~self.done[lo:self.next_c]) + lo
 
     def wake_at(self, pending: np.ndarray, now: float) -> float:
-        """When to stop waiting for results: the first timeout, or the next paced send."""
-        first_due = (float((self.sent_at[pending] + self.rto[pending]).min()) if pending.size
+        """When to stop waiting for results: the first timeout or RACK deadline, or the next
+        paced send."""
+        first_due = (float(np.minimum(self.sent_at[pending] + self.rto[pending],
+                                      self.rack_due(pending)).min()) if pending.size
                      else now + 0.05)
         paced = self.next_send if (self.interval and self.next_c < self.nchunks) else now + 0.05
         return min(first_due, paced)
@@ -359,6 +393,7 @@ class _Round:
         self.done[c_new] = True
         self.ndone += c_new.size
         now = time.monotonic()
+        self.delivered(c_new, now)
         rtts = now - self.sent_at[c_new[~self.resent[c_new]]]
         if rtts.size:  # one sample per run (its mean), as TCP takes one per window
             self.t.rtt.sample(float(rtts.mean()))
@@ -421,6 +456,7 @@ class _Round:
                 self.upstream.discard(c)
             self.sent_at[c] = time.monotonic()
             self.rto[c] = cfg.max_timeout
+            self.held[c] = True
             return
         if self.done[c]:
             self.counters.ignored += 1
@@ -428,6 +464,7 @@ class _Round:
         self.out[c * K:(c + 1) * K] = np.frombuffer(pkt, ">i4", K, _WORDS_AT)
         self.done[c] = True
         self.ndone += 1
+        self.delivered(np.array([c]), time.monotonic())
         if not self.resent[c]:
             t.rtt.sample(time.monotonic() - self.sent_at[c])
             self.rto[self.next_c:] = t.rtt.rto

@@ -179,6 +179,24 @@ def test_lossy_duplicating_reordering_network_stays_exact(make_job):
     assert sum(a.counters.retransmissions for a in job.agents) > 0
 
 
+def test_a_loss_with_results_after_it_is_resent_before_the_timeout(make_job):
+    """RACK: worker 1 loses 5% of its datagrams each way, and the timeout is 2 s. A chunk
+    whose later neighbours' results came back is resent on that evidence, not after the
+    timeout; every sum stays exact."""
+    job = make_job(3, timeout=2.0, min_timeout=2.0, max_timeout=2.0, deadline=30.0,
+                   per_worker=lambda w: {"faults": FaultSpec(loss=0.05, seed=5)} if w == 1
+                   else {})
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal(60_000).astype(np.float32) for _ in range(3)]
+    res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+    assert not any(err), err
+    assert_exact(res, xs)
+    lossy = job.agents[1].counters
+    assert job.agents[1].sock.dropped_out + job.agents[1].sock.dropped_in > 0
+    assert lossy.early_resends > 0
+    assert lossy.early_resends <= lossy.retransmissions
+
+
 def test_many_tensors_of_odd_sizes_in_sequence(make_job):
     job = make_job(2, slots=4)
     rng = np.random.default_rng(4)

@@ -294,6 +294,28 @@ def test_both_kernel_sets_have_one_interface():
     assert kernels.active is kernels.JIT
 
 
+@needs_jit
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_split_mask_kernels_agree(reference, dtype):
+    # layers of very different scales, sparse tails, subnormals and runs across block ends
+    rng = np.random.default_rng(22)
+    for n, block in ((5000, 256), (4097, 16), (300, 7), (2, 256), (100_003, 256)):
+        layers = 10.0 ** rng.integers(-12, 3, n // 1000 + 1)  # layers of 1000 elements
+        x = rng.standard_normal(n) * layers.repeat(1000)[:n]
+        x[rng.random(n) < 0.2] = 0
+        x[:3] = np.array([1e-40, 1e-42, 3e-39])[:min(3, n)]
+        x = x.astype(dtype)
+        scan = codec.Scan.of(x)
+        nb = codec.block_count(n, block)
+        for binades, run in ((8, 3), (2, 1), (0, 5)):
+            got = kernels.JIT.split_mask(scan.idx, scan.raw, nb, block, binades, run)
+            want = reference(kernels.REF.split_mask, scan.idx, scan.raw, nb, block, binades,
+                             run)
+            np.testing.assert_array_equal(got, want)
+            if n >= 5000 and (binades, run) == (8, 3):
+                assert 0 < want.sum() < nb  # the case splits some blocks, not all
+
+
 def _bitmaps():
     rng = np.random.default_rng(21)
     for n in (0, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 1000, 4097, 100_003):

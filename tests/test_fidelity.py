@@ -197,34 +197,40 @@ def test_without_the_split_the_small_layers_at_a_boundary_are_crushed():
     assert zero[9] > 0.01 and zero[11] == 1.0  # the 1e-10 layers beside a 1e-1 one
 
 
-def test_normal_layers_rarely_split():
-    # one layer of N(0, 1) values per block boundary: a run of three values 8 binades below
-    # the peak is rare, so a plain tensor pays no split round
+def test_normal_layers_do_not_split():
+    # N(0, 1) values: a run of SPLIT_RUN values 8 binades below the block's peak is too rare
+    # to happen, so a plain tensor pays no split round
     rng = np.random.default_rng(9)
-    xs = [rng.normal(0, 1, 1_000_003).astype(np.float32) for _ in range(WORKERS)]
+    xs = [rng.normal(0, 1, 2_000_003).astype(np.float32) for _ in range(WORKERS)]
     sim = simulate_allreduce(xs, mode="dense")
-    assert sim.results[0].rounds.get("split", 0) <= 2 * codec.DEFAULT_BLOCK
+    assert "split" not in sim.results[0].rounds
     assert_exact(sim, xs)
 
 
 def test_split_flags_want_a_run_of_small_values_in_one_block():
-    B = 16
-    x = np.zeros(64, np.float32)
-    x[0] = 1.0
-    x[2:4] = 1e-4           # block 0: a run of 2 small values: no split
-    x[16] = 1.0
-    x[20:23] = 1e-4         # block 1: a run of 3: split
-    x[32] = 1.0
-    x[40], x[42], x[44] = 1e-4, 1e-4, 1e-4  # block 2: three small values, not consecutive
-    x[48] = 1.0
-    x[61:64] = 1e-3         # block 3: a run of 3 small values (2**-10 below): split
-    x[29:32] = 1e-4         # block 1 end, with x[32] (block 2's peak) after: one block only
+    R, B = codec.blocks.SPLIT_RUN, 32
+    x = np.zeros(5 * B, np.float32)
+    x[::B] = 1.0            # each block's peak
+    x[2:1 + R] = 1e-4       # block 0: a run of R - 1 small values: no split
+    x[B + 4:B + 4 + R] = 1e-4            # block 1: a run of R: split
+    x[2 * B + 2:2 * B + 2 + 2 * R:2] = 1e-4  # block 2: R small values, not consecutive
+    x[3 * B + 5:3 * B + 5 + R] = 1e-3    # block 3: a run of R, 2**-10 below: split
+    x[5 * B - R + 2:5 * B] = 1e-4        # block 4's end, R - 2 values ...
+    x[4 * B + 1] = 0.5                   # (and a peak of its own)
     scan = codec.Scan.of(x)
     got = codec.split_blocks(codec.split_flags(scan.idx, scan.raw, x.size, B), x.size, B)
     assert got.tolist() == [1, 3]
     y = x.copy()
-    y[21] = 0.0             # a zero breaks the run
-    y[62] = 1e-2            # 2**-7 below the peak: not small
+    y[B + 6] = 0.0          # a zero breaks block 1's run
+    y[3 * B + 7] = 1e-2     # 2**-7 below the peak: not small, breaks block 3's
     scan = codec.Scan.of(y)
     got = codec.split_blocks(codec.split_flags(scan.idx, scan.raw, y.size, B), y.size, B)
-    assert got.tolist() == [1]  # 29..31 still a run in block 1
+    assert got.tolist() == []
+    y[B + 6] = 1e-4         # a run again, across the block's middle
+    scan = codec.Scan.of(y)
+    got = codec.split_blocks(codec.split_flags(scan.idx, scan.raw, y.size, B), y.size, B)
+    assert got.tolist() == [1]
+    z = np.concatenate([np.full(B - 2, 1.0), np.full(R, 1e-4), np.full(B - R + 2, 1.0)])
+    scan = codec.Scan.of(z.astype(np.float32))  # a run across a block boundary: 2 + (R - 2)
+    got = codec.split_blocks(codec.split_flags(scan.idx, scan.raw, z.size, B), z.size, B)
+    assert got.tolist() == []

@@ -24,7 +24,7 @@ from homagg.host_agent.codec._ref import M1, M2, M3, pack
 _PEEL_INT32_STATE_BELOW = 2**23
 
 __all__ = ["pack", "scan", "set_bits", "ranks", "union_size", "encode_union", "decode_union",
-           "subblocks", "hashes", "sketch_encode", "peel", "assemble"]
+           "subblocks", "hashes", "sketch_encode", "peel", "assemble", "split_mask"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,6 +350,40 @@ def _k_peel(union, s1, s2, values, resolved, state, res, bits, frontier, nxt, bc
                 frontier[nf] = p2
                 nf += 1
     return rounds
+
+
+def split_mask(idx: np.ndarray, raw: np.ndarray, nb: int, block: int, binades: int,
+               run: int) -> np.ndarray:
+    if raw.dtype not in (np.float32, np.float64):
+        return _ref.split_mask(idx, raw, nb, block, binades, run)
+    return _k_split_mask(np.ascontiguousarray(idx, np.int64), np.ascontiguousarray(raw), nb,
+                         block, binades, run)
+
+
+@_njit
+def _k_split_mask(idx, raw, nb, block, binades, run):
+    flags = np.zeros(nb, np.bool_)
+    n, s = idx.size, 0
+    while s < n:  # one block's non-zeros at a time: its peak, then its runs of small values
+        b = idx[s] // block
+        e, peak = s, 0.0
+        while e < n and idx[e] // block == b:
+            peak = max(peak, abs(np.float64(raw[e])))
+            e += 1
+        limit = math.ldexp(1.0, math.frexp(peak)[1] - 1 - binades)
+        count = 0
+        for k in range(s, e):
+            if abs(np.float64(raw[k])) >= limit:
+                count = 0
+            elif count and idx[k] == idx[k - 1] + 1:
+                count += 1
+            else:
+                count = 1
+            if count >= run:
+                flags[b] = True
+                break
+        s = e
+    return flags
 
 
 def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype) -> np.ndarray:

@@ -195,3 +195,29 @@ def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype) -> n
     if n > full * block:
         out[full * block:] = values[full * block:] * scales[full]
     return out
+
+
+def split_mask(idx: np.ndarray, raw: np.ndarray, nb: int, block: int, binades: int,
+               run: int) -> np.ndarray:
+    """Per block (bool, nb): does it hold ``run`` consecutive non-zeros each under
+    2**(e_peak - 1 - binades), e_peak the exponent of the block's largest magnitude? ``idx``
+    sorted int64 positions of the non-zeros, ``raw`` their values (``blocks.split_flags``)."""
+    flags = np.zeros(nb, bool)
+    if idx.size < run:
+        return flags
+    b = idx // block
+    starts = np.flatnonzero(np.concatenate([[True], b[1:] != b[:-1]]))
+    mag = np.abs(np.asarray(raw, np.float64))
+    peak = np.maximum.reduceat(mag, starts)
+    limit = np.ldexp(1.0, np.frexp(peak)[1] - 1 - binades)
+    small = mag < np.repeat(limit, np.diff(np.append(starts, idx.size)))
+    k = idx.size - run + 1
+    hit = small[:k].copy()
+    for j in range(1, run):
+        hit &= small[j:j + k]
+    at = np.flatnonzero(hit)  # few: now check that they are consecutive, in one block
+    last = at + run - 1
+    at = at[(idx[last] - idx[at] == run - 1) & (b[last] == b[at])]
+    flags[b[at]] = True
+    return flags
+

@@ -17,18 +17,20 @@ too coarse, never too fine: when the workers' tensor maxima differ, a block can 
 (e - min e_w) bits against the ideal; a block more than 31 binades below the tensor maximum
 gets offset 31. Overhead: one word per B elements (B = 256: 0.39% of dense fp32).
 
-Split blocks. A block that straddles a small-scale run and a large one (a layer of 1e-10
-next to one of 1e-1, at a parameter boundary inside a flat bucket) takes the large run's
-scale, which crushes the small run to zero. Each worker therefore also flags (one bit per
-block, ``split_flags``) a block in which it holds ``SPLIT_RUN`` or more consecutive non-zeros
-each more than ``SPLIT_BINADES`` binades below the block's peak: a run of values, not one small
-value, so a normal layer's values near zero (probability about 2.3 * 2**-8 each) almost never
-flag one (about 1 block in 5000 per worker). The OR names the blocks every worker splits; for
+Split blocks. A block that straddles a small-scale run and a large one (a layer of 1e-10 next to
+one of 1e-1, at a parameter boundary inside a flat bucket) takes the large run's scale, which
+crushes the small run to zero. Each worker therefore also flags (one bit per block,
+``split_flags``) a block in which it holds ``SPLIT_RUN`` or more consecutive non-zeros each more
+than ``SPLIT_BINADES`` binades below the block's peak: a run of values, not one small value, so
+a normal layer's values near zero (probability about 2.3 * 2**-9 each, so about 1e-11 for a run
+at a given position) practically never flag one, and a tensor without such a boundary pays no
+extra round. A small layer shorter than ``SPLIT_RUN`` inside a block of a much larger one is not
+split (its values take the large one's scale). The OR names the blocks every worker splits; for
 those, one more OR round carries one word per element (``element_words``: bit min(31, e_w -
 e_i)), and each element takes the lowest set bit as its own offset (``split_offsets``). That
 offset is never below its block's (the element's peak is at most the block's, on every worker),
-so the bound above holds per element unchanged. The split round costs one word per element of
-a split block, and only tensors with such a block pay it.
+so the bound above holds per element unchanged. The split round costs one word per element of a
+split block, and only tensors with such a block pay it.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ DEFAULT_BLOCK = 256
 MAX_OFFSET = 31
 #: A block splits where a worker holds this many consecutive non-zeros each more than
 #: ``SPLIT_BINADES`` binades below the block's peak. Below 8 binades an element keeps 21 of
-#: the 29 bits a 4-worker sum leaves it (relative error under 1e-6); a run of 3 is what makes
-#: a false split of a normal layer rare (about 2.3**3 * 2**-24 per position).
+#: the 29 bits a 4-worker sum leaves it (relative error under 1e-6); a run of 5 is what makes
+#: a false split of a normal layer negligible (about 0.0062**5 = 1e-11 per position; a run of 3
+#: split about 2 blocks of every 4 workers' 2M-element tensors, an extra round each time).
 SPLIT_BINADES = 8
-SPLIT_RUN = 3
+SPLIT_RUN = 5
 
 
 def block_count(n: int, block: int) -> int:
@@ -79,25 +82,11 @@ def split_flags(idx: np.ndarray, raw: np.ndarray, n: int, block: int,
     set where the block holds ``SPLIT_RUN`` consecutive non-zeros each more than
     ``SPLIT_BINADES`` below the block's peak. ``idx`` (sorted) and ``raw`` as ``block_words``.
     Not ``enabled``: all clear (the words are still sent, so the round's size is the same)."""
-    flags = np.zeros(block_count(n, block), bool)
-    if enabled and idx.size >= SPLIT_RUN:
-        idx = np.asarray(idx, np.int64)
-        b = idx // block
-        starts = np.flatnonzero(np.concatenate([[True], b[1:] != b[:-1]]))
-        mag = np.abs(raw)
-        # below the peak's binade by more than SPLIT_BINADES: under 2**(e_peak - 1 -
-        # SPLIT_BINADES), computed on magnitudes (one pass) rather than exponents
-        peak = np.maximum.reduceat(mag, starts)
-        limit = np.ldexp(1.0, np.frexp(peak)[1] - 1 - SPLIT_BINADES).astype(mag.dtype)
-        small = mag < np.repeat(limit, np.diff(np.append(starts, idx.size)))
-        run = small[:1 - SPLIT_RUN].copy()
-        for j in range(1, SPLIT_RUN):
-            run &= small[j:small.size - SPLIT_RUN + 1 + j]
-        k = np.flatnonzero(run)  # few: now check that they are consecutive in one block
-        last = k + SPLIT_RUN - 1
-        k = k[(idx[last] - idx[k] == SPLIT_RUN - 1) & (b[last] == b[k])]
-        flags[b[k]] = True
-    return kernels.active.pack(flags)
+    nb = block_count(n, block)
+    if not enabled or idx.size < SPLIT_RUN:
+        return kernels.active.pack(np.zeros(nb, bool))
+    return kernels.active.pack(kernels.active.split_mask(
+        np.asarray(idx, np.int64), raw, nb, block, SPLIT_BINADES, SPLIT_RUN))
 
 
 def split_blocks(flag_words: np.ndarray, n: int, block: int) -> np.ndarray:

@@ -22,6 +22,9 @@ reference: the tests run both and compare them bit for bit, selecting one with `
     assemble(n, union, values, shift, dt)     -> dense float tensor
     scale_blocks(values, scales, block, dt)   -> integer values times their block's scale,
                                                  rounded once to dt (``blocks``)
+    split_mask(idx, raw, nb, block, binades, run)
+                                              -> bool per block: a run of small values in it
+                                                 (``blocks.split_flags``)
 
 ``words`` are contiguous uint32 and long enough for n (the codec checks both first).
 """
