@@ -58,7 +58,7 @@ class Pipeline:
 def soft_pipeline(where: Path) -> Pipeline:
     """homagg's pipeline for a software aggregator: the P4Info shipped in the package and an
     empty device config (it runs the pipeline natively), written under ``where``. No p4c."""
-    from homagg.targets.soft import P4INFO_FILE
+    from homagg.paths import P4INFO_FILE
 
     if not P4INFO_FILE.is_file():
         raise BuildError(f"homagg's P4Info is missing ({P4INFO_FILE}); reinstall homagg")
@@ -107,7 +107,7 @@ def _regenerate(p: Pipeline) -> None:
     software aggregator serves) from this build (commit the change). An installed homagg cannot
     change itself: a P4 source that no longer matches its constants is an error there."""
     from homagg.controller import genconsts
-    from homagg.targets.soft import P4INFO_FILE
+    from homagg.paths import P4INFO_FILE
 
     if paths.checkout_root() is not None and os.access(genconsts.OUT, os.W_OK):
         if genconsts.generate(p.p4info):

@@ -19,5 +19,14 @@ class ToolMissing(HomaggError):
     """An external tool (p4c, bmv2) is not installed or not where a variable points."""
 
 
+class TableError(HomaggError):
+    """A control-plane write the switch refuses, with the google.rpc code bmv2 would give
+    (``homagg.targets.soft``'s tables and its P4Runtime server raise it alike)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
 class JobError(HomaggError):
     """A job that cannot be installed, found or removed (either target)."""

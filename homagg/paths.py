@@ -14,6 +14,12 @@ from pathlib import Path
 _PKG = Path(__file__).resolve().parent
 
 
+#: homagg's compiled P4Info (p4c's output, shipped in the package; ``homagg-ctl build``
+#: refreshes it): the pipeline both targets implement, which the software aggregator's
+#: P4Runtime server serves and the controller checks a switch against.
+P4INFO_FILE = _PKG / "_p4info.txtpb"
+
+
 def p4_dir() -> Path:
     """The P4 program's directory (homagg.p4 and include/)."""
     env = os.environ.get("HOMAGG_P4_DIR")

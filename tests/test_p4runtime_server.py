@@ -44,12 +44,13 @@ from homagg.controller.p4client import (  # noqa: E402
     TableEntry,
 )
 from homagg.netconfig import Config, Host, JobSpec, SwitchSpec, Uplink, Worker  # noqa: E402
+from homagg.paths import P4INFO_FILE  # noqa: E402
 from homagg.targets.p4runtime_server import (  # noqa: E402
     P4RuntimeServer,
     load_p4info,
     pipeline_differences,
 )
-from homagg.targets.soft import P4INFO_FILE, SoftSwitch, SoftSwitchServer  # noqa: E402
+from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 from homagg.targets.toolchain import missing  # noqa: E402
 from tests.staging import wait_for  # noqa: E402
 

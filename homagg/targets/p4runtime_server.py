@@ -51,7 +51,7 @@ import threading
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import text_format
@@ -61,8 +61,11 @@ from p4.v1 import p4runtime_pb2 as pb
 from p4.v1 import p4runtime_pb2_grpc
 
 from homagg import _p4consts as P4
-from homagg.errors import HomaggError
-from homagg.targets.soft import P4INFO_FILE, SoftSwitch, TableError
+from homagg.errors import HomaggError, TableError
+from homagg.paths import P4INFO_FILE
+
+if TYPE_CHECKING:  # the switch it serves; soft.py imports this module to serve it
+    from homagg.targets.soft import SoftSwitch
 
 log = logging.getLogger("homagg.p4runtime")
 

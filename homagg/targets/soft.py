@@ -59,7 +59,7 @@ import numpy as np
 
 from homagg import _p4consts as P4
 from homagg import udpio, wire
-from homagg.errors import HomaggError, JobError
+from homagg.errors import HomaggError, JobError, TableError
 from homagg.faults import FaultSpec, ImpairedSocket
 from homagg.netconfig import Uplink as UplinkSpec
 from homagg.netconfig import uplink_clash
@@ -68,22 +68,10 @@ from homagg.switch_model import Address, JobEntry, SwitchModel, Uplink
 
 log = logging.getLogger("homagg.softswitch")
 
-#: homagg's compiled P4Info (p4c's output, shipped in the package; ``homagg-ctl build``
-#: refreshes it): the pipeline this target implements, which its P4Runtime server serves.
-P4INFO_FILE = Path(__file__).resolve().parents[1] / "_p4info.txtpb"
-
 # google.rpc codes of a refused control-plane write: what bmv2 answers through P4Runtime
 INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED, OUT_OF_RANGE = 3, 5, 6, 8, 11
 
 Match = tuple  # a table key: its fields' values in P4Info order (lpm: (value, prefix length))
-
-
-class TableError(HomaggError):
-    """A control-plane write the switch refuses, with the google.rpc code bmv2 would give."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
