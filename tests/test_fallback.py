@@ -27,6 +27,8 @@ from homagg.targets.p4runtime_server import P4RuntimeServer  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 from tests.staging import agent_addresses  # noqa: E402
 
+pytestmark = pytest.mark.slow  # (conftest.py) several aggregators and jobs per test
+
 SWITCH_IP, FALLBACK_IP = "127.0.0.254", "127.0.0.253"
 JOBS, PER_JOB, SLOTS = 8, 2, 8     # 8 jobs of 2 workers, 8 slots each
 POOL = 4 * SLOTS                   # the switch's pool: room for jobs 1-4 only

@@ -323,6 +323,7 @@ def targets():
     yield "rows of 64, 0.1%", lambda rng: row_masks(rng, N, 8, 0.001), 0.010
 
 
+@pytest.mark.slow  # ten million elements per case
 @pytest.mark.parametrize("name,make,bound", list(targets()), ids=[t[0] for t in targets()])
 def test_wire_targets_at_ten_million(name, make, bound):
     rng = np.random.default_rng(16)

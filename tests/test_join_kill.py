@@ -24,6 +24,8 @@ from homagg.controller.serve import start  # noqa: E402
 from homagg.controller.service import JobService, ServeOptions  # noqa: E402
 from homagg.launcher.local import LocalAggregator  # noqa: E402
 
+pytestmark = pytest.mark.slow  # (conftest.py) processes killed mid-run, leases run out
+
 ROOT = Path(__file__).resolve().parents[1]
 LEASE = 2.0
 

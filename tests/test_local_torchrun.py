@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # (conftest.py) torchrun runs of 4 ranks, each a process tree
+
 pytest.importorskip("torch")
 pytest.importorskip("p4runtime_sh")
 pytest.importorskip("prometheus_client")

@@ -54,6 +54,8 @@ from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 from homagg.targets.toolchain import missing  # noqa: E402
 from tests.staging import wait_for  # noqa: E402
 
+pytestmark = pytest.mark.slow  # (conftest.py) the conformance table again over P4Runtime, and p4c
+
 SWITCH_IP = "127.0.0.254"
 HOSTS = 4  # h0..h2 work, h3 is registered nowhere
 

@@ -32,6 +32,8 @@ from homagg.host_agent import Agent, AgentConfig, AgentError  # noqa: E402
 from homagg.launcher.local import LocalAggregator  # noqa: E402
 from homagg.membership import pb2, rpc  # noqa: E402
 
+pytestmark = pytest.mark.slow  # (conftest.py) services, leases and deadlines
+
 TOKEN = "s3cret"
 POOL = 128
 

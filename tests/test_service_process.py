@@ -24,6 +24,8 @@ pytest.importorskip("p4runtime_sh")
 from homagg.host_agent import Agent, AgentConfig  # noqa: E402
 from homagg.launcher.local import LocalAggregator  # noqa: E402
 
+pytestmark = pytest.mark.slow  # (conftest.py) homagg-ctl serve as a process, killed and restarted
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

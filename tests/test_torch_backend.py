@@ -31,6 +31,8 @@ from homagg.host_agent import codec  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 from tests.staging import agent_address, agent_addresses  # noqa: E402
 
+pytestmark = pytest.mark.slow  # (conftest.py) torch ranks in processes
+
 WORLD = 2
 _switch_hosts = itertools.count(1)
 

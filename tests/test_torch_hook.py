@@ -15,6 +15,8 @@ from homagg.host_agent import codec  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 from tests.staging import agent_addresses  # noqa: E402
 
+pytestmark = pytest.mark.slow  # (conftest.py) torch ranks in processes
+
 SWITCH = ("127.0.1.240", wire.HOMAGG_UDP_PORT_MIN)
 
 

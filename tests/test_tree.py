@@ -30,6 +30,8 @@ from tests.test_agent import (
     sparse_tensors,
 )
 
+pytestmark = pytest.mark.slow  # (conftest.py) trees of three aggregators, lossy runs
+
 _nets = itertools.count(1)
 PORT = wire.HOMAGG_UDP_PORT_MIN
 
