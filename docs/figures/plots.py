@@ -165,17 +165,24 @@ def ddp_step() -> Path:
     return _save(fig, "ddp_step")
 
 
+def _grouped_bars(ax, rows: list[dict], cols, scale: float = 1.0) -> None:
+    """One bar per (row, column), the columns of a row side by side; ``cols``: (key, label,
+    colour). Ticks go under each row's middle bar."""
+    w = 0.27
+    for k, (col, label, color) in enumerate(cols):
+        ax.bar([i + w * k for i in range(len(rows))], [r[col] / scale for r in rows], w,
+               label=label, color=color)
+    ax.set_xticks([i + w for i in range(len(rows))], [""] * len(rows))
+
+
 def pps() -> Path:
     rows = _rows(_data()["pps"])
     fig, ax = plt.subplots(figsize=(5.5, 2.6))
     cols = [("echo_dgps", "Python UDP echo", "grey"),
             ("aggregator_dgps", "software aggregator", "tab:blue"),
             ("agent_dgps", "agent", "tab:orange")]
-    w = 0.27
-    for k, (col, label, color) in enumerate(cols):
-        ax.bar([i + w * k for i in range(len(rows))], [r[col] / 1e3 for r in rows], w,
-               label=label, color=color)
-    ax.set_xticks([i + w for i in range(len(rows))], [f"K = {r['k']}" for r in rows])
+    _grouped_bars(ax, rows, cols, 1e3)
+    ax.set_xticklabels([f"K = {r['k']}" for r in rows])
     ax.set_ylabel("k datagrams per CPU second")
     ax.set_title("datagrams per core, loopback, 4 agents --mode dense", fontsize=8)
     ax.legend(fontsize=7)
@@ -188,13 +195,9 @@ def codec() -> Path:
     fig, ax = plt.subplots(figsize=(5.5, 2.6))
     cols = [("union_pct", "union u/n", "grey"), ("flat_pct", "flat index", "tab:orange"),
             ("hier_pct", "hier index", "tab:blue")]
-    w = 0.27
-    for k, (col, label, color) in enumerate(cols):
-        ax.bar([i + w * k for i in range(len(rows))], [r[col] for r in rows], w,
-               label=label, color=color)
+    _grouped_bars(ax, rows, cols)
     ax.set_yscale("log")
-    ax.set_xticks([i + w for i in range(len(rows))],
-                  [r["density"].replace(", ", "\n") for r in rows], fontsize=7)
+    ax.set_xticklabels([r["density"].replace(", ", "\n") for r in rows], fontsize=7)
     ax.set_ylabel("% of dense fp32 bytes")
     ax.set_title("wire bytes per worker, 8 workers, N = 10M (simulator)", fontsize=8)
     ax.legend(fontsize=7)
