@@ -292,8 +292,7 @@ class Agent:
         e = scan.max_exponent() if finite else None
         onehot = _exponent_words(e, nonfinite=not finite)
         blocks = codec.block_words(scan.idx, scan.raw, n, B, e)
-        nz = slice(None) if finite else slice(0)
-        flags = codec.split_flags(scan.idx[nz], scan.raw[nz], n, B, cfg.split)
+        flags = codec.split_flags(scan.idx, scan.raw, n, B, cfg.split and finite)
 
         mode = codec.as_mode(cfg.mode, auto=True)
         if mode == AUTO and key is not None and self._last_mode.get(key) == Mode.DENSE:

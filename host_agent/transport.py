@@ -319,13 +319,12 @@ class _Round:
         srtt = self.t.rtt.srtt or 0.0
         return np.where(before & ~self.held[pending], sent + self.rack_rtt + srtt / 4, np.inf)
 
-    def delivered(self, chunks: np.ndarray, now: float) -> None:
-        """RACK's state after results for ``chunks`` (newly done) came back."""
-        sent = self.sent_at[chunks]
-        i = int(np.lexsort((chunks, sent))[-1])  # latest sent, then highest numbered
-        if (sent[i], chunks[i]) > (self.rack_ts, self.rack_c):
-            self.rack_ts, self.rack_c = float(sent[i]), int(chunks[i])
-            self.rack_rtt = now - self.rack_ts
+    def delivered(self, c: int, now: float) -> None:
+        """RACK's state after chunk ``c``'s result came back (of a run: its latest-sent,
+        highest-numbered chunk)."""
+        sent = float(self.sent_at[c])
+        if (sent, c) > (self.rack_ts, self.rack_c):
+            self.rack_ts, self.rack_c, self.rack_rtt = sent, c, now - sent
 
     def in_flight(self) -> np.ndarray:
         """Chunks sent (within the window) and not done."""
@@ -393,7 +392,7 @@ class _Round:
         self.done[c_new] = True
         self.ndone += c_new.size
         now = time.monotonic()
-        self.delivered(c_new, now)
+        self.delivered(int(c_new[np.lexsort((c_new, self.sent_at[c_new]))[-1]]), now)
         rtts = now - self.sent_at[c_new[~self.resent[c_new]]]
         if rtts.size:  # one sample per run (its mean), as TCP takes one per window
             self.t.rtt.sample(float(rtts.mean()))
@@ -464,7 +463,7 @@ class _Round:
         self.out[c * K:(c + 1) * K] = np.frombuffer(pkt, ">i4", K, _WORDS_AT)
         self.done[c] = True
         self.ndone += 1
-        self.delivered(np.array([c]), time.monotonic())
+        self.delivered(c, time.monotonic())
         if not self.resent[c]:
             t.rtt.sample(time.monotonic() - self.sent_at[c])
             self.rto[self.next_c:] = t.rtt.rto
