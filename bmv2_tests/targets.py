@@ -1,8 +1,8 @@
 """One interface over the two aggregation targets, so the same packet tests run on both.
 
-``Bmv2Target`` drives simple_switch_grpc through veth pairs (homagg/targets/testbed.py) and
-installs jobs with the controller; ``SoftTarget`` calls the software aggregator's ``handle``
-directly.
+``Bmv2Target`` drives simple_switch_grpc through veth pairs (homagg/targets/testbed.py);
+``SoftTarget`` calls the software aggregator's ``handle`` directly. Both install jobs with the
+controller's job logic (``homagg.controller.jobs``): over P4Runtime, or in process.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from homagg import wire
 from homagg.controller import jobs
+from homagg.controller.local import LocalSwitch, install
 from homagg.targets.soft import SoftSwitch
 from homagg.targets.testbed import homagg_frame, host_ip, is_homagg, result_of
 
@@ -21,16 +22,18 @@ class SoftTarget:
 
     def __init__(self):
         self.sw = SoftSwitch()
+        self.conn = LocalSwitch(self.sw)  # the controller's writes, in process
         self.inbox = collections.defaultdict(collections.deque)
 
-    def add_job(self, job_id, workers, slots=8, udp_port=wire.DEFAULT_AGENT_PORT):
-        return self.sw.add_job(job_id, [(host_ip(i), udp_port) for i in workers], slots)
+    def add_job(self, job_id, workers, slots=8, udp_port=wire.DEFAULT_AGENT_PORT, uplink=None):
+        return install(self.sw, job_id, [(host_ip(i), udp_port) for i in workers], slots,
+                       uplink=uplink)
 
     def remove_job(self, job_id):
-        self.sw.remove_job(job_id)
+        jobs.remove_job(self.conn, job_id)
 
     def reset_job(self, job_id):
-        return self.sw.reset_job(job_id)
+        return jobs.reset_job(self.conn, job_id).epoch
 
     def send(self, host, payload, sport=wire.DEFAULT_AGENT_PORT, src_ip=None):
         for data, (ip, port) in self.sw.handle(payload, (src_ip or host_ip(host), sport)):

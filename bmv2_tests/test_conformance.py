@@ -23,6 +23,8 @@ import pytest
 from bmv2_tests.conftest import bmv2_skip_reason
 from bmv2_tests.targets import Bmv2Target
 from homagg import wire
+from homagg.controller import jobs
+from homagg.controller.local import LocalSwitch, install
 from homagg.netconfig import Uplink as UplinkSpec
 from homagg.switch_model import JobEntry, SwitchModel, Uplink
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
@@ -358,11 +360,12 @@ class SoftUdpTarget:
             self.socks[i] = s
 
     def add_job(self, job_id: int, tree: bool = False) -> None:
-        for old in list(self.switch.jobs):
-            self.switch.remove_job(old)
+        conn = LocalSwitch(self.switch)
+        for old in jobs.list_jobs(conn):
+            jobs.remove_job(conn, old.id)
         ip, port = self.socks[PARENT].getsockname()
-        self.switch.add_job(job_id, [self.socks[i].getsockname() for i in ALL], SLOTS,
-                            uplink=UplinkSpec(PJ, LW, ip, port) if tree else None)
+        install(self.switch, job_id, [self.socks[i].getsockname() for i in ALL], SLOTS,
+                uplink=UplinkSpec(PJ, LW, ip, port) if tree else None)
 
     def send(self, host: int, payload: bytes) -> None:
         """One packet, handled before the next is sent (a case's packets are in order, and

@@ -3,8 +3,9 @@
 The switch is the source of truth: ``list_jobs`` reads the job table back, so the CLI keeps no
 state of its own. Slot regions are allocated first-fit (``homagg.regions``) against the regions
 already installed; a job that does not fit is refused with the free space named. Every P4 name
-comes from the generated P4Info constants. ``sw`` is anything with ``P4RuntimeSwitch``'s
-methods: a real switch, or ``homagg.controller.testing.FakeSwitch``.
+comes from the generated P4Info constants. ``sw`` is a ``controller.switch.Switch``: bmv2 or the
+software aggregator over P4Runtime, or the software aggregator in process
+(``controller.local``). This is homagg's one job logic: no target has a copy of its own.
 """
 
 from __future__ import annotations
@@ -17,12 +18,21 @@ from homagg import _p4consts as P4
 from homagg import wire
 from homagg.controller.p4client import (
     CounterValue,
-    P4RuntimeSwitch,
     SwitchError,
     TableEntry,
 )
+from homagg.controller.switch import Switch
 from homagg.errors import JobError
-from homagg.netconfig import Config, JobSpec, Uplink, uplink_clash
+from homagg.netconfig import (  # noqa: F401 (the address converters: callers use jobs.ip_int)
+    Config,
+    JobSpec,
+    Uplink,
+    int_ip,
+    int_mac,
+    ip_int,
+    mac_int,
+    uplink_clash,
+)
 from homagg.regions import allocate_region, mcast_group
 
 __all__ = ["InstalledJob", "JobCounters", "JobError", "ResetResult", "SwitchStats",
@@ -99,27 +109,10 @@ class SwitchStats:
                              for n, v in c.cells.items()} for j, c in self.jobs.items()}}
 
 
-def ip_int(ip: str) -> int:
-    a, b, c, d = (int(x) for x in ip.split("."))
-    return (a << 24) | (b << 16) | (c << 8) | d
-
-
-def int_ip(v: int) -> str:
-    return ".".join(str((v >> s) & 0xFF) for s in (24, 16, 8, 0))
-
-
-def mac_int(mac: str) -> int:
-    return int(mac.replace(":", ""), 16)
-
-
-def int_mac(v: int) -> str:
-    return ":".join(f"{(v >> s) & 0xFF:02x}" for s in range(40, -8, -8))
-
-
 # -- base forwarding -----------------------------------------------------------------------
 
 
-def install_base(sw: P4RuntimeSwitch, cfg: Config) -> None:
+def install_base(sw: Switch, cfg: Config) -> None:
     """The switch's own address, proxy ARP for it and every host, and /32 routes to hosts
     (and to the fallback aggregator, where it hangs off this switch)."""
     s = cfg.switch
@@ -136,7 +129,7 @@ def install_base(sw: P4RuntimeSwitch, cfg: Config) -> None:
         add_route(sw, cfg, ip, mac, port, proxy_arp=ip != s.ip)
 
 
-def trust_aggregator(sw: P4RuntimeSwitch, ip: str, port: int) -> None:
+def trust_aggregator(sw: Switch, ip: str, port: int) -> None:
     """Let homagg packets from the aggregator at ``ip`` (behind switch port ``port``) through
     as routed traffic: forwarding.p4 drops a packet from homagg's source ports otherwise, so
     that a host cannot forge a result for another."""
@@ -144,7 +137,7 @@ def trust_aggregator(sw: P4RuntimeSwitch, ip: str, port: int) -> None:
                          P4.ACTION_TRUSTED), or_modify=True)
 
 
-def add_route(sw: P4RuntimeSwitch, cfg: Config, ip: str, mac: str, port: int,
+def add_route(sw: Switch, cfg: Config, ip: str, mac: str, port: int,
               proxy_arp: bool = True) -> None:
     """A /32 route to ``ip`` out of switch port ``port``, to next hop ``mac`` (the host, or
     the switch in front of it), and (``proxy_arp``) this switch answering ARP for it."""
@@ -160,7 +153,7 @@ def add_route(sw: P4RuntimeSwitch, cfg: Config, ip: str, mac: str, port: int,
 # -- jobs ----------------------------------------------------------------------------------
 
 
-def list_jobs(sw: P4RuntimeSwitch) -> list[InstalledJob]:
+def list_jobs(sw: Switch) -> list[InstalledJob]:
     by_job: dict[int, dict] = {}
     for e in sw.read(P4.TABLE_JOB_WORKERS):
         if e.action != P4.ACTION_SET_WORKER:  # e.g. a NoAction entry another client wrote:
@@ -201,7 +194,7 @@ def _parent_entry(job_id: int, u: Uplink, workers: int, epoch: int, base: int, s
                        "region_size": size, "mcast_group": group, "port": u.switch_port})
 
 
-def next_epoch(sw: P4RuntimeSwitch) -> int:
+def next_epoch(sw: Switch) -> int:
     """A job epoch never handed out before on this switch (kept in a counter cell: bmv2's
     P4Runtime cannot write registers, and counters survive controller restarts)."""
     cells = sw.read_counter(P4.COUNTER_STATS)
@@ -224,7 +217,7 @@ def _result_key(job_id: int, worker: int) -> dict:
     return {"job": job_id, "rid": worker + wire.RID_WORKER_OFFSET}
 
 
-def add_job(sw: P4RuntimeSwitch, job: JobSpec, pool: int = wire.SLOTS) -> InstalledJob:
+def add_job(sw: Switch, job: JobSpec, pool: int = wire.SLOTS) -> InstalledJob:
     """Install ``job`` in the first free region of the switch's first ``pool`` slots."""
     installed = list_jobs(sw)
     if any(j.id == job.id for j in installed):
@@ -261,14 +254,14 @@ def add_job(sw: P4RuntimeSwitch, job: JobSpec, pool: int = wire.SLOTS) -> Instal
     return InstalledJob(job.id, new, epoch, base, job.slots, group, job.uplink)
 
 
-def find_job(sw: P4RuntimeSwitch, job_id: int) -> InstalledJob:
+def find_job(sw: Switch, job_id: int) -> InstalledJob:
     for j in list_jobs(sw):
         if j.id == job_id:
             return j
     raise JobError(f"job {job_id} is not installed")
 
 
-def remove_job(sw: P4RuntimeSwitch, job_id: int) -> InstalledJob:
+def remove_job(sw: Switch, job_id: int) -> InstalledJob:
     job = find_job(sw, job_id)
     for s in job.senders:
         sw.delete(TableEntry(P4.TABLE_JOB_WORKERS, {"src_addr": ip_int(s.ip),
@@ -292,13 +285,13 @@ def remove_job(sw: P4RuntimeSwitch, job_id: int) -> InstalledJob:
     return job
 
 
-def reset_job_counters(sw: P4RuntimeSwitch, job_id: int) -> None:
+def reset_job_counters(sw: Switch, job_id: int) -> None:
     base = job_id * wire.JOB_STATS_PER_JOB
     sw.write_counter(P4.COUNTER_JOB_STATS,
                      {base + k: CounterValue() for k in range(wire.JOB_STATS_PER_JOB)})
 
 
-def reset_job(sw: P4RuntimeSwitch, job_id: int, thrift_port: int | None = None) -> ResetResult:
+def reset_job(sw: Switch, job_id: int, thrift_port: int | None = None) -> ResetResult:
     """Start the job afresh: a new epoch makes every slot of its region empty to the data plane
     (agents restart their sequence numbers), its counters go to zero, and where bmv2's Thrift
     CLI is installed the region's registers are zeroed too."""
@@ -342,7 +335,7 @@ def clear_region_registers(job: InstalledJob, thrift_port: int) -> str:
 # -- stats ---------------------------------------------------------------------------------
 
 
-def read_stats(sw: P4RuntimeSwitch) -> SwitchStats:
+def read_stats(sw: Switch) -> SwitchStats:
     stats = sw.read_counter(P4.COUNTER_STATS)
     fwd = sw.read_counter(P4.COUNTER_FWD_STATS)
     cells = sw.read_counter(P4.COUNTER_JOB_STATS)

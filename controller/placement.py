@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from homagg import _p4consts as P4
 from homagg import wire
 from homagg.controller import jobs as J
-from homagg.controller.p4client import P4RuntimeSwitch, SwitchError, TableEntry
+from homagg.controller.p4client import SwitchError, TableEntry
+from homagg.controller.switch import Switch
 from homagg.errors import JobError
 from homagg.netconfig import Config, JobSpec
 from homagg.regions import NoFreeRegion
@@ -82,15 +83,15 @@ class Fabric:
     requests, and pushes a pipeline on install); each is opened on first use, so a config
     without a fallback, or a command that never needs it, does not wait for it."""
 
-    def __init__(self, cfg: Config, connect: Callable[[Place], P4RuntimeSwitch]):
+    def __init__(self, cfg: Config, connect: Callable[[Place], Switch]):
         self.cfg = cfg
         self.switch = switch_place(cfg)
         self.fallback = fallback_place(cfg)
         self._connect = connect
-        self._sessions: dict[str, P4RuntimeSwitch] = {}
+        self._sessions: dict[str, Switch] = {}
         self.unreachable: dict[str, str] = {}  # place name -> why, for list and stats
 
-    def session(self, place: Place) -> P4RuntimeSwitch:
+    def session(self, place: Place) -> Switch:
         if place.name not in self._sessions:
             self._sessions[place.name] = self._connect(place)
         return self._sessions[place.name]
@@ -98,7 +99,7 @@ class Fabric:
     def places(self) -> list[Place]:
         return [self.switch] + ([self.fallback] if self.fallback else [])
 
-    def _reachable_sessions(self) -> Iterator[tuple[Place, P4RuntimeSwitch]]:
+    def _reachable_sessions(self) -> Iterator[tuple[Place, Switch]]:
         """Every place that answers; a fallback that does not is noted, not fatal: the
         switch's jobs are still worth listing."""
         for p in self.places():

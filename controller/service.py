@@ -36,7 +36,8 @@ from homagg import _p4consts as P4
 from homagg import wire
 from homagg.controller import jobs as J
 from homagg.controller import placement as P
-from homagg.controller.p4client import CounterValue, P4RuntimeSwitch, SwitchError
+from homagg.controller.p4client import CounterValue, SwitchError
+from homagg.controller.switch import Switch
 from homagg.errors import HomaggError, JobError
 from homagg.netconfig import Config, Worker, validate_job
 from homagg.regions import NoFreeRegion, allocate_region
@@ -120,10 +121,10 @@ def _ranks(ranks) -> str:
 
 class JobService:
     """Joins, leases and leaves, against the places of ``cfg`` (``connect`` opens a session:
-    ``P4RuntimeSwitch``, or a fake in tests). Thread-safe: one lock serializes the state and
-    every switch session."""
+    ``P4RuntimeSwitch``, or ``LocalSwitch`` in tests). Thread-safe: one lock serializes the
+    state and every switch session."""
 
-    def __init__(self, cfg: Config, connect: Callable[[P.Place], P4RuntimeSwitch],
+    def __init__(self, cfg: Config, connect: Callable[[P.Place], Switch],
                  opts: ServeOptions = ServeOptions(), clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
         self.opts = opts
@@ -146,12 +147,12 @@ class JobService:
         return P.Fabric(self.cfg, self._connect)
 
     @staticmethod
-    def _mask(sw: P4RuntimeSwitch) -> int:
+    def _mask(sw: Switch) -> int:
         cell = sw.read_counter(P4.COUNTER_STATS).get(SERVICE_JOBS_CELL, CounterValue())
         return cell.packets
 
     @staticmethod
-    def _set_mask(sw: P4RuntimeSwitch, mask: int) -> None:
+    def _set_mask(sw: Switch, mask: int) -> None:
         sw.write_counter(P4.COUNTER_STATS, {SERVICE_JOBS_CELL: CounterValue(mask, 0)})
 
     def recover(self) -> list[Held]:

@@ -172,6 +172,28 @@ def host_mac(i: int) -> str:
     return f"00:00:0a:00:00:{i + 1:02x}"
 
 
+# -- addresses as P4Runtime carries them (integers), for the controller and the aggregator --
+
+def ip_int(ip: str) -> int:
+    """An IPv4 address as the integer a table key or parameter holds."""
+    try:
+        return int(ipaddress.IPv4Address(ip))
+    except ValueError:
+        raise ConfigError(f"{ip!r} is not an IPv4 address") from None
+
+
+def int_ip(value: int) -> str:
+    return str(ipaddress.IPv4Address(value))
+
+
+def mac_int(mac: str) -> int:
+    return int(mac.replace(":", ""), 16)
+
+
+def int_mac(value: int) -> str:
+    return ":".join(f"{(value >> s) & 0xFF:02x}" for s in range(40, -8, -8))
+
+
 def _ip(value, where: str) -> str:
     try:
         return str(ipaddress.IPv4Address(value))

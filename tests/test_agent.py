@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from homagg import wire
+from homagg.controller.local import install
 from homagg.faults import FaultSpec
 from homagg.host_agent import (
     Agent,
@@ -38,7 +39,7 @@ class Job:
                                        (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN),
                                        faults).start()
         addrs = agent_addresses(workers)
-        self.server.switch.add_job(1, addrs, slots)
+        install(self.server.switch, 1, addrs, slots)
         kw = dict(timeout=0.01, deadline=5.0)
         kw.update(agent_kw)
         per_worker = per_worker or (lambda w: {})

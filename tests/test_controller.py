@@ -8,10 +8,11 @@ from homagg import _p4consts as P4
 from homagg import wire
 from homagg.controller import jobs
 from homagg.controller.cli import main as ctl
+from homagg.controller.local import LocalSwitch
 from homagg.controller.p4client import SwitchError, TableEntry
-from homagg.controller.testing import FakeSwitch
 from homagg.netconfig import ConfigError, load, parse, render
 from homagg.regions import allocate_region
+from homagg.targets.soft import SoftSwitch
 
 GOOD = """
 [switch]
@@ -139,9 +140,15 @@ def test_a_job_that_does_not_fit_says_so():
 # -- what the controller writes, against a fake switch ----------------------------------
 
 
+
+def local() -> LocalSwitch:
+    """A software aggregator's switch, driven in process as P4Runtime drives bmv2: the tests
+    below see the controller's writes as a switch holds them."""
+    return LocalSwitch(SoftSwitch())
+
 def test_every_name_the_controller_uses_is_in_the_p4info():
-    """The controller's names come from the generated P4Info constants; the fake switch checks
-    every entry against P4Info, so a renamed table or key fails here, not on a switch."""
+    """The controller's names come from the generated P4Info constants; the in-process switch
+    checks every entry against P4Info, so a renamed table or key fails here, not on a switch."""
     for name in (P4.TABLE_LOCAL_IP, P4.TABLE_ARP_PROXY, P4.TABLE_IPV4_ROUTE,
                  P4.TABLE_JOB_WORKERS, P4.TABLE_RESULT_DST):
         assert name in P4.TABLES
@@ -150,8 +157,8 @@ def test_every_name_the_controller_uses_is_in_the_p4info():
     assert set(P4.TABLES[P4.TABLE_JOB_WORKERS]["keys"]) == {"src_addr", "src_port"}
 
 
-def test_fake_switch_refuses_what_p4runtime_refuses():
-    sw = FakeSwitch()
+def test_the_in_process_switch_refuses_what_p4runtime_refuses():
+    sw = local()
     e = TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": 1}, P4.ACTION_TO_SWITCH)
     sw.insert(e)
     with pytest.raises(SwitchError, match="ALREADY_EXISTS"):
@@ -168,34 +175,34 @@ def test_fake_switch_refuses_what_p4runtime_refuses():
 
 def test_add_job_writes_workers_results_and_group():
     cfg = parse(__import__("tomllib").loads(GOOD))
-    sw = FakeSwitch()
+    sw = local()
     jobs.install_base(sw, cfg)
     j = jobs.add_job(sw, cfg.job(3))
     assert (j.base, j.size, j.group) == (0, 32, 4) and j.epoch == 1
-    assert len(sw.entries(P4.TABLE_IPV4_ROUTE)) == 2
-    assert len(sw.entries(P4.TABLE_ARP_PROXY)) == 3  # the switch and both hosts
-    workers = sw.entries(P4.TABLE_JOB_WORKERS)
+    assert len(sw.read(P4.TABLE_IPV4_ROUTE)) == 2
+    assert len(sw.read(P4.TABLE_ARP_PROXY)) == 3  # the switch and both hosts
+    workers = sw.read(P4.TABLE_JOB_WORKERS)
     assert len(workers) == 2
     first = min(workers, key=lambda e: e.params["worker"])
     assert first.match == {"src_addr": jobs.ip_int("10.0.0.1"), "src_port": 50000}
     assert first.params == {"job": 3, "worker": 0, "workers": 2, "epoch": 1, "region_base": 0,
                             "region_size": 32, "mcast_group": 4, "port": 1}
-    assert sw.groups[4] == [(1, 1), (2, 2)]
-    assert len(sw.entries(P4.TABLE_RESULT_DST)) == 2
+    assert sw.read_multicast_groups()[4] == [(1, 1), (2, 2)]
+    assert len(sw.read(P4.TABLE_RESULT_DST)) == 2
     assert jobs.list_jobs(sw)[0].senders == (jobs.Sender(0, "10.0.0.1", 50000, 1),
                                              jobs.Sender(1, "10.0.0.2", 50000, 2))
     # epochs are never reused, even by a controller that restarts (kept in a counter cell)
-    assert sw.counters[P4.COUNTER_STATS][wire.EPOCH_STORE].packets == 1
+    assert sw.read_counter(P4.COUNTER_STATS)[wire.EPOCH_STORE].packets == 1
     assert jobs.reset_job(sw, 3).epoch == 2
     assert jobs.list_jobs(sw)[0].epoch == 2
     # installing the same base forwarding again modifies, never duplicates
     jobs.install_base(sw, cfg)
-    assert len(sw.entries(P4.TABLE_ARP_PROXY)) == 3
+    assert len(sw.read(P4.TABLE_ARP_PROXY)) == 3
 
 
 def test_second_job_gets_a_disjoint_region_and_cannot_steal_senders():
     cfg = parse(__import__("tomllib").loads(GOOD))
-    sw = FakeSwitch()
+    sw = local()
     jobs.add_job(sw, cfg.job(3))
     with pytest.raises(jobs.JobError, match="already installed"):
         jobs.add_job(sw, cfg.job(3))
@@ -209,7 +216,7 @@ def test_second_job_gets_a_disjoint_region_and_cannot_steal_senders():
     j = jobs.add_job(sw, other)
     assert j.base == 32
     jobs.remove_job(sw, 3)
-    assert [x.id for x in jobs.list_jobs(sw)] == [5] and 4 not in sw.groups
+    assert [x.id for x in jobs.list_jobs(sw)] == [5] and 4 not in sw.read_multicast_groups()
 
 
 def test_a_tree_child_job_writes_its_uplink_and_parent_and_keeps_them_in_step():
@@ -221,32 +228,32 @@ def test_a_tree_child_job_writes_its_uplink_and_parent_and_keeps_them_in_step():
     from homagg.netconfig import Uplink
 
     cfg = parse(__import__("tomllib").loads(GOOD))
-    sw = FakeSwitch()
+    sw = local()
     up = Uplink(7, 1, "10.0.1.254", wire.HOMAGG_UDP_PORT_MIN, "00:00:0a:00:01:fe",
                 wire.HOMAGG_UDP_PORT_MIN, 9)
     j = jobs.add_job(sw, replace(cfg.job(3), uplink=up))
     assert j.uplink == up and jobs.find_job(sw, 3).uplink == up
-    (u,) = sw.entries(P4.TABLE_UPLINK)
+    (u,) = sw.read(P4.TABLE_UPLINK)
     assert u.match == {"job": 3} and u.params == {
         "job": 7, "worker": 1, "mac": jobs.mac_int(up.mac), "ip": jobs.ip_int(up.ip),
         "udp_port": up.udp_port, "src_port": up.src_port, "port": 9}
-    (par,) = sw.entries(P4.TABLE_PARENTS)
+    (par,) = sw.read(P4.TABLE_PARENTS)
     assert par.match == {"src_addr": jobs.ip_int(up.ip), "src_port": up.udp_port,
                          "parent_job": 7}
     assert par.params == {"job": 3, "workers": 2, "epoch": j.epoch, "region_base": j.base,
                           "region_size": j.size, "mcast_group": j.group, "port": 9}
     epoch = jobs.reset_job(sw, 3).epoch
-    assert epoch != j.epoch and sw.entries(P4.TABLE_PARENTS)[0].params["epoch"] == epoch
+    assert epoch != j.epoch and sw.read(P4.TABLE_PARENTS)[0].params["epoch"] == epoch
     assert jobs.find_job(sw, 3).to_json()["uplink"] == {"job": 7, "worker": 1,
                                                          "ip": up.ip, "udp_port": up.udp_port,
                                                          "src_port": up.src_port}
     jobs.remove_job(sw, 3)
-    assert not sw.entries(P4.TABLE_UPLINK) and not sw.entries(P4.TABLE_PARENTS)
+    assert not sw.read(P4.TABLE_UPLINK) and not sw.read(P4.TABLE_PARENTS)
 
 
 def test_remove_unknown_job_is_an_error():
     with pytest.raises(jobs.JobError, match="job 9 is not installed"):
-        jobs.remove_job(FakeSwitch(), 9)
+        jobs.remove_job(local(), 9)
 
 
 # -- CLI errors are one line and a non-zero exit ---------------------------------------
@@ -280,7 +287,7 @@ def test_list_jobs_skips_entries_that_admit_nobody():
     """A job_workers entry with another action (NoAction, written by another P4Runtime client)
     is no job's sender: listed jobs ignore it instead of failing on its missing params."""
     cfg = parse(__import__("tomllib").loads(GOOD))
-    sw = FakeSwitch()
+    sw = local()
     jobs.add_job(sw, cfg.job(3))
     sw.insert(TableEntry(P4.TABLE_JOB_WORKERS, {"src_addr": jobs.ip_int("10.0.0.9"),
                                                 "src_port": 50000}, "NoAction", {}))

@@ -18,15 +18,11 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
-import io
 import os
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -93,17 +89,9 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def _softswitch_parser() -> argparse.ArgumentParser:
-    """homagg-softswitch builds its parser inside main(): run main(["--help"]) in-process and
-    read the flags back from the help text (argparse exits before anything starts)."""
-    from homagg.targets import soft
+    from homagg.targets.soft.cli import parser
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-        soft.main(["--help"])
-    p = argparse.ArgumentParser(prog="homagg-softswitch", add_help=False)
-    for flag in sorted(set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", out.getvalue()))):
-        p.add_argument(flag)
-    return p
+    return parser()
 
 
 def _flags(p: argparse.ArgumentParser) -> set[str]:

@@ -605,23 +605,24 @@ def test_a_job_the_switch_has_no_room_for_falls_back_and_fits_nowhere_names_both
 
 
 def test_on_bmv2_a_worker_must_be_a_host_of_the_config_whose_port_and_mac_are_written():
-    """The bmv2 branch (the same P4Runtime code, a fake switch here): bmv2 needs each
+    """The bmv2 branch (the same controller code, an in-process switch here): bmv2 needs each
     worker's switch port and MAC, which only the config's [[hosts]] know."""
     from homagg import _p4consts as P4
+    from homagg.controller.local import LocalSwitch
     from homagg.controller.service import Refusal
-    from homagg.controller.testing import FakeSwitch
     from homagg.netconfig import parse
+    from homagg.targets.soft import SoftSwitch
 
     cfg = parse({"switch": {"target": "bmv2"},
                  "hosts": [{"name": f"h{i}", "ip": f"10.0.0.{i}", "mac": f"00:00:0a:00:00:0{i}",
                             "port": i} for i in (1, 2)]})
-    fake = FakeSwitch()
+    fake = LocalSwitch(SoftSwitch())
     svc = JobService(cfg, lambda place: fake, ServeOptions(token=None, slots=8))
     with pytest.raises(Refusal, match=r"^10\.0\.0\.9 is not one of the config's hosts: the "
                                       r"switch \(s1, bmv2\) needs each worker's switch port and "
                                       r"MAC \(\[\[hosts\]\]\)$"):
         svc.join("j", 0, 2, "10.0.0.9", 50000)
-    assert svc._pending == {} and fake.entries(P4.TABLE_JOB_WORKERS) == []
+    assert svc._pending == {} and fake.read(P4.TABLE_JOB_WORKERS) == []
     answers = {}
     ts = [threading.Thread(target=lambda r=r: answers.__setitem__(
         r, svc.join("j", r, 2, f"10.0.0.{r + 1}", 50000 + r))) for r in range(2)]
@@ -631,10 +632,10 @@ def test_on_bmv2_a_worker_must_be_a_host_of_the_config_whose_port_and_mac_are_wr
         t.join(30)
     assert answers[0].job_id == answers[1].job_id == 1
     workers = sorted((e.match["src_port"], e.params["port"], e.params["worker"])
-                     for e in fake.entries(P4.TABLE_JOB_WORKERS))
+                     for e in fake.read(P4.TABLE_JOB_WORKERS))
     assert workers == [(50000, 1, 0), (50001, 2, 1)]
     assert fake.read_multicast_groups() == {2: [(1, 1), (2, 2)]}
-    dst = sorted((e.match["rid"], e.params["mac"]) for e in fake.entries(P4.TABLE_RESULT_DST))
+    dst = sorted((e.match["rid"], e.params["mac"]) for e in fake.read(P4.TABLE_RESULT_DST))
     assert dst == [(1, 0x00000a000001), (2, 0x00000a000002)]
     assert fake.read_counter(P4.COUNTER_STATS)[SERVICE_JOBS_CELL].packets == 1 << 1
 

@@ -27,6 +27,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from torch.distributed import ReduceOp  # noqa: E402
 
 from homagg import wire  # noqa: E402
+from homagg.controller.local import install  # noqa: E402
 from homagg.host_agent import codec  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 from tests.staging import agent_address, agent_addresses  # noqa: E402
@@ -53,9 +54,9 @@ def run_job(fn, tmp_path, job: int, *args, options=None, env=None, world: int = 
     switch = switch_address()
     addrs = agent_addresses(world)
     server = SoftSwitchServer(SoftSwitch(), switch).start()
-    server.switch.add_job(job if table_job is None else table_job, addrs, 16)
+    install(server.switch, job if table_job is None else table_job, addrs, 16)
     for other, other_addrs in (tables or {}).items():
-        server.switch.add_job(other, other_addrs, 16)
+        install(server.switch, other, other_addrs, 16)
     try:
         mp.spawn(_entry, args=(fn, world, addrs, switch, job, str(tmp_path), options or {},
                                env or {}, backend, args), nprocs=world, join=True)
@@ -1088,7 +1089,7 @@ def test_the_ddp_example_with_each_backend(tmp_path):
     for backend in ("gloo", "hook", "homagg"):
         switch, addrs = switch_address(), agent_addresses(WORLD)
         server = SoftSwitchServer(SoftSwitch(), switch).start()
-        server.switch.add_job(1, addrs, 16)
+        install(server.switch, 1, addrs, 16)
         store = tmp_path / f"{backend}-store"
         try:
             procs = [subprocess.Popen(

@@ -11,6 +11,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from homagg import wire  # noqa: E402
+from homagg.controller.local import install  # noqa: E402
 from homagg.host_agent import codec  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 from tests.staging import agent_addresses  # noqa: E402
@@ -82,7 +83,7 @@ def test_ddp_hook_gives_the_exact_mean(tmp_path, overlap):
     world = 2
     addrs = agent_addresses(world)
     server = SoftSwitchServer(SoftSwitch(), SWITCH).start()
-    server.switch.add_job(1, addrs, 16)
+    install(server.switch, 1, addrs, 16)
     try:
         mp.spawn(worker, args=(world, addrs, str(tmp_path),
                                overlap), nprocs=world, join=True)
@@ -145,7 +146,7 @@ def test_ddp_grad_scaler_skips_the_step_on_every_rank_after_an_inf_on_one(tmp_pa
     world = 2
     addrs = agent_addresses(world)
     server = SoftSwitchServer(SoftSwitch(), SWITCH).start()
-    server.switch.add_job(2, addrs, 16)
+    install(server.switch, 2, addrs, 16)
     try:
         mp.spawn(scaler_worker, args=(world, addrs,
                                       str(tmp_path)), nprocs=world, join=True)
@@ -235,7 +236,7 @@ def test_ddp_sparse_gradients_go_through_the_hook_sparse_and_exact(tmp_path):
     world = 2
     addrs = agent_addresses(world)
     server = SoftSwitchServer(SoftSwitch(), SWITCH).start()
-    server.switch.add_job(3, addrs, 16)
+    install(server.switch, 3, addrs, 16)
     try:
         mp.spawn(sparse_worker, args=(world, addrs,
                                       str(tmp_path)), nprocs=world, join=True)

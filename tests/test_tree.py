@@ -18,6 +18,8 @@ import pytest
 
 from homagg import _p4consts as P4
 from homagg import wire
+from homagg.controller import jobs as ctl_jobs
+from homagg.controller.local import LocalSwitch, install
 from homagg.faults import FaultSpec, ImpairedSocket
 from homagg.host_agent import Agent, AgentConfig, AggregationTimeout
 from homagg.netconfig import Uplink
@@ -55,7 +57,7 @@ class Tree:
         self.job_ids = [job + k for k in range(jobs)]
         self.spine = SoftSwitchServer(SoftSwitch(), (self.spine_ip, PORT), spine_faults).start()
         for k, j in enumerate(self.job_ids):
-            self.spine.switch.add_job(j, [(ip, PORT + k) for ip in self.leaf_ips], slots)
+            install(self.spine.switch, j, [(ip, PORT + k) for ip in self.leaf_ips], slots)
         self.leaves = [SoftSwitchServer(SoftSwitch(), (ip, PORT)).start() for ip in self.leaf_ips]
         kw = dict(timeout=0.01, deadline=5.0)
         kw.update(agent_kw)
@@ -63,8 +65,8 @@ class Tree:
         for k, j in enumerate(self.job_ids):
             for i, (ip, leaf) in enumerate(zip(self.leaf_ips, self.leaves)):
                 addrs = agent_addresses(per_leaf)
-                leaf.switch.add_job(j, addrs, slots,
-                                    uplink=Uplink(j, i, self.spine_ip, PORT, src_port=PORT + k))
+                install(leaf.switch, j, addrs, slots,
+                        uplink=Uplink(j, i, self.spine_ip, PORT, src_port=PORT + k))
                 self.configs += [AgentConfig(job=j, worker=w, workers=leaves * per_leaf,
                                              local_workers=per_leaf,
                                              switch=(ip, PORT + k if job_ports else PORT),
@@ -395,7 +397,7 @@ def test_a_reset_tree_runs_again_exactly(make_tree):
     for run in range(2):
         if run:
             for s in [tree.spine, *tree.leaves]:
-                s.switch.reset_job(1)
+                ctl_jobs.reset_job(LocalSwitch(s.switch), 1)
             tree.new_run()
         xs = sparse_tensors(rng, 8, 5_000, 0.05)
         res, err = tree.run(lambda a, i, xs=xs: a.allreduce_detailed(xs[i]))
@@ -519,14 +521,12 @@ def test_two_jobs_in_one_tree_stay_exact_with_faults_on_the_leaf_spine_links(mak
 def test_two_child_jobs_of_a_leaf_on_one_source_port_are_an_error_not_a_wrong_sum(tmp_path,
                                                                                    capsys):
     """The parent knows a leaf's job by the leaf's address and source port: two child jobs of
-    one leaf that go up to one parent from one src_port would be one worker to it. The config,
-    the controller and the software aggregator each refuse that, saying so, before writing
-    anything; so do two child jobs under one parent job, and a src_port outside homagg's
-    ports (the parent's answers come back to it)."""
+    one leaf that go up to one parent from one src_port would be one worker to it. The config
+    and the controller's job logic (whatever switch it writes) each refuse that, saying so,
+    before writing anything; so do two child jobs under one parent job, and a src_port
+    outside homagg's ports (the parent's answers come back to it)."""
     import tomllib
 
-    from homagg.controller import jobs as ctl_jobs
-    from homagg.controller.testing import FakeSwitch
     from homagg.errors import ConfigError, JobError
     from homagg.netconfig import parse
     from homagg.targets.soft import main as softswitch
@@ -552,27 +552,20 @@ def test_two_child_jobs_of_a_leaf_on_one_source_port_are_an_error_not_a_wrong_su
     with pytest.raises(ConfigError, match=r"src_port: 50000 is not an integer in \[48864, "):
         parse(tomllib.loads(config(PORT, 50000)))
 
-    # what a config would say, written through the controller (bmv2's path)
+    # what a config would say, written by the controller's job logic, here into a software
+    # aggregator in process (bmv2's path is the same code over P4Runtime)
     one, two = good.jobs
     clash = dataclasses.replace(two, uplink=dataclasses.replace(two.uplink, src_port=PORT))
-    sw = FakeSwitch()
+    soft = SoftSwitch()
+    sw = LocalSwitch(soft)
     ctl_jobs.add_job(sw, one)
     with pytest.raises(JobError, match="jobs 1 and 2 both send their partial sums"):
         ctl_jobs.add_job(sw, clash)
     assert [j.id for j in ctl_jobs.list_jobs(sw)] == [1]  # nothing of job 2 written
+    assert list(soft.jobs) == [1] and len(soft.read_entries(P4.TABLE_UPLINK)) == 1
     ctl_jobs.add_job(sw, two)
     assert {j.uplink.src_port for j in ctl_jobs.list_jobs(sw)} == {PORT, PORT + 1}
-
-    # the software aggregator's own writes (homagg-softswitch -c leaf.toml, tests)
-    soft = SoftSwitch()
-    for j in (one, clash):
-        args = (j.id, [(w.ip, w.udp_port) for w in j.workers], 8)
-        if j is clash:
-            with pytest.raises(JobError, match="jobs 1 and 2 both send their partial sums"):
-                soft.add_job(*args, uplink=j.uplink)
-        else:
-            soft.add_job(*args, uplink=j.uplink)
-    assert list(soft.jobs) == [1] and len(soft.read_entries(P4.TABLE_UPLINK)) == 1
+    assert sorted(soft.jobs) == [1, 2]
 
     # served on one port only, a child job going up from another is refused at start
     path = tmp_path / "leaf1.toml"
@@ -599,7 +592,7 @@ def test_the_software_aggregator_serves_homaggs_ports_and_answers_from_the_one_a
             s.settimeout(2)
             socks.append(s)
         try:
-            server.switch.add_job(1, [s.getsockname() for s in socks], 4)
+            install(server.switch, 1, [s.getsockname() for s in socks], 4)
             words = [np.arange(8), np.full(8, 5)]
             # worker 0 to port +3, worker 1 (completing the round) to port +9: the result
             # comes to both from +9; worker 0's retransmission to +15 is answered from +15

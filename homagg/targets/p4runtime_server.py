@@ -65,7 +65,7 @@ from homagg.errors import HomaggError, TableError
 from homagg.paths import P4INFO_FILE
 
 if TYPE_CHECKING:  # the switch it serves; soft.py imports this module to serve it
-    from homagg.targets.soft import SoftSwitch
+    from homagg.targets.soft.tables import SoftSwitch
 
 log = logging.getLogger("homagg.p4runtime")
 

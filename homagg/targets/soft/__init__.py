@@ -1,0 +1,21 @@
+"""The software aggregator: the switch program's semantics over UDP sockets.
+
+It runs where bmv2 is not installed (the embedded default), for jobs that do not fit in switch
+memory, and as a baseline. The rules are ``homagg.switch_model`` (the same model the
+conformance suite holds bmv2 to). Three parts, each one job:
+
+- ``tables``: ``SoftSwitch``, the model plus the control plane's state in P4Info terms (the
+  five tables, the multicast groups, the counters), as homagg-ctl writes and reads them on bmv2;
+- ``server``: ``SoftSwitchServer``, that switch on UDP sockets;
+- ``cli``: ``homagg-softswitch``, the two with a P4Runtime server
+  (``homagg.targets.p4runtime_server``), so homagg-ctl drives it as it drives bmv2.
+
+Jobs are the controller's business (``homagg.controller.jobs``), written over P4Runtime or in
+process (``homagg.controller.local``).
+"""
+
+from homagg.targets.soft.cli import main
+from homagg.targets.soft.server import SoftSwitchError, SoftSwitchServer
+from homagg.targets.soft.tables import SoftSwitch
+
+__all__ = ["SoftSwitch", "SoftSwitchError", "SoftSwitchServer", "main"]

@@ -1,0 +1,237 @@
+"""The software aggregator on UDP sockets: ``SoftSwitchServer`` feeds a ``SoftSwitch`` the
+datagrams of homagg's port range and sends its replies, in runs (GSO/GRO, ``homagg.udpio``).
+
+It serves homagg's whole UDP port range (0xBEE0-0xBEEF), as bmv2's parser does, and answers
+from the port each request came to; a tree's child job sends its partial sums up from its
+uplink's src_port.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterable
+
+from homagg import udpio, wire
+from homagg.errors import HomaggError
+from homagg.faults import FaultSpec, ImpairedSocket
+from homagg.targets.soft.tables import SoftSwitch
+
+log = logging.getLogger("homagg.softswitch")
+
+
+class SoftSwitchServer:
+    """A SoftSwitch on UDP sockets, in a thread (tests) or in the foreground (CLI).
+
+    Like bmv2, it takes homagg packets on every port of homagg's range (0xBEE0-0xBEEF), one
+    socket per port, when ``bind``'s port is one of them; else (port 0 in tests: any free
+    port) on that port alone. ``ports``: the ports to serve besides ``bind``'s, in place of
+    that rule (``()``: ``bind``'s alone). ``address`` is the ``bind`` socket's.
+
+    A reply leaves from the port its request came to (bmv2's from_switch: source port = the
+    request's destination port), and a tree's child job sends its partial sums up from its
+    uplink's ``src_port``: the parent knows this switch, as a worker of the parent's job, by
+    (address, source port), so each child job under one parent has a port of its own (several
+    jobs in one tree)."""
+
+    def __init__(self, switch: SoftSwitch | None = None, bind: tuple[str, int] = ("0.0.0.0",
+                 wire.HOMAGG_UDP_PORT_MIN), faults: FaultSpec | None = None,
+                 ports: Iterable[int] | None = None):
+        self.switch = switch or SoftSwitch()
+        ip, main = bind
+        if ports is None:  # the other ports to serve
+            ports = wire.HOMAGG_UDP_PORTS if main in wire.HOMAGG_UDP_PORTS else ()
+        # the bind port first: a port 0 bind learns its port there
+        wanted = [main] + [p for p in dict.fromkeys(ports) if p != main]
+        self.socks: dict[int, udpio.BatchSocket | ImpairedSocket] = {}
+        try:
+            for k, port in enumerate(wanted):
+                raw = self._socket(ip, port, wanted)
+                name = raw.getsockname()
+                port = name[1]  # (port 0: the one the kernel chose)
+                if k == 0:
+                    self.address = name
+                self.socks[port] = raw
+                if faults is not None and faults.active:  # tests: loss, dup, reorder here
+                    # each port its own draw; the bind port's is ``faults`` itself
+                    self.socks[port] = ImpairedSocket(
+                        raw, dataclasses.replace(faults, seed=faults.seed + k) if k else faults)
+        except BaseException:
+            for sock in self.socks.values():
+                sock.close()
+            raise
+        self.sock = next(iter(self.socks.values()))  # the bind port's
+        self.ports = sorted(self.socks)
+        self._unserved: set[int] = set()  # uplink src_ports warned about (not served here)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _socket(ip: str, port: int, wanted: list[int]) -> udpio.BatchSocket:
+        raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+            raw.bind((ip, port))
+        except OSError as e:
+            raw.close()
+            more = (f" (the software aggregator serves ports {ports_text(sorted(wanted))} "
+                    "of this address, as bmv2 takes homagg's whole range; in use by another "
+                    "process? --single-port serves --port alone)" if len(wanted) > 1 else "")
+            raise SoftSwitchError(f"cannot bind UDP {ip}:{port}: {e.strerror}{more}") from None
+        # Non-blocking: serve() waits on all the ports at once (epoll), then drains each.
+        raw.setblocking(False)
+        # Runs of datagrams per system call both ways (udpio: GSO and GRO): a worker's burst
+        # comes up in one receive, and the results of a run go to each worker in one send.
+        return udpio.BatchSocket(raw)
+
+    def io_counts(self) -> dict[str, int]:
+        """The system calls and datagrams of every port's socket, summed (udpio.io_counts)."""
+        total: dict[str, int] = {}
+        for sock in self.socks.values():
+            for name, n in udpio.io_counts(sock).items():
+                total[name] = total.get(name, 0) + n
+        return total
+
+    def serve(self) -> None:
+        socks, sw = self.socks, self.switch
+        buf = bytearray(udpio.RECV_BYTES)
+        poller = select.epoll()
+        by_fd = {}
+        for port, sock in socks.items():
+            poller.register(sock.fileno(), select.EPOLLIN)
+            by_fd[sock.fileno()] = (port, sock)
+        try:
+            while not self._stop.is_set():
+                try:
+                    ready = poller.poll(0.2)
+                except InterruptedError:
+                    continue
+                for fd, _ in ready:
+                    port, sock = by_fd[fd]
+                    # Drain the port (a bounded number of runs, so no port starves the
+                    # others): one wait per burst, not one per run.
+                    for _ in range(_DRAIN_RUNS):
+                        try:
+                            nb, seg, src = sock.recv_many(buf)
+                        except BlockingIOError:
+                            break
+                        except OSError as e:
+                            if self._stop.is_set():
+                                return
+                            log.debug("receive on port %d failed: %s", port, e)
+                            break
+                        replies = sw.handle_run(memoryview(buf)[:nb], seg, src)
+                        up = sw.uplink_ports
+                        for a, out in replies.items():
+                            ups = up.get(a) if up else None
+                            if ups is None:
+                                self._send(sock, out, a)
+                            else:
+                                self._send_up(sock, port, ups, out, a)
+        finally:
+            poller.close()
+
+    def _send_up(self, sock, port: int, ups: dict[int, int], out: list[bytes], a) -> None:
+        """Datagrams to a parent switch (``a``): each leaves from the src_port of the uplink of
+        the job it carries (``ups``: parent job -> src_port), where the parent knows this
+        switch as that job's worker; anything else to it from the port its request came to."""
+        by_port: dict[int, list[bytes]] = {}
+        for d in out:
+            p = ups.get(int.from_bytes(d[_JOB_AT:_JOB_AT + 2], "big"), port)
+            by_port.setdefault(p, []).append(d)
+        for p, ds in by_port.items():
+            s = self.socks.get(p)
+            if s is None:
+                if p not in self._unserved:
+                    self._unserved.add(p)
+                    log.warning("an uplink's src_port %d is not served here (ports %s): its "
+                                "partials leave from port %d, where the parent does not know "
+                                "them", p, ports_text(self.ports), port)
+                s = sock
+            self._send(s, ds, a)
+
+    @staticmethod
+    def _send(sock, out: list[bytes], a) -> None:
+        """``out`` to ``a``: one run per system call where the datagrams are of one size. The
+        socket does not block: a full send buffer is waited on for up to _SEND_WAIT seconds
+        (a blocking socket's patience), then the rest is dropped (the workers' timeouts
+        recover it)."""
+        if len(out) > 1 and len({len(d) for d in out}) == 1:
+            runs = [(b"".join(out), len(out[0]), len(out))]
+        else:
+            runs = [(d, len(d), 1) for d in out]
+        for data, size, n in runs:
+            sent, deadline = 0, 0.0
+            while True:
+                try:
+                    if n == 1:
+                        sock.sendto(data, a)
+                        sent = 1
+                    else:
+                        sent += sock.send_many(memoryview(data)[sent * size:], size, a)
+                except BlockingIOError:
+                    pass
+                except OSError as e:  # a worker gone: the others still get theirs
+                    log.debug("send to %s failed: %s", a, e)
+                    break
+                if sent >= n:
+                    break
+                now = time.monotonic()
+                deadline = deadline or now + _SEND_WAIT
+                if now >= deadline:
+                    log.debug("send buffer full for %.1f s: %d datagrams to %s dropped",
+                              _SEND_WAIT, n - sent, a)
+                    break
+                select.select([], [sock], [], deadline - now)
+
+    def start(self) -> SoftSwitchServer:
+        self._thread = threading.Thread(target=self.serve, name="softswitch", daemon=True)
+        self._thread.start()
+        return self
+
+    def request_stop(self) -> None:
+        """Ask the serving thread to end, without waiting (safe in a signal handler)."""
+        self._stop.set()
+
+    def running(self, wait: float = 0.0) -> bool:
+        """Whether the serving thread still runs, after waiting up to ``wait`` seconds for it
+        to end."""
+        if self._thread is None:
+            return False
+        self._thread.join(wait)
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(2)
+        for sock in self.socks.values():
+            sock.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class SoftSwitchError(HomaggError):
+    """The software aggregator cannot run as asked (a port it cannot bind)."""
+
+
+#: Runs received from one port before the others get their turn.
+_DRAIN_RUNS = 16
+#: How long a send waits for room in a full socket buffer (s).
+_SEND_WAIT = 0.2
+_JOB_AT = wire.OFFSETS["job"]
+
+
+def ports_text(ports: list[int]) -> str:
+    if len(ports) > 1 and ports == list(range(ports[0], ports[-1] + 1)):
+        return f"{ports[0]}-{ports[-1]}"
+    return ", ".join(map(str, ports))
