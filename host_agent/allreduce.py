@@ -327,7 +327,8 @@ class Agent:
             if key is not None:
                 self._last_union[key] = u
             if mode == AUTO:
-                mode = codec.choose_mode(n, u, index_words=sum(index_rounds.values()))
+                mode = codec.choose_mode(n, u, cfg.ratio,
+                                         index_words=sum(index_rounds.values()))
             if mode == Mode.DENSE:
                 union_words = None
         # Only the sketch needs U's positions; union mode works from the bitmap itself.
@@ -444,7 +445,7 @@ class Agent:
             return stream(wire.OP_ADD, words), {str(mode): words.size}
         if not union.size:
             return np.zeros(0, np.int64), {}
-        words = codec.encode_values(s, union, mode, self.seed)
+        words = codec.encode_values(s, union, mode, self.seed, self.cfg.ratio)
         agg = stream(wire.OP_ADD, words)
         peeled = codec.decode_values(agg, union, mode, self.seed)
         values, left = peeled.values, peeled.unresolved
