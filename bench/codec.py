@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from homagg.host_agent import codec
+from homagg.host_agent.simulate import simulate_ints, switch_add, switch_or
 
 
 def interleaved(fns, repeat: int) -> list[np.ndarray]:
@@ -67,13 +68,13 @@ def ored_index(sparse, n, index):
     """What the switch returns in the index rounds: the ORed flat bitmap, or the ORed top, mid
     and leaf levels of the hierarchy."""
     if index == codec.FLAT:
-        return codec.switch_or([s.words for s in sparse])
+        return switch_or([s.words for s in sparse])
     levels = [codec.Levels.of(s.words, n) for s in sparse]
-    top = codec.switch_or([lv.top for lv in levels])
+    top = switch_or([lv.top for lv in levels])
     blocks = codec.union_blocks(top, n)
-    mid = codec.switch_or([lv.mid(blocks) for lv in levels])
+    mid = switch_or([lv.mid(blocks) for lv in levels])
     subs = codec.union_subblocks(blocks, mid)
-    leaf = codec.switch_or([lv.leaf(subs) for lv in levels])
+    leaf = switch_or([lv.leaf(subs) for lv in levels])
     return top, mid, leaf
 
 
@@ -149,26 +150,28 @@ def run(sizes, densities, workers, repeat, seed=11, rows_of=64, row_fraction=0.0
             sparse = [codec.Sparse.from_float(x, shift) for x in xs]
             ints = [s.to_dense() for s in sparse]
             exact = np.sum(np.stack(ints).astype(np.int64), axis=0)
-            union_words = codec.switch_or([s.words for s in sparse])
+            union_words = switch_or([s.words for s in sparse])
             union = codec.union_indices(union_words, n)
             copy = xs[0].copy  # the issue's baseline
             oreds = {index: ored_index(sparse, n, index) for index in (codec.FLAT, codec.HIER)}
             for index, mode in itertools.product((codec.FLAT, codec.HIER),
                                                  ("auto", "union", "sketch")):
-                res = codec.simulate(ints, seed, mode=mode, index=index)
+                res = simulate_ints(ints, seed, mode=mode, index=index)
                 ok = np.array_equal(res.total.astype(np.int64), exact)
                 ored = oreds[index]
                 real = res.mode
+                peel_rounds = 0
                 if real == "dense":
                     # Dense skips the codec entirely: quantize and dequantize only.
                     fn = lambda: codec.dequantize(codec.quantize(xs[0], shift), shift)  # noqa
                 else:
-                    agg = codec.switch_add(
+                    agg = switch_add(
                         [codec.encode_values(s, union, real, seed) for s in sparse], real)
                     resid = None
-                    left = codec.decode_values(agg, union, real, seed).unresolved
+                    peeled = codec.decode_values(agg, union, real, seed)
+                    left, peel_rounds = peeled.unresolved, peeled.rounds
                     if left.size:
-                        resid = codec.switch_add(
+                        resid = switch_add(
                             [codec.residual_values(s, union[left]) for s in sparse], "residual")
                     out = one_worker(xs[0], shift, index, ored, agg, real, seed, resid)
                     want = np.ldexp(exact.astype(np.float64), -shift).astype(np.float32)
@@ -182,7 +185,7 @@ def run(sizes, densities, workers, repeat, seed=11, rows_of=64, row_fraction=0.0
                 label = f"{mode}>{real}" if mode == "auto" else real
                 print(f"{n:>10} {d:>9} {res.u / n:>7.2%} {index:>5} {label:>7} "
                       f"{('yes' if ok else 'NO'):>5} "
-                      f"{res.ratio:>10.2%} {res.peel_rounds:>8} {res.unresolved:>6} "
+                      f"{res.ratio:>10.2%} {peel_rounds:>8} {res.unresolved:>6} "
                       f"{copy_t * 1e3:>8.2f} {t * 1e3:>10.2f} {t / copy_t:>7.2f} "
                       f"{ts.min() / copy_ts.min():>7.2f}", flush=True)
                 rows.append(dict(n=n, density=d, index=index, mode=label, exact=ok,

@@ -4,9 +4,10 @@ This is p4/homagg.p4's aggregation pipeline as a pure model (no sockets, no cloc
 (include/control/admission.p4), the join (join.p4), the slot state machine (slot_state.p4),
 the words and the round's overflow bit (words.p4, with lanes.p4's int32 lane arithmetic) and
 the replies (reply.p4). The software aggregator (``homagg.targets.soft``) is this model on a
-UDP socket; the codec's in-memory simulator adds words with ``lane_add``/``lane_or``; and one
-table-driven conformance suite (bmv2_tests/test_conformance.py) holds the model, the software
-target and bmv2 to the same verdicts, counters, flags and replies.
+UDP socket; the in-memory simulator (``homagg.host_agent.simulate``) adds words with
+``lane_add``/``lane_or``; and one table-driven conformance suite (bmv2_tests/
+test_conformance.py) holds the model, the software target and bmv2 to the same verdicts,
+counters, flags and replies.
 
 Names of verdicts and counters are the P4 program's (generated constants): a new drop reason
 there is a new counter here without an edit.
@@ -19,10 +20,54 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from homagg import wire
-from homagg.wire import Verdict  # the P4 program's enum Verdict (types.p4), generated
+from homagg.wire import (  # the protocol's constants, generated from the P4 program
+    DROP_BAD_LENGTH,
+    DROP_BAD_OP,
+    DROP_BAD_SLOT,
+    DROP_BAD_VERSION,
+    DROP_FORGED_RESULT,
+    DROP_MALFORMED,
+    DROP_PARENT_DUP,
+    DROP_SEQ_MISMATCH,
+    DROP_SPOOFED,
+    DROP_STALE,
+    DROP_UNKNOWN_SENDER,
+    DROP_WRONG_IDENTITY,
+    FLAG_OVERFLOW,
+    FLAG_PHASE,
+    FLAG_REFUSED,
+    FLAG_RESULT,
+    FLAG_RETRANS,
+    FLAG_STATUS,
+    FLAG_UPSTREAM,
+    HOMAGG_HDR_BYTES,
+    HOMAGG_VERSION,
+    JOB_STAT_ACCEPTED,
+    JOB_STAT_COMPLETED,
+    JOB_STAT_DROPPED,
+    JOB_STAT_RETRANS,
+    JOIN_BYTES,
+    OP_ADD,
+    OP_JOIN,
+    OP_OR,
+    STAT_ACCEPTED,
+    STAT_COMPLETED,
+    STAT_DUP_PENDING,
+    STAT_FROM_PARENT,
+    STAT_JOIN_AFRESH,
+    STAT_OVERFLOW,
+    STAT_PARTIAL_RESENT,
+    STAT_PARTIAL_UP,
+    STAT_RETRANS_REPLY,
+    STAT_RX,
+    Verdict,  # the P4 program's enum Verdict (types.p4), generated
+)
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-
+# The verdicts by name, at a global's cost: the per-packet path compares them, and looking an
+# enum member up on its class costs five times as much (Python 3.11)
+ACCEPT, RETRANS_REPLY, DUP_PENDING = Verdict.ACCEPT, Verdict.RETRANS_REPLY, Verdict.DUP_PENDING
+SEQ_MISMATCH, STALE, RESEND_UP = Verdict.SEQ_MISMATCH, Verdict.STALE, Verdict.RESEND_UP
 
 
 def lane_add(acc: np.ndarray, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -176,188 +221,219 @@ class SwitchModel:
         Written for speed (the software aggregator runs it per packet): header fields by
         position, counters by index."""
         stats = self.stats
-        stats[_RX] += 1
+        stats[STAT_RX] += 1
         # admission.p4
         n = len(data)
-        if n < _HDR_BYTES:
-            return self._drop(_MALFORMED)
+        if n < HOMAGG_HDR_BYTES:
+            return self._drop(DROP_MALFORMED)
         # (from here on, a reply to a join says K in its slot field: _reply)
         h = wire.decode_header(data)
-        if h[_OP] == _OP_JOIN:  # JOIN_WORDS words, whatever K (parser.p4)
-            if n != _JOIN_BYTES:
-                return self._drop(_MALFORMED if n < _JOIN_BYTES else _BAD_LENGTH)
+        if h.op == OP_JOIN:  # JOIN_WORDS words, whatever K (parser.p4)
+            if n != JOIN_BYTES:
+                return self._drop(DROP_MALFORMED if n < JOIN_BYTES else DROP_BAD_LENGTH)
         elif n != self.packet_bytes:  # short: the words do not parse; long: a wrong length
-            return self._drop(_MALFORMED if n < self.packet_bytes else _BAD_LENGTH)
-        if h[_VERSION] != _VERSION_VALUE:
-            return self._drop(_BAD_VERSION)
-        op = h[_OP]
-        if op != _OP_ADD and op != _OP_OR and op != _OP_JOIN:
-            return self._drop(_BAD_OP)
-        flags = h[_FLAGS]
-        if flags & _FLAG_RESULT:
+            return self._drop(DROP_MALFORMED if n < self.packet_bytes else DROP_BAD_LENGTH)
+        if h.version != HOMAGG_VERSION:
+            return self._drop(DROP_BAD_VERSION)
+        op = h.op
+        if op != OP_ADD and op != OP_OR and op != OP_JOIN:
+            return self._drop(DROP_BAD_OP)
+        flags = h.flags
+        if flags & FLAG_RESULT:
             # only a tree job's parent sends results to a switch (uplink.p4)
-            child = self.children_of.get((src, h[_JOB])) if self.children_of else None
+            child = self.children_of.get((src, h.job)) if self.children_of else None
             if child is None:
-                return self._drop(_FORGED_RESULT)
+                return self._drop(DROP_FORGED_RESULT)
             up = child.uplink
             if port is not None and up is not None and up.port is not None and port != up.port:
-                return self._drop(_SPOOFED, child)
+                return self._drop(DROP_SPOOFED, child)
             return self._from_parent(data, h, child)
         hit = self.senders.get(src)
         if hit is None:
-            return self._drop(_UNKNOWN_SENDER)
+            return self._drop(DROP_UNKNOWN_SENDER)
         job, worker = hit
         if port is not None and job.ports is not None and port != job.ports[worker]:
-            return self._drop(_SPOOFED, job)
-        if h[_JOB] != job.id or h[_WORKER] != worker:
-            return self._refuse(_WRONG_IDENTITY, job, data, src, flags, join=op == _OP_JOIN)
-        slot = h[_SLOT]
+            return self._drop(DROP_SPOOFED, job)
+        join = op == OP_JOIN
+        if h.job != job.id or h.worker != worker:
+            return self._refuse(DROP_WRONG_IDENTITY, job, data, src, flags, join=join)
+        slot = h.slot
         if slot >= job.size:
-            return self._refuse(_BAD_SLOT, job, data, src, flags, join=op == _OP_JOIN)
+            return self._refuse(DROP_BAD_SLOT, job, data, src, flags, join=join)
 
-        if op == _OP_JOIN:
+        if join:
             return self._join(data, src, h, job, worker)
         m = self.mem
-        seq = h[_SEQ]
-        gen = h[_GEN]
-        idx = 2 * (job.base + slot) + (1 if flags & _FLAG_PHASE else 0)
+        seq = h.seq
+        gen = h.gen
+        idx = 2 * (job.base + slot) + (1 if flags & FLAG_PHASE else 0)
         me = 1 << worker
-        seen, count = m.seen[idx], m.count[idx]
         workers = len(job.workers)
-        verdict, first = self._slot_verdict(idx, job.epoch, workers, me, seq, gen, op)
+        verdict, count = self._slot_state(idx, job.epoch, workers, me, seq, gen, op)
 
         kinds = wire.JOB_STATS_PER_JOB * job.id
         jstats = self.job_stats
-        if verdict == _V_ACCEPT:
-            words = np.frombuffer(data, ">i4", self.k, _WORDS_AT).astype(np.int32)
-            seen, count = (me, 1) if first else (seen | me, count + 1)
-            m.seen[idx], m.count[idx], m.tag[idx] = seen, count, seq
-            m.op[idx], m.epoch[idx], m.gen[idx] = op, job.epoch, gen
-            m.seen[idx ^ 1] &= ~me
-            m.final[idx] = False
-            # words.p4
-            if first:
-                result = words
-                m.overflow[idx] = False
-            elif op == _OP_ADD:
-                result = m.words[idx] + words  # int32 arrays wrap, as the switch's lanes do
-                # a lane overflowed where both operands' signs differ from the sum's (lanes.p4)
-                if ((m.words[idx] ^ result) & (words ^ result)).min() < 0:
-                    m.overflow[idx] = True
-            else:
-                result = lane_or(m.words[idx], words)
-            m.words[idx] = result
-            if flags & _FLAG_OVERFLOW:  # a child switch's partial sum overflowed (trees)
-                m.overflow[idx] = True
-            stats[_ACCEPTED] += 1
-            jstats[kinds + wire.JOB_STAT_ACCEPTED] += 1
-            out = Outcome("STAT_ACCEPTED", _V[verdict])
+        if verdict is ACCEPT:
+            result = self._merge_words(
+                idx, np.frombuffer(data, ">i4", self.k, HOMAGG_HDR_BYTES).astype(np.int32),
+                count == 1, op, flags & FLAG_OVERFLOW != 0)
+            stats[STAT_ACCEPTED] += 1
+            jstats[kinds + JOB_STAT_ACCEPTED] += 1
+            out = Outcome("STAT_ACCEPTED", verdict)
             if count == workers and job.uplink is not None:  # uplink.p4: the partial goes up
-                stats[_PARTIAL_UP] += 1
+                stats[STAT_PARTIAL_UP] += 1
                 out.replies = [self._up(data, job.uplink, flags, idx)]
             elif count == workers:  # reply.p4: complete, multicast to the job's workers
                 m.final[idx] = True
-                stats[_COMPLETED] += 1
-                jstats[kinds + wire.JOB_STAT_COMPLETED] += 1
-                rflags = _FLAG_RESULT | (flags & _FLAG_PHASE)
+                stats[STAT_COMPLETED] += 1
+                jstats[kinds + JOB_STAT_COMPLETED] += 1
+                rflags = FLAG_RESULT | (flags & FLAG_PHASE)
                 if m.overflow[idx]:
-                    rflags |= _FLAG_OVERFLOW
-                    stats[_OVERFLOW] += 1
+                    rflags |= FLAG_OVERFLOW
+                    stats[STAT_OVERFLOW] += 1
                 pkt = _reply(data, rflags, result)
                 out.replies = [(pkt, a) for a in job.result_addresses]
             return out
-        if verdict == _V_RETRANS_REPLY:
-            stats[_RETRANS_REPLY] += 1
-            jstats[kinds + wire.JOB_STAT_RETRANS] += 1
-            rflags = _FLAG_RESULT | _FLAG_RETRANS | (flags & _FLAG_PHASE)
+        if verdict is RETRANS_REPLY:
+            stats[STAT_RETRANS_REPLY] += 1
+            jstats[kinds + JOB_STAT_RETRANS] += 1
+            rflags = FLAG_RESULT | FLAG_RETRANS | (flags & FLAG_PHASE)
             if m.overflow[idx]:
-                rflags |= _FLAG_OVERFLOW
-            return Outcome("STAT_RETRANS_REPLY", _V[verdict], [(_reply(data, rflags, m.words[idx]),
+                rflags |= FLAG_OVERFLOW
+            return Outcome("STAT_RETRANS_REPLY", verdict, [(_reply(data, rflags, m.words[idx]),
                                                             src)])
-        if verdict == _V_RESEND_UP:
-            stats[_PARTIAL_RESENT] += 1
-            jstats[kinds + wire.JOB_STAT_RETRANS] += 1
-            return Outcome("STAT_PARTIAL_RESENT", _V[verdict],
+        if verdict is RESEND_UP:
+            stats[STAT_PARTIAL_RESENT] += 1
+            jstats[kinds + JOB_STAT_RETRANS] += 1
+            return Outcome("STAT_PARTIAL_RESENT", verdict,
                            [self._up(data, job.uplink, flags, idx)])  # type: ignore[arg-type]
-        if verdict == _V_DUP_PENDING:
-            stats[_DUP_PENDING] += 1
-            jstats[kinds + wire.JOB_STAT_RETRANS] += 1
-            rflags = _FLAG_RESULT | _FLAG_STATUS | (flags & _FLAG_PHASE)
-            return Outcome("STAT_DUP_PENDING", _V[verdict],
-                           [(_reply(data, rflags, wire.status_words(seen, count, self.k)), src)])
-        out = self._refuse(_SEQ_MISMATCH if verdict == _V_SEQ_MISMATCH else _STALE, job, data,
-                           src, flags)
-        out.verdict = _V[verdict]
+        if verdict is DUP_PENDING:
+            stats[STAT_DUP_PENDING] += 1
+            jstats[kinds + JOB_STAT_RETRANS] += 1
+            rflags = FLAG_RESULT | FLAG_STATUS | (flags & FLAG_PHASE)
+            status = wire.status_words(m.seen[idx], m.count[idx], self.k)
+            return Outcome("STAT_DUP_PENDING", verdict, [(_reply(data, rflags, status), src)])
+        out = self._refuse(DROP_SEQ_MISMATCH if verdict is SEQ_MISMATCH else DROP_STALE,
+                           job, data, src, flags)
+        out.verdict = verdict
         return out
 
-    def _slot_verdict(self, idx: int, epoch: int, workers: int, me: int, seq: int, gen: int,
-                      op: int) -> tuple[int, bool]:
-        """slot_state.p4: the verdict for a packet of worker bit ``me`` on slot copy ``idx``,
-        and whether it starts the copy's round afresh (``first``). Reads state, writes none."""
+    def _slot_state(self, idx: int, epoch: int, workers: int, me: int, seq: int, gen: int,
+                    op: int) -> tuple[Verdict, int]:
+        """slot_state.p4, for a packet of worker bit ``me`` (round ``seq`` of run ``gen``, job
+        incarnation ``epoch``) on slot copy ``idx``: its verdict and, on ACCEPT, the copy's
+        new state, the accept step both packet paths share. The worker joins the round, a new
+        one if it is the first (the copy's last round done, another run's or incarnation's),
+        and leaves the slot's other copy (its next round there is a new one); the copy holds
+        a partial sum until the round completes. Returns the verdict and the round's count
+        after the packet (1: it started the round; 0: not accepted, nothing written)."""
         m = self.mem
         seen, count, tag = m.seen[idx], m.count[idx], m.tag[idx]
         if m.epoch[idx] != epoch:
-            return _V_ACCEPT, True
-        if m.gen[idx] != gen:  # another run's state: an earlier one's is empty to us
-            return (_V_ACCEPT, True) if newer_gen(gen, m.gen[idx]) else (_V_STALE, False)
-        if seen & me:
+            seen = 0
+        elif m.gen[idx] != gen:  # another run's state: an earlier one's is empty to us
+            if not newer_gen(gen, m.gen[idx]):
+                return STALE, 0
+            seen = 0
+        elif seen & me:
             if count == workers and tag == seq:
                 if m.final[idx]:
-                    return _V_RETRANS_REPLY, False  # the final result again
+                    return RETRANS_REPLY, 0  # the final result again
                 # a tree's round still at the parent: its designated worker sends the partial
                 # up again, the others get a status (one resend per timeout, not one each)
-                return (_V_RESEND_UP if me == 1 << (seq & (workers - 1)) else _V_DUP_PENDING,
-                        False)
-            return (_V_DUP_PENDING if tag == seq else _V_STALE), False
-        if seen == 0:
-            return (_V_ACCEPT, True) if newer(seq, tag) else (_V_STALE, False)
-        if count >= workers or newer(tag, seq):
-            return _V_STALE, False  # finished and this worker moved on, or an older round
-        if tag != seq or m.op[idx] != op:
-            return _V_SEQ_MISMATCH, False
-        return _V_ACCEPT, False
+                return (RESEND_UP if me == 1 << (seq & (workers - 1)) else DUP_PENDING), 0
+            return (DUP_PENDING if tag == seq else STALE), 0
+        elif seen == 0:
+            if not newer(seq, tag):
+                return STALE, 0
+        elif count >= workers or newer(tag, seq):
+            return STALE, 0  # finished and this worker moved on, or an older round
+        elif tag != seq or m.op[idx] != op:
+            return SEQ_MISMATCH, 0
+        # ACCEPT: a round's first packet where seen is 0 (cleared above for a new run or
+        # incarnation), else one more in the round
+        seen, count = (me, 1) if seen == 0 else (seen | me, count + 1)
+        m.seen[idx], m.count[idx], m.tag[idx] = seen, count, seq
+        m.op[idx], m.epoch[idx], m.gen[idx] = op, epoch, gen
+        m.seen[idx ^ 1] &= ~me
+        m.final[idx] = False
+        return ACCEPT, count
+
+    def _merge_words(self, at: int | list[int], words: np.ndarray, first: bool, op: int,
+                     flagged) -> np.ndarray:
+        """words.p4 for accepted packets, all of them the first of their rounds or none: into
+        slot copy ``at`` its ``words`` (K int32), or into each of a list of copies a row of
+        ``words``. A round's first packet replaces the copy's words and clears its overflow
+        bit; a later one adds (int32 arrays wrap, as the switch's lanes do; a lane where both
+        operands' signs differ from the sum's overflowed, lanes.p4, and sets the bit) or ORs.
+        ``flagged`` (a bool, or one per row): the packet says FLAG_OVERFLOW, a child switch's
+        partial sum overflowed (trees), which sets the bit too. Returns the new words."""
+        m = self.mem
+        over = flagged
+        if first:
+            total = words
+        elif op == OP_ADD:
+            acc = m.words[at]
+            total = acc + words
+            lanes = ((acc ^ total) & (words ^ total)).min(axis=-1) < 0
+            # one packet: Python bools (a numpy scalar's | costs as much as the add)
+            over = (flagged or bool(lanes)) if isinstance(at, int) else lanes | flagged
+        else:
+            total = m.words[at] | words
+        m.words[at] = total
+        kept = not first  # a later packet keeps the round's bit; the first starts it afresh
+        if isinstance(at, int):
+            m.overflow[at] = over or (kept and m.overflow[at])
+        elif over is not False:  # a bit per row
+            for i, o in zip(at, over.tolist()):
+                if o or not kept:
+                    m.overflow[i] = o
+        elif not kept:
+            for i in at:
+                m.overflow[i] = False
+        return total
 
     # -- trees (uplink.p4) ----------------------------------------------------------------------
     def _up(self, data: bytes, up: Uplink, flags: int, idx: int) -> tuple[bytes, Address]:
         """The partial sum of slot copy ``idx`` as this switch's contribution to its parent's
         job: the worker's header (slot, round tag, gen, phase) with the parent job's identity,
         and the round's overflow as a flag the parent merges into its own."""
-        rflags = (flags & _FLAG_PHASE) | (_FLAG_OVERFLOW if self.mem.overflow[idx] else 0)
+        rflags = (flags & FLAG_PHASE) | (FLAG_OVERFLOW if self.mem.overflow[idx] else 0)
         return _reply(data, rflags, self.mem.words[idx], job=up.job, worker=up.worker), up.parent
 
-    def _from_parent(self, data: bytes, h, job: JobEntry) -> Outcome:
+    def _from_parent(self, data: bytes, h: wire.Header, job: JobEntry) -> Outcome:
         """A tree job's parent answers this switch: its result (the final sum) is kept in the
         slot copy, so that retransmissions get it, and multicast to the workers here; its
         status replies and refusals are relayed to them marked FLAG_UPSTREAM."""
-        if h[_OP] == _OP_JOIN:
+        if h.op == OP_JOIN:
             return self._join_from_parent(data, h, job)
-        stats, flags = self.stats, h[_FLAGS]
+        stats, flags = self.stats, h.flags
         kinds = wire.JOB_STATS_PER_JOB * job.id
-        slot = h[_SLOT]
+        slot = h.slot
         if slot >= job.size:
-            return self._drop(_BAD_SLOT, job)
+            return self._drop(DROP_BAD_SLOT, job)
         m = self.mem
-        idx = 2 * (job.base + slot) + (1 if flags & _FLAG_PHASE else 0)
+        idx = 2 * (job.base + slot) + (1 if flags & FLAG_PHASE else 0)
         # the round must be the one this switch sent up and still waits for
-        if not (m.epoch[idx] == job.epoch and m.gen[idx] == h[_GEN] and m.tag[idx] == h[_SEQ]
+        if not (m.epoch[idx] == job.epoch and m.gen[idx] == h.gen and m.tag[idx] == h.seq
                 and m.count[idx] == len(job.workers) and not m.final[idx]):
-            return self._drop(_PARENT_DUP, job)
-        stats[_FROM_PARENT] += 1
+            return self._drop(DROP_PARENT_DUP, job)
+        stats[STAT_FROM_PARENT] += 1
         out = Outcome("STAT_FROM_PARENT")
-        if flags & (_FLAG_STATUS | _FLAG_REFUSED):
-            pkt = _reply(data, (flags & ~_FLAG_RETRANS) | _FLAG_UPSTREAM,
-                         np.frombuffer(data, ">i4", self.k, _WORDS_AT), job=job.id)
+        if flags & (FLAG_STATUS | FLAG_REFUSED):
+            pkt = _reply(data, (flags & ~FLAG_RETRANS) | FLAG_UPSTREAM,
+                         np.frombuffer(data, ">i4", self.k, HOMAGG_HDR_BYTES), job=job.id)
             out.replies = [(pkt, a) for a in job.result_addresses]
             return out
-        m.words[idx] = np.frombuffer(data, ">i4", self.k, _WORDS_AT)
-        m.overflow[idx] = m.overflow[idx] or bool(flags & _FLAG_OVERFLOW)
+        m.words[idx] = np.frombuffer(data, ">i4", self.k, HOMAGG_HDR_BYTES)
+        m.overflow[idx] = m.overflow[idx] or bool(flags & FLAG_OVERFLOW)
         m.final[idx] = True
-        stats[_COMPLETED] += 1
-        self.job_stats[kinds + wire.JOB_STAT_COMPLETED] += 1
-        rflags = _FLAG_RESULT | (flags & _FLAG_PHASE)
+        stats[STAT_COMPLETED] += 1
+        self.job_stats[kinds + JOB_STAT_COMPLETED] += 1
+        rflags = FLAG_RESULT | (flags & FLAG_PHASE)
         if m.overflow[idx]:
-            rflags |= _FLAG_OVERFLOW
-            stats[_OVERFLOW] += 1
+            rflags |= FLAG_OVERFLOW
+            stats[STAT_OVERFLOW] += 1
         pkt = _reply(data, rflags, m.words[idx], job=job.id)
         out.replies = [(pkt, a) for a in job.result_addresses]
         return out
@@ -383,8 +459,10 @@ class SwitchModel:
         if rec is not None:
             job, worker = hit  # type: ignore[misc]
             vo, flags, slots = rec["version_op"], rec["flags"], rec["slot"]
-            if not ((vo >> 4 == _VERSION_VALUE).all() and ((vo & 0xF) == (vo[0] & 0xF)).all()
-                    and vo[0] & 0xF in (_OP_ADD, _OP_OR) and not (flags & _FLAG_RESULT).any()
+            if not ((vo >> 4 == HOMAGG_VERSION).all()
+                    and ((vo & 0xF) == (vo[0] & 0xF)).all()
+                    and vo[0] & 0xF in (OP_ADD, OP_OR)
+                    and not (flags & FLAG_RESULT).any()
                     and (rec["job"] == job.id).all() and (rec["worker"] == worker).all()
                     and int(slots.max()) < job.size and np.unique(slots).size == n):
                 rec = None
@@ -400,7 +478,7 @@ class SwitchModel:
         """``process_run``'s array path: admission passed for every packet of ``rec``."""
         m, size, op = self.mem, self.packet_bytes, int(rec["version_op"][0] & 0xF)
         workers, me, epoch = len(job.workers), 1 << worker, job.epoch
-        phase = (rec["flags"] & _FLAG_PHASE) != 0
+        phase = (rec["flags"] & FLAG_PHASE) != 0
         idxs = (2 * (job.base + rec["slot"].astype(np.int64)) + phase).tolist()
         seqs, gens = rec["seq"].tolist(), rec["gen"].tolist()
         out: list[tuple[bytes, Address]] = []
@@ -409,65 +487,46 @@ class SwitchModel:
         added: list[int] = []
         done: list[int] = []
         for r, (idx, seq, gen) in enumerate(zip(idxs, seqs, gens)):
-            verdict, first = self._slot_verdict(idx, epoch, workers, me, seq, gen, op)
-            if verdict != _V_ACCEPT:
+            verdict, count = self._slot_state(idx, epoch, workers, me, seq, gen, op)
+            if verdict is not ACCEPT:
                 out += self.process(bytes(view[r * size:(r + 1) * size]), src).replies
                 continue
-            seen, count = (me, 1) if first else (m.seen[idx] | me, m.count[idx] + 1)
-            m.seen[idx], m.count[idx], m.tag[idx] = seen, count, seq
-            m.op[idx], m.epoch[idx], m.gen[idx] = op, epoch, gen
-            m.seen[idx ^ 1] &= ~me
-            m.final[idx] = False
-            (fresh if first else added).append(r)
+            (fresh if count == 1 else added).append(r)
             if count == workers:
                 done.append(r)
         accepted = len(fresh) + len(added)
         if not accepted:
             return out
         words = rec["words"]
-        if fresh:
-            at = [idxs[r] for r in fresh]
-            m.words[at] = words[fresh]
-            for i in at:
-                m.overflow[i] = False
-        if added:
-            at = [idxs[r] for r in added]
-            acc, w = m.words[at], words[added].astype(np.int32)
-            if op == _OP_ADD:
-                total = acc + w  # int32 arrays wrap, as the switch's lanes do (lanes.p4)
-                for i, o in zip(at, (((acc ^ total) & (w ^ total)).min(axis=1) < 0).tolist()):
-                    if o:
-                        m.overflow[i] = True
-            else:
-                total = acc | w
-            m.words[at] = total
-        flagged = set(np.flatnonzero(rec["flags"] & _FLAG_OVERFLOW).tolist())
-        for r in flagged & {*fresh, *added} if flagged else ():
-            m.overflow[idxs[r]] = True  # a child switch's partial sum overflowed (trees)
+        flagged = (rec["flags"] & FLAG_OVERFLOW) != 0
+        for rows, first in ((fresh, True), (added, False)):
+            if rows:
+                self._merge_words([idxs[r] for r in rows], words[rows], first, op,
+                                  flagged[rows] if flagged.any() else False)
         stats, jstats = self.stats, self.job_stats
         kinds = wire.JOB_STATS_PER_JOB * job.id
-        stats[_RX] += accepted
-        stats[_ACCEPTED] += accepted
-        jstats[kinds + wire.JOB_STAT_ACCEPTED] += accepted
+        stats[STAT_RX] += accepted
+        stats[STAT_ACCEPTED] += accepted
+        jstats[kinds + JOB_STAT_ACCEPTED] += accepted
         if done:  # reply.p4: complete, multicast to the job's workers (uplink.p4: or go up)
             at = [idxs[r] for r in done]
             ovf = np.array([m.overflow[i] for i in at])
             replies = rec[done].copy()
-            replies["flags"] = ((replies["flags"] & _FLAG_PHASE)
-                                | np.where(ovf, _FLAG_OVERFLOW, 0))
+            replies["flags"] = ((replies["flags"] & FLAG_PHASE)
+                                | np.where(ovf, FLAG_OVERFLOW, 0))
             replies["words"] = m.words[at]
             up = job.uplink
             if up is None:
-                replies["flags"] |= _FLAG_RESULT
+                replies["flags"] |= FLAG_RESULT
                 for i in at:
                     m.final[i] = True
-                stats[_COMPLETED] += len(done)
-                jstats[kinds + wire.JOB_STAT_COMPLETED] += len(done)
-                stats[_OVERFLOW] += int(ovf.sum())
+                stats[STAT_COMPLETED] += len(done)
+                jstats[kinds + JOB_STAT_COMPLETED] += len(done)
+                stats[STAT_OVERFLOW] += int(ovf.sum())
                 dests = job.result_addresses
             else:
                 replies["job"], replies["worker"] = up.job, up.worker
-                stats[_PARTIAL_UP] += len(done)
+                stats[STAT_PARTIAL_UP] += len(done)
                 dests = [up.parent]
             blob = replies.tobytes()
             pkts = [blob[i * size:(i + 1) * size] for i in range(len(done))]
@@ -475,7 +534,8 @@ class SwitchModel:
                 out += [(p, a) for p in pkts]
         return out
 
-    def _join(self, data: bytes, src: Address, h, job: JobEntry, worker: int) -> Outcome:
+    def _join(self, data: bytes, src: Address, h: wire.Header, job: JobEntry, worker: int
+              ) -> Outcome:
         """join.p4: a new run's barrier; the reply carries the run's generation. In a tree, a
         join complete here goes up as this switch's join of the parent's job, and the run's
         generation is the one the root hands out (``_join_from_parent``)."""
@@ -485,34 +545,34 @@ class SwitchModel:
         if not same_epoch:
             seen, count, held = 0, 0, 0
         me = 1 << worker
-        nonce = h[_SEQ]
+        nonce = h.seq
         workers = len(job.workers)
         kinds = wire.JOB_STATS_PER_JOB * job.id
         jstats, stats = self.job_stats, self.stats
-        flags = h[_FLAGS]
+        flags = h.flags
         if same_epoch and self.join_nonce.get((job.id, worker), 0) == nonce:
             if not seen & me:
-                verdict = _V_STALE
+                verdict = STALE
             elif count == workers and not final:  # a tree's join, still at the parent
-                stats[_PARTIAL_RESENT] += 1
-                jstats[kinds + wire.JOB_STAT_RETRANS] += 1
-                return Outcome("STAT_PARTIAL_RESENT", _V[_V_RESEND_UP],
+                stats[STAT_PARTIAL_RESENT] += 1
+                jstats[kinds + JOB_STAT_RETRANS] += 1
+                return Outcome("STAT_PARTIAL_RESENT", RESEND_UP,
                                [self._join_up(data, job, gen, run)])
             elif count == workers:
-                stats[_RETRANS_REPLY] += 1
-                jstats[kinds + wire.JOB_STAT_RETRANS] += 1
-                rflags = _FLAG_RESULT | _FLAG_RETRANS | (flags & _FLAG_PHASE)
-                return Outcome("STAT_RETRANS_REPLY", _V[_V_RETRANS_REPLY],
+                stats[STAT_RETRANS_REPLY] += 1
+                jstats[kinds + JOB_STAT_RETRANS] += 1
+                rflags = FLAG_RESULT | FLAG_RETRANS | (flags & FLAG_PHASE)
+                return Outcome("STAT_RETRANS_REPLY", RETRANS_REPLY,
                                [(self._join_reply(data, rflags, None, handed), src)])
             else:
-                stats[_DUP_PENDING] += 1
-                jstats[kinds + wire.JOB_STAT_RETRANS] += 1
-                rflags = _FLAG_RESULT | _FLAG_STATUS | (flags & _FLAG_PHASE)
-                return Outcome("STAT_DUP_PENDING", _V[_V_DUP_PENDING],
+                stats[STAT_DUP_PENDING] += 1
+                jstats[kinds + JOB_STAT_RETRANS] += 1
+                rflags = FLAG_RESULT | FLAG_STATUS | (flags & FLAG_PHASE)
+                return Outcome("STAT_DUP_PENDING", DUP_PENDING,
                                [(self._join_reply(data, rflags, wire.status_words(
                                    seen, count, wire.JOIN_WORDS), gen), src)])
-            out = self._refuse(_STALE, job, data, src, flags, gen, join=True)
-            out.verdict = _V[verdict]
+            out = self._refuse(DROP_STALE, job, data, src, flags, gen, join=True)
+            out.verdict = verdict
             return out
         self.join_nonce[(job.id, worker)] = nonce
         # a pending join of another run never completed: its members are not this run's
@@ -521,24 +581,24 @@ class SwitchModel:
             seen, count, gen, run = me, 1, (gen + 1) & 0xFF, _join_run(data)
             if afresh:
                 held = 0  # the parent's answer to the other run
-                stats[_JOIN_AFRESH] += 1
+                stats[STAT_JOIN_AFRESH] += 1
         elif not seen & me:
             seen, count = seen | me, count + 1
         # else: this worker's process restarted during a join it is counted in
         st[:] = [seen, count, gen, job.epoch, 0, handed, held, run]
-        stats[_ACCEPTED] += 1
-        jstats[kinds + wire.JOB_STAT_ACCEPTED] += 1
-        out = Outcome("STAT_ACCEPTED", _V[_V_ACCEPT])
+        stats[STAT_ACCEPTED] += 1
+        jstats[kinds + JOB_STAT_ACCEPTED] += 1
+        out = Outcome("STAT_ACCEPTED", ACCEPT)
         if count == workers and job.uplink is not None and not held:  # uplink.p4: goes up
-            stats[_PARTIAL_UP] += 1
+            stats[STAT_PARTIAL_UP] += 1
             out.replies = [self._join_up(data, job, gen, run)]
         elif count == workers:
             # the root hands out its generation; a child job the parent's held answer's
             hand = handed if job.uplink is not None else gen
             st[4:7] = [1, hand, 0]
-            stats[_COMPLETED] += 1
-            jstats[kinds + wire.JOB_STAT_COMPLETED] += 1
-            pkt = self._join_reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, hand)
+            stats[STAT_COMPLETED] += 1
+            jstats[kinds + JOB_STAT_COMPLETED] += 1
+            pkt = self._join_reply(data, FLAG_RESULT | (flags & FLAG_PHASE), None, hand)
             out.replies = [(pkt, a) for a in job.result_addresses]
         return out
 
@@ -552,46 +612,46 @@ class SwitchModel:
         words = np.zeros(wire.JOIN_WORDS, np.int32)
         words[wire.JOIN_RUN_WORD] = np.uint32(run).view(np.int32)
         hdr = bytearray(_reply(data, 0, words, 0, job=up.job, worker=up.worker))
-        hdr[_SEQ_AT:_SEQ_AT + 4] = _join_nonce(job.epoch, gen).to_bytes(4, "big")
-        hdr[_SLOT_AT:_SLOT_AT + 2] = bytes(2)
+        wire.put_field(hdr, "seq", _join_nonce(job.epoch, gen))
+        wire.put_field(hdr, "slot", 0)
         return bytes(hdr), up.parent
 
-    def _join_from_parent(self, data: bytes, h, job: JobEntry) -> Outcome:
+    def _join_from_parent(self, data: bytes, h: wire.Header, job: JobEntry) -> Outcome:
         """The parent's answer to this switch's join: its result hands out the run's
         generation, kept here for retransmissions and multicast to the workers; a status or
         refusal is relayed to them marked FLAG_UPSTREAM. A result that comes while the join
         here is pending is held (join.p4): the parent completed its join with this switch's
         previous one, and nothing newer went up, so the local join hands it out."""
         st = self.join_state.get(job.id)
-        flags = h[_FLAGS]
-        answer = flags & (_FLAG_STATUS | _FLAG_REFUSED)
+        flags = h.flags
+        answer = flags & (FLAG_STATUS | FLAG_REFUSED)
         if st is None or st[3] != job.epoch:
-            return self._drop(_PARENT_DUP, job)
+            return self._drop(DROP_PARENT_DUP, job)
         workers = len(job.workers)
         waiting = st[1] == workers and not st[4]
         # a status or refusal answers our own join (its nonce); a result is the parent's
         # multicast, which echoes whichever child completed the join, so any newer
         # generation than the last one handed out is ours
-        newer = newer_gen(h[_GEN], st[5])
-        if answer and not (waiting and h[_SEQ] == _join_nonce(job.epoch, st[2])):
-            return self._drop(_PARENT_DUP, job)
+        newer = newer_gen(h.gen, st[5])
+        if answer and not (waiting and h.seq == _join_nonce(job.epoch, st[2])):
+            return self._drop(DROP_PARENT_DUP, job)
         if not answer and not (waiting and newer):
             if 0 < st[1] < workers and not st[6] and newer:
-                st[5:7] = [h[_GEN], 1]
-                self.stats[_FROM_PARENT] += 1
+                st[5:7] = [h.gen, 1]
+                self.stats[STAT_FROM_PARENT] += 1
                 return Outcome("STAT_FROM_PARENT")
-            return self._drop(_PARENT_DUP, job)
-        self.stats[_FROM_PARENT] += 1
+            return self._drop(DROP_PARENT_DUP, job)
+        self.stats[STAT_FROM_PARENT] += 1
         out = Outcome("STAT_FROM_PARENT")
-        words = np.frombuffer(data, ">i4", wire.JOIN_WORDS, _WORDS_AT)
+        words = np.frombuffer(data, ">i4", wire.JOIN_WORDS, wire.OFFSETS["words"])
         if answer:
-            pkt = self._join_reply(data, (flags & ~_FLAG_RETRANS) | _FLAG_UPSTREAM, words, None,
-                                   job.id)
+            pkt = self._join_reply(data, (flags & ~FLAG_RETRANS) | FLAG_UPSTREAM, words,
+                                   None, job.id)
         else:
-            st[4:7] = [1, h[_GEN], 0]
-            self.stats[_COMPLETED] += 1
-            self.job_stats[wire.JOB_STATS_PER_JOB * job.id + wire.JOB_STAT_COMPLETED] += 1
-            pkt = self._join_reply(data, _FLAG_RESULT | (flags & _FLAG_PHASE), None, h[_GEN],
+            st[4:7] = [1, h.gen, 0]
+            self.stats[STAT_COMPLETED] += 1
+            self.job_stats[wire.JOB_STATS_PER_JOB * job.id + JOB_STAT_COMPLETED] += 1
+            pkt = self._join_reply(data, FLAG_RESULT | (flags & FLAG_PHASE), None, h.gen,
                                    job.id)
         out.replies = [(pkt, a) for a in job.result_addresses]
         return out
@@ -604,7 +664,7 @@ class SwitchModel:
         out = self._drop(index, job)
         words = np.zeros(wire.JOIN_WORDS if join else self.k, np.int32)
         words[-1] = index
-        rflags = _FLAG_RESULT | _FLAG_REFUSED | (flags & _FLAG_PHASE)
+        rflags = FLAG_RESULT | FLAG_REFUSED | (flags & FLAG_PHASE)
         out.replies = [(self._join_reply(data, rflags, words, gen) if join
                         else _reply(data, rflags, words, gen), src)]
         return out
@@ -615,13 +675,13 @@ class SwitchModel:
         field, which is how the agent learns K (reply.p4); ``job``: as ``_reply``."""
         pkt = bytearray(_reply(data, flags, np.zeros(wire.JOIN_WORDS, np.int32)
                                if words is None else words, gen, job))
-        pkt[_SLOT_AT:_SLOT_AT + 2] = self.k.to_bytes(2, "big")
+        wire.put_field(pkt, "slot", self.k)
         return bytes(pkt)
 
     def _drop(self, index: int, job: JobEntry | None = None) -> Outcome:
         self.stats[index] += 1
         if job is not None:
-            self.job_stats[job.id * wire.JOB_STATS_PER_JOB + wire.JOB_STAT_DROPPED] += 1
+            self.job_stats[job.id * wire.JOB_STATS_PER_JOB + JOB_STAT_DROPPED] += 1
         return Outcome(wire.STATS[index])
 
 
@@ -630,20 +690,20 @@ def _reply(data: bytes, flags: int, words: np.ndarray, gen: int | None = None,
     """The switch echoes the packet's header (worker included) with new flags, and the gen
     the join hands out, followed by ``words``; in a tree, with the job (and worker) of the
     switch it goes to."""
-    hdr = bytearray(data[:_WORDS_AT])
-    hdr[_FLAGS_AT] = flags
+    hdr = bytearray(data[:wire.OFFSETS["words"]])
+    hdr[wire.OFFSETS["flags"]] = flags
     if gen is not None:
-        hdr[_GEN_AT] = gen
+        hdr[wire.OFFSETS["gen"]] = gen
     if job is not None:
-        hdr[_JOB_AT:_JOB_AT + 2] = job.to_bytes(2, "big")
+        wire.put_field(hdr, "job", job)
     if worker is not None:
-        hdr[_WORKER_AT] = worker
+        hdr[wire.OFFSETS["worker"]] = worker
     return bytes(hdr) + np.asarray(words, ">i4").tobytes()
 
 
 def _join_run(data: bytes) -> int:
     """A join's run (word JOIN_RUN_WORD): the attempt its worker's run belongs to (join.p4)."""
-    at = _WORDS_AT + 4 * wire.JOIN_RUN_WORD
+    at = wire.OFFSETS["words"] + 4 * wire.JOIN_RUN_WORD
     return int.from_bytes(data[at:at + 4], "big")
 
 
@@ -651,35 +711,3 @@ def _join_nonce(epoch: int, gen: int) -> int:
     """A tree job's join of its parent's job, for its local run ``gen``: unique per run and
     job incarnation (uplink.p4)."""
     return (epoch << 8 | gen) & 0xFFFFFFFF
-
-
-# Per-packet constants, resolved once (names from the generated protocol module).
-_S = wire.STAT_INDEX
-_RX, _ACCEPTED, _COMPLETED, _OVERFLOW = (_S[n] for n in ("STAT_RX", "STAT_ACCEPTED",
-                                                         "STAT_COMPLETED", "STAT_OVERFLOW"))
-_RETRANS_REPLY, _DUP_PENDING = _S["STAT_RETRANS_REPLY"], _S["STAT_DUP_PENDING"]
-_MALFORMED, _BAD_LENGTH, _BAD_VERSION, _BAD_OP = (_S[n] for n in (
-    "DROP_MALFORMED", "DROP_BAD_LENGTH", "DROP_BAD_VERSION", "DROP_BAD_OP"))
-_FORGED_RESULT, _UNKNOWN_SENDER, _SPOOFED = (_S[n] for n in (
-    "DROP_FORGED_RESULT", "DROP_UNKNOWN_SENDER", "DROP_SPOOFED"))
-_WRONG_IDENTITY, _BAD_SLOT = _S["DROP_WRONG_IDENTITY"], _S["DROP_BAD_SLOT"]
-_STALE, _SEQ_MISMATCH = _S["DROP_STALE"], _S["DROP_SEQ_MISMATCH"]
-_F = wire.FIELD
-_VERSION, _OP, _FLAGS, _JOB, _WORKER, _SLOT, _SEQ, _GEN = (_F[n] for n in (
-    "version", "op", "flags", "job", "worker", "slot", "seq", "gen"))
-_HDR_BYTES, _JOIN_BYTES = wire.HOMAGG_HDR_BYTES, wire.JOIN_BYTES
-_WORDS_AT, _FLAGS_AT, _GEN_AT, _SLOT_AT, _JOB_AT, _WORKER_AT, _SEQ_AT = (
-    wire.OFFSETS[n] for n in ("words", "flags", "gen", "slot", "job", "worker", "seq"))
-_VERSION_VALUE, _OP_ADD, _OP_OR, _OP_JOIN = (wire.HOMAGG_VERSION, wire.OP_ADD, wire.OP_OR,
-                                             wire.OP_JOIN)
-_FLAG_RESULT, _FLAG_PHASE, _FLAG_OVERFLOW = wire.FLAG_RESULT, wire.FLAG_PHASE, wire.FLAG_OVERFLOW
-_FLAG_RETRANS, _FLAG_STATUS, _FLAG_REFUSED = wire.FLAG_RETRANS, wire.FLAG_STATUS, wire.FLAG_REFUSED
-_FLAG_UPSTREAM = wire.FLAG_UPSTREAM
-_PARTIAL_UP, _PARTIAL_RESENT, _FROM_PARENT, _PARENT_DUP = (_S[n] for n in (
-    "STAT_PARTIAL_UP", "STAT_PARTIAL_RESENT", "STAT_FROM_PARENT", "DROP_PARENT_DUP"))
-_JOIN_AFRESH = _S["STAT_JOIN_AFRESH"]
-# Verdicts as plain ints in the per-packet path (enum attribute access is slow), and back.
-_V = {int(v): v for v in Verdict}
-_V_ACCEPT, _V_RETRANS_REPLY, _V_DUP_PENDING, _V_SEQ_MISMATCH, _V_STALE, _V_RESEND_UP = (
-    int(Verdict[n]) for n in ("ACCEPT", "RETRANS_REPLY", "DUP_PENDING", "SEQ_MISMATCH", "STALE",
-                              "RESEND_UP"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -112,9 +113,35 @@ for _name, _n, _ in BYTE_FIELDS:
     _off += _n
 OFFSETS["words"] = _off
 assert HEADER.size == HOMAGG_HDR_BYTES, "constants.p4 HOMAGG_HDR_BYTES vs header homagg_h"
+#: (byte offset, bytes) of every whole-byte header field (version and op share a byte: not here)
+SPANS = {name: (OFFSETS[name], n) for name, n, subs in BYTE_FIELDS if len(subs) == 1}
 
-#: position of every P4 header field in the tuple ``decode_header`` returns
-FIELD = {name: k for k, (name, _) in enumerate(HEADER_FIELDS)}
+
+def put_field(buf: bytearray, name: str, value: int) -> None:
+    """Write a whole-byte header field (``SPANS``) into a datagram's bytes."""
+    at, n = SPANS[name]
+    buf[at:at + n] = value.to_bytes(n, "big")
+
+
+class Header(NamedTuple):
+    """A datagram's P4 header fields, in HEADER_FIELDS order (``decode_header``): by name, at a
+    tuple index's speed (the per-packet path's reads). The P4 field list is the authority; the
+    check below holds this class to it."""
+
+    version: int
+    op: int
+    flags: int
+    job: int
+    worker: int
+    gen: int
+    slot: int
+    seq: int
+
+
+assert Header._fields == tuple(name for name, _ in HEADER_FIELDS), \
+    "wire.Header vs the P4 header homagg_h (HEADER_FIELDS)"
+#: position of every P4 header field in the ``Header`` that ``decode_header`` returns
+FIELD = {name: k for k, name in enumerate(Header._fields)}
 
 
 def _decoder():
@@ -125,12 +152,13 @@ def _decoder():
             shift -= w
             steps.append((i, shift, (1 << w) - 1))
     unpack = HEADER.unpack_from
+    make = tuple.__new__
 
-    def decode_header(buf) -> tuple[int, ...]:
-        """The P4 header fields of a datagram, in HEADER_FIELDS order (see FIELD); the fast
-        path for per-packet code, where ``fields`` builds a dict."""
+    def decode_header(buf) -> Header:
+        """The P4 header fields of a datagram (the fast path for per-packet code, where
+        ``fields`` builds a dict)."""
         t = unpack(buf)
-        return tuple([(t[i] >> s) & m for i, s, m in steps])
+        return make(Header, [(t[i] >> s) & m for i, s, m in steps])
 
     return decode_header
 

@@ -4,12 +4,12 @@
 retransmission, deadline, with ``rto``'s timeout), configured by ``config``; ``codec`` holds
 the encodings; ``torch_hook`` plugs the agent into DDP, ``torch_backend`` makes it a
 torch.distributed backend ("homagg", registered by ``import homagg.torch``); ``simulate``
-runs the whole all-reduce in memory (``simulate_allreduce``).
+runs the whole all-reduce in memory (``simulate_allreduce``; ``simulate_ints`` on integers).
 """
 
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentConfig, AgentError, AggregationTimeout
-from homagg.host_agent.simulate import MemoryJob, simulate_allreduce
+from homagg.host_agent.simulate import MemoryJob, simulate_allreduce, simulate_ints
 
 __all__ = ["Agent", "AgentConfig", "AgentError", "AggregationTimeout", "MemoryJob",
-           "simulate_allreduce"]
+           "simulate_allreduce", "simulate_ints"]

@@ -173,6 +173,29 @@ def _blocks_touched(top_blocks: np.ndarray, n: int, block: int) -> np.ndarray:
     return np.flatnonzero(np.cumsum(mark[:nb]) > 0)
 
 
+@dataclass
+class _Negotiation:
+    """What round 1 (and the index rounds) settled, for ``Agent.allreduce_detailed``'s later
+    steps: this worker's scan and max exponent, the mode asked (``auto`` still undecided), the
+    ORed round-1 words (exponents first), the union bitmap (None: dense), the index and its
+    words per round, the ORed block words and the split blocks."""
+
+    scan: codec.Scan
+    exponent: int | None
+    mode: str
+    ored: np.ndarray
+    union_words: np.ndarray | None
+    index: str | None
+    index_rounds: dict[str, int]
+    block_words: np.ndarray | None  # None: round 1 flagged a non-finite value, and ended it
+    split: np.ndarray
+
+    @property
+    def nonfinite(self) -> bool:
+        """Some worker had a NaN or an Inf (round 1's flag)."""
+        return _nonfinite(self.ored[:wire.EXP_WORDS])
+
+
 class Agent:
     """``transport``: a factory ``(config, counters) -> transport``, the transport having
     ``stream(op, words)``, ``close()`` and a ``broken`` attribute; default the UDP
@@ -276,16 +299,53 @@ class Agent:
         return RowsResult(union, res.out.reshape(on_union.shape), res)
 
     def allreduce_detailed(self, x: np.ndarray, key=None) -> Result:
+        """``allreduce`` with the exact integers behind the sum (``Result``), in five steps:
+        negotiate (round 1: scale, non-finite flag, block words, the index), choose (the
+        value mode, from the union), the split round (blocks that need per-element scales),
+        the value rounds (rescaled on the switch's overflow flag), and decode. ``key``
+        names the tensor across calls (the index and mode choices remember it)."""
         cfg = self.cfg
         x = np.asarray(x)
         if not np.issubdtype(x.dtype, np.floating):
             raise AgentError(f"{cfg.who}: allreduce wants floats, got {x.dtype} "
                              "(use allreduce_int for integers)")
-        out_dtype = x.dtype
         flat = x.reshape(-1)
-        n = flat.size
-        B = cfg.block
         before = self.counters.bytes_sent
+        neg = self._negotiate(flat, key)
+        if neg.nonfinite:
+            # Every worker saw the flag in round 1: no further round, on any of them.
+            log.info("%s: non-finite values in the job's tensor: NaN", cfg.who)
+            return Result(np.full(flat.size, np.nan, x.dtype),
+                          0, Mode(neg.mode if neg.mode != AUTO else Mode.DENSE), flat.size, None,
+                          np.zeros(0, np.int64), self.counters.bytes_sent - before,
+                          dict(neg.index_rounds), index=neg.index,
+                          block_shifts=np.zeros(codec.block_count(flat.size, cfg.block),
+                                                np.int64),
+                          block=cfg.block, nonfinite=True)
+        mode, union_words, union = self._choose(neg, key)
+        assert neg.block_words is not None
+        block_offsets = codec.block_offsets(neg.block_words)
+        offsets, scale_block, split_rounds = self._split_round(neg, block_offsets)
+        shift = codec.shift_for(_max_exponent(neg.ored[:wire.EXP_WORDS]), cfg.workers,
+                                cfg.headroom) + cfg.shift_bias
+        shift, values, rounds = self._rescaled_rounds(flat, neg.scan, shift, offsets,
+                                                      scale_block, mode, union_words, union)
+        block_shifts = shift + offsets
+        out = self._decode(values, block_shifts, scale_block, mode, union_words, union,
+                           flat.size, x.dtype)
+        return Result(out, shift, Mode(mode), flat.size, union_words, values,
+                      self.counters.bytes_sent - before,
+                      {**neg.index_rounds, **split_rounds, **rounds}, union, index=neg.index,
+                      block_shifts=shift + block_offsets, block=cfg.block,
+                      split=block_shifts if neg.split.size else None)
+
+    def _negotiate(self, flat: np.ndarray, key) -> _Negotiation:
+        """Round 1 (and, with the hierarchical index, its two further OR rounds): this
+        worker's max exponent (or the non-finite flag), its block words and split flags, and,
+        unless the mode is dense (asked, or remembered for ``key``), the index of its
+        non-zeros; what the switch ORed of every worker's."""
+        cfg = self.cfg
+        n, B = flat.size, cfg.block
         scan = codec.Scan.of(flat)
         finite = scan.finite()
         # A NaN or Inf: flag it in round 1 (every worker then returns NaN), no scales.
@@ -293,33 +353,28 @@ class Agent:
         onehot = _exponent_words(e, nonfinite=not finite)
         blocks = codec.block_words(scan.idx, scan.raw, n, B, e)
         flags = codec.split_flags(scan.idx, scan.raw, n, B, cfg.split and finite)
-
         mode = codec.as_mode(cfg.mode, auto=True)
         if mode == AUTO and key is not None and self._last_mode.get(key) == Mode.DENSE:
             mode = Mode.DENSE  # last time this tensor was dense: skip the index (all agree)
-        index = None
-        index_rounds: dict[str, int] = {}
-        u = 0
         if mode == Mode.DENSE:
             agg = self.transport.stream(wire.OP_OR, np.concatenate([onehot, blocks, flags])
                                         ).view(np.uint32)
-            union_words = None
-            block_agg = agg[wire.EXP_WORDS:wire.EXP_WORDS + blocks.size]
-            split = codec.split_blocks(agg[wire.EXP_WORDS + blocks.size:], n, B)
-        else:
-            index = codec.choose_index(cfg.index, n, self._last_union.get(key)
-                                       if key is not None else None)
-            agg, union_words, index_rounds, block_agg, split = self._index_rounds(
-                scan, onehot, blocks, flags, index)
-        if _nonfinite(agg[:wire.EXP_WORDS]):
-            # Every worker saw the flag in round 1: no further round, on any of them.
-            log.info("%s: non-finite values in the job's tensor: NaN", cfg.who)
-            return Result(np.full(n, np.nan, out_dtype), 0, Mode(mode if mode != AUTO
-                                                                  else Mode.DENSE),
-                          n, None, np.zeros(0, np.int64), self.counters.bytes_sent - before,
-                          dict(index_rounds), index=index,
-                          block_shifts=np.zeros(codec.block_count(n, B), np.int64), block=B,
-                          nonfinite=True)
+            return _Negotiation(scan, e, mode, agg, None, None, {},
+                                agg[wire.EXP_WORDS:wire.EXP_WORDS + blocks.size],
+                                codec.split_blocks(agg[wire.EXP_WORDS + blocks.size:], n, B))
+        index = codec.choose_index(cfg.index, n, self._last_union.get(key)
+                                   if key is not None else None)
+        agg, union_words, index_rounds, block_agg, split = self._index_rounds(
+            scan, onehot, blocks, flags, index)
+        return _Negotiation(scan, e, mode, agg, union_words, index, index_rounds, block_agg,
+                            split)
+
+    def _choose(self, neg: _Negotiation, key) -> tuple[str, np.ndarray | None,
+                                                      np.ndarray | None]:
+        """The value mode (``auto``: by the byte count, from the union's size u, which is
+        remembered for ``key``), and the union it works on: (mode, the union bitmap or None
+        for dense, the union's positions where the sketch needs them)."""
+        mode, union_words, n = neg.mode, neg.union_words, neg.scan.n
         assert union_words is not None or mode == Mode.DENSE
         if mode != Mode.DENSE:
             assert union_words is not None
@@ -327,7 +382,8 @@ class Agent:
             if key is not None:
                 self._last_union[key] = u
             if mode == AUTO:
-                mode = codec.choose_mode(n, u, index_words=sum(index_rounds.values()))
+                mode = codec.choose_mode(n, u, self.cfg.ratio,
+                                         index_words=sum(neg.index_rounds.values()))
             if mode == Mode.DENSE:
                 union_words = None
         # Only the sketch needs U's positions; union mode works from the bitmap itself.
@@ -335,26 +391,34 @@ class Agent:
                  if mode == Mode.SKETCH and union_words is not None else None)
         if key is not None:
             self._last_mode[key] = mode
-        e_all = _max_exponent(agg[:wire.EXP_WORDS])
-        offsets = block_offsets = codec.block_offsets(block_agg)
-        scale_block = B  # elements per entry of ``offsets``: 1 once blocks split
-        split_rounds = {}
-        if split.size:
-            # The split round: one word per element of a split block; its elements' own
-            # offsets (every worker has the same blocks, from the OR).
-            at = codec.split_positions(split, n, B)
-            ored = self.transport.stream(wire.OP_OR, codec.element_words(
-                scan.idx, scan.raw, at, e)).view(np.uint32)
-            offsets, scale_block = codec.split_offsets(block_offsets, B, n, at, ored), 1
-            split_rounds = {"split": at.size}
-        shift = codec.shift_for(e_all, cfg.workers, cfg.headroom) + cfg.shift_bias
-        rounds = {}
+        return mode, union_words, union
+
+    def _split_round(self, neg: _Negotiation, block_offsets: np.ndarray
+                     ) -> tuple[np.ndarray, int, dict[str, int]]:
+        """The split round, when some block split: one word per element of a split block,
+        its elements' own offsets (every worker has the same blocks, from the OR). Returns
+        the offsets to scale by, the elements each covers (the block, or 1 once blocks
+        split) and the round's words."""
+        if not neg.split.size:
+            return block_offsets, self.cfg.block, {}
+        n, B = neg.scan.n, self.cfg.block
+        at = codec.split_positions(neg.split, n, B)
+        ored = self.transport.stream(wire.OP_OR, codec.element_words(
+            neg.scan.idx, neg.scan.raw, at, neg.exponent)).view(np.uint32)
+        return codec.split_offsets(block_offsets, B, n, at, ored), 1, {"split": at.size}
+
+    def _rescaled_rounds(self, flat, scan, shift: int, offsets: np.ndarray, scale_block: int,
+                         mode, union_words, union) -> tuple[int, np.ndarray, dict]:
+        """The value rounds at the negotiated ``shift``; when the switch flags an overflow,
+        again with every block's scale 16 times coarser (every worker sees the flag and does
+        the same), up to ``max_rescales`` times. Returns the shift that went through, the
+        exact sums and the words per round."""
+        cfg = self.cfg
         for _attempt in range(cfg.max_rescales + 1):
-            block_shifts = shift + offsets
             try:
-                values, rounds = self._value_rounds(flat, scan, block_shifts, scale_block, mode,
-                                                    union_words, union)
-                break
+                values, rounds = self._value_rounds(flat, scan, shift + offsets, scale_block,
+                                                    mode, union_words, union)
+                return shift, values, rounds
             except SwitchOverflow:
                 self.counters.rescales += 1
                 log.info("%s: overflow at shift %d, rescaling", cfg.who, shift)
@@ -364,24 +428,23 @@ class Agent:
                 fail = AgentError(f"{cfg.who}: {err}; peers will time out on this tensor")
                 fail.index = err.index  # type: ignore[attr-defined]
                 raise fail from None
-        else:
-            raise AgentError(f"{cfg.who}: int32 overflow persists after "
-                             f"{cfg.max_rescales} rescales")
-        # Each element rounded once, from its exact value * 2**-(its block's shift).
+        raise AgentError(f"{cfg.who}: int32 overflow persists after "
+                         f"{cfg.max_rescales} rescales")
+
+    @staticmethod
+    def _decode(values: np.ndarray, block_shifts: np.ndarray, scale_block: int, mode,
+                union_words, union, n: int, dtype) -> np.ndarray:
+        """The float sum: each element rounded once, from its exact value * 2**-(its
+        block's shift), dense, from the union bitmap (mode union) or on the union's
+        positions (sketch)."""
         if union_words is None:
-            out = codec.scale_blocks(values, block_shifts, scale_block, out_dtype)
-        elif mode == Mode.UNION:
-            out = codec.decode_union_blocks(union_words, n, values, block_shifts, scale_block,
-                                            out_dtype)
-        else:
-            assert union is not None  # mode sketch
-            out = codec.scale_blocks(codec.assemble(n, union, values, 0, np.float64),
-                                     block_shifts, scale_block, out_dtype)
-        return Result(out, shift, Mode(mode), n, union_words, values,
-                      self.counters.bytes_sent - before,
-                      {**index_rounds, **split_rounds, **rounds}, union, index=index,
-                      block_shifts=shift + block_offsets, block=B,
-                      split=block_shifts if split.size else None)
+            return codec.scale_blocks(values, block_shifts, scale_block, dtype)
+        if mode == Mode.UNION:
+            return codec.decode_union_blocks(union_words, n, values, block_shifts, scale_block,
+                                             dtype)
+        assert union is not None  # mode sketch
+        return codec.scale_blocks(codec.assemble(n, union, values, 0, np.float64),
+                                  block_shifts, scale_block, dtype)
 
     def _index_rounds(self, scan, onehot, blocks, flags, index):
         """Round 1 (exponent words, and the flat bitmap after the block words and split flags,
@@ -444,7 +507,7 @@ class Agent:
             return stream(wire.OP_ADD, words), {str(mode): words.size}
         if not union.size:
             return np.zeros(0, np.int64), {}
-        words = codec.encode_values(s, union, mode, self.seed)
+        words = codec.encode_values(s, union, mode, self.seed, self.cfg.ratio)
         agg = stream(wire.OP_ADD, words)
         peeled = codec.decode_values(agg, union, mode, self.seed)
         values, left = peeled.values, peeled.unresolved

@@ -21,6 +21,7 @@ from homagg.host_agent.codec import (
     AUTO,
     DEFAULT_BLOCK,
     DEFAULT_HEADROOM,
+    DEFAULT_RATIO,
     INDEXES,
     CodecError,
     as_index,
@@ -58,6 +59,8 @@ class AgentConfig:
     rate_pps: float | None = None  # pacing (bmv2 drops bursts); None: window-limited only
     mode: str = AUTO             # auto | dense | union | sketch (a codec.Mode or its name)
     index: str = AUTO            # auto | flat | hier: the non-zeros' index (codec.index)
+    ratio: float = DEFAULT_RATIO  # sketch counters per union element (codec.sketch_size) and
+                                 # the byte count's (codec.choose_mode); same on every worker
     headroom: int = DEFAULT_HEADROOM
     block: int = DEFAULT_BLOCK   # elements per scale block (codec.blocks); same on every worker
     split: bool = True           # split blocks that hold a run far below their peak (a small

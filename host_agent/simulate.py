@@ -1,8 +1,10 @@
-"""The whole all-reduce in memory, on floats: W agents, no sockets, the switch's arithmetic.
+"""The whole all-reduce in memory: W agents, no sockets, the switch's arithmetic. The one simulator.
 
     from homagg.host_agent import simulate_allreduce
     sim = simulate_allreduce([x0, x1, x2, x3], mode="auto", index="hier", block=256)
     sim.out[0], sim.wire_bytes[0]          # worker 0's float sum, and the bytes it sent
+    res = simulate_ints([q0, q1, q2, q3], seed=1, mode="sketch")
+    res.total, res.bytes_per_worker        # the int32 sum, bit for bit, and each round's bytes
 
 Each worker is a real ``Agent`` (negotiation, non-finite flag, block scales, index, mode
 choice, value rounds, rescale) whose transport is a ``MemoryTransport``: the W agents run in
@@ -11,20 +13,57 @@ as the switch does (``homagg.switch_model.lane_add`` / ``lane_or``, in worker or
 overflow in any lane flagged to every worker). Outputs are bit-identical to agents over
 sockets through the software aggregator, and wire bytes are counted as the UDP transport
 counts them (whole packets, no retransmissions).
+
+``simulate_ints`` is the same job on int32 tensors, for the codec's exactness tests: the
+agents all-reduce the integers as floats at scale 1 (one block, no split, no rescale), so the
+result is their integer sum or ``AggregationOverflow``, never a wrapped one. ``switch_add``
+and ``switch_or`` are the switch's combine of one round's contributions, for tests that run
+one round by hand.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from homagg import wire
+from homagg.host_agent import codec
 from homagg.host_agent.allreduce import Agent, Counters, Result
+from homagg.host_agent.codec import AUTO, AggregationOverflow, CodecError, Mode
 from homagg.host_agent.config import AgentConfig, AgentError, AggregationTimeout
 from homagg.host_agent.transport import SwitchOverflow
 from homagg.switch_model import lane_add, lane_or
+
+
+def switch_combine(op: int, contribs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """One round at the switch: the contributions (int32 words, or uint32 taken as their bit
+    patterns) added (``op`` OP_ADD) or ORed in arrival order, as ``homagg.switch_model``'s
+    lanes do; and, per word, whether an add overflowed on the way (the switch checks each
+    partial sum, so an intermediate overflow is flagged even when the final sum would fit)."""
+    acc = np.zeros(contribs[0].size, np.int32)
+    over = np.zeros(acc.size, bool)
+    for words in contribs:
+        if op == wire.OP_OR:
+            acc = lane_or(acc, words)
+        else:
+            acc, lanes = lane_add(acc, words)  # wraps, as the switch's bit<32> add does
+            over |= lanes
+    return acc, over
+
+
+def switch_add(contribs: list[np.ndarray], round_name: str) -> np.ndarray:
+    """int32 words summed as the switch does; AggregationOverflow names the round."""
+    acc, over = switch_combine(wire.OP_ADD, contribs)
+    if over.any():
+        raise AggregationOverflow(round_name, np.flatnonzero(over))
+    return acc
+
+
+def switch_or(contribs: list[np.ndarray]) -> np.ndarray:
+    """uint32 words (bitmaps) ORed as the switch does."""
+    return switch_combine(wire.OP_OR, contribs)[0].view(np.uint32)
 
 
 class MemorySwitch:
@@ -36,6 +75,8 @@ class MemorySwitch:
         self.inbox: list[tuple[int, np.ndarray] | None] = [None] * workers
         self.result = np.zeros(0, np.int32)
         self.overflow = False
+        self.overflow_words = np.zeros(0, np.int64)  # the last flagged round's, for errors
+        self.adds = 0  # OP_ADD rounds so far (a job's value rounds come in order)
         self.error: str | None = None
 
     def _combine(self) -> None:
@@ -48,15 +89,11 @@ class MemorySwitch:
                           f"{sorted(sizes)}")
             return
         op = ops.pop()
-        acc = np.zeros(sizes.pop(), np.int32)
-        over = np.zeros(acc.size, bool)
-        for _, words in got:
-            if op == wire.OP_OR:
-                acc = lane_or(acc, words)
-            else:
-                acc, lanes = lane_add(acc, words)
-                over |= lanes
-        self.result, self.overflow = acc, bool(over.any())
+        self.adds += op == wire.OP_ADD
+        self.result, over = switch_combine(op, [words for _, words in got])
+        self.overflow = bool(over.any())
+        if self.overflow:
+            self.overflow_words = np.flatnonzero(over)
 
     def round(self, worker: int, op: int, words: np.ndarray) -> tuple[np.ndarray, bool,
                                                                      str | None]:
@@ -160,3 +197,90 @@ def simulate_allreduce(arrays, key=None, **options) -> AllreduceSim:
     """All-reduce ``arrays`` (one float tensor per worker) in memory; ``options`` are
     ``AgentConfig``'s (mode, index, headroom, block, shift_bias, max_rescales, seed, job...)."""
     return MemoryJob(len(arrays), **options).allreduce(arrays, key)
+
+
+@dataclass
+class SimResult:
+    """``simulate_ints``'s outcome: the exact int sum and what it cost per worker on the wire."""
+
+    total: np.ndarray  # int32 (the switch's word width); equal to the integer sum
+    mode: Mode
+    n: int
+    u: int             # the union's size (n when dense was asked: no index round)
+    m: int = 0         # sketch counters
+    unresolved: int = 0  # union elements peeling left to the residual round
+    bytes_per_worker: dict[str, int] = field(default_factory=dict)
+    index: str | None = None  # "flat" or "hier"; None: dense, no index round
+
+    @property
+    def wire_bytes(self) -> int:
+        return sum(self.bytes_per_worker.values())
+
+    @property
+    def dense_bytes(self) -> int:
+        return 4 * self.n
+
+    @property
+    def ratio(self) -> float:
+        """Wire bytes per worker relative to dense fp32."""
+        return self.wire_bytes / self.dense_bytes if self.n else 0.0
+
+
+def simulate_ints(int_arrays, seed: int, *, mode: str = AUTO,
+                  ratio: float = codec.DEFAULT_RATIO, index: str = AUTO,
+                  last_u: int | None = None) -> SimResult:
+    """All-reduce int32 tensors (one per worker, same size) with the agents' rounds in memory.
+
+    ``mode``: a Mode (or its name), or "auto"; ``index``: "flat", "hier" or "auto", with
+    ``last_u`` as the agents' previous union size of this tensor, if any; ``seed`` and
+    ``ratio``: the sketch's. The agents take the integers as floats (exact) at scale 1: one
+    scale block, no split, the shift bias that cancels the negotiated shift, and no rescale,
+    so an overflow the switch flags is ``AggregationOverflow``. Returns the decoded sum
+    (bit-identical to the integer sum) and the bytes each round cost a worker: "bitmap"
+    (flat) or "index-top", "index-mid", "index-leaf" (a level with nothing to carry is not
+    sent), then the value rounds; round 1's exponent and block words are not counted.
+    """
+    arrays = [np.asarray(a).reshape(-1) for a in int_arrays]
+    if not arrays:
+        raise CodecError("simulate needs at least one worker")
+    n = arrays[0].size
+    for w, a in enumerate(arrays):
+        if a.size != n:
+            raise CodecError(f"worker {w} has {a.size} elements, worker 0 has {n}")
+        if a.dtype != np.int32:
+            raise CodecError(f"worker {w}: expected int32, got {a.dtype}")
+    asked = codec.as_mode(mode, auto=True)
+    codec.as_index(index)
+    xs = [a.astype(np.float64) for a in arrays]  # every int32 is a float64
+    exps = [e for e in map(codec.max_exponent, xs) if e is not None]
+    # the negotiated shift is shift_for(the job's max exponent); the bias brings it to 0
+    bias = -codec.shift_for(max(exps), len(xs)) if exps else 0
+    job = MemoryJob(len(xs), mode=str(asked), index=index, seed=seed, ratio=ratio,
+                    block=max(n, 1), split=False, shift_bias=bias, max_rescales=0,
+                    deadline=600.0)  # a hang guard: nothing here is lost or late
+    key = "ints"
+    if last_u is not None:  # the history auto's index choice reads (Agent._last_union)
+        for agent in job.agents:
+            agent._last_union[key] = last_u
+    try:
+        sim = job.allreduce(xs, key)
+    except AgentError:
+        if not job.switch.overflow:
+            raise
+        # no rescale: the switch's flag ends the job, in its first value round or the residual
+        chosen = job.agents[0]._last_mode.get(key, asked)
+        name = str(chosen) if job.switch.adds == 1 else "residual"
+        raise AggregationOverflow(name, job.switch.overflow_words) from None
+    r = sim.results[0]
+    assert not r.block_shifts.any(), "the integers went through at a scale other than 1"
+    total = r.ints()
+    codec.check_int32(total, f"{r.mode}-decode")  # never hand back a wrong sum
+    if r.union_words is not None:
+        u = codec.union_size(r.union_words, n)
+    elif asked == Mode.DENSE:
+        u = n
+    else:  # auto chose dense after the index round: the union the workers saw
+        u = int(np.count_nonzero(np.logical_or.reduce([a != 0 for a in arrays])))
+    return SimResult(total.astype(np.int32), r.mode, n, u, r.rounds.get(str(Mode.SKETCH), 0),
+                     r.rounds.get("residual", 0), {k: 4 * v for k, v in r.rounds.items()},
+                     r.index)

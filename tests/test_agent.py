@@ -22,6 +22,7 @@ from homagg.host_agent import (
     AggregationTimeout,
     codec,
     simulate_allreduce,
+    simulate_ints,
 )
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
 from tests.staging import agent_address, agent_addresses, wait_for
@@ -365,7 +366,7 @@ def test_hierarchical_index_is_exact_in_every_value_mode(make_job, mode, index):
     assert all(r.index == "hier" for r in res)  # auto without history: n >= 4096
     assert res[0].mode == ("union" if mode == "auto" else mode)
     # the words each round carried are the simulator's (values: same union, same seed)
-    sim = codec.simulate([codec.quantize(x, res[0].shift) for x in xs], job.agents[0].seed,
+    sim = simulate_ints([codec.quantize(x, res[0].shift) for x in xs], job.agents[0].seed,
                          mode=mode, index="hier")
     assert {k: 4 * v for k, v in res[0].rounds.items()} == sim.bytes_per_worker
 
@@ -484,7 +485,7 @@ def test_issue16_supports_are_exact_through_the_software_target(make_job, suppor
     assert not any(err), err
     assert_exact(res, xs)
     assert all(r.index == "hier" and r.mode == "union" for r in res)
-    sim = codec.simulate([codec.quantize(x, res[0].shift) for x in xs], 1, index="hier")
+    sim = simulate_ints([codec.quantize(x, res[0].shift) for x in xs], 1, index="hier")
     assert {k: 4 * v for k, v in res[0].rounds.items()} == sim.bytes_per_worker
 
 

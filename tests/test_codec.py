@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from homagg.host_agent import codec
-from homagg.host_agent.codec import AggregationOverflow, CodecError, kernels, simulate
+from homagg.host_agent.codec import AggregationOverflow, CodecError, kernels
+from homagg.host_agent.simulate import simulate_ints, switch_add, switch_or
 
 ALL_MODES = ["auto", "dense", "union", "sketch"]
 
@@ -32,7 +33,7 @@ def index(request):
 
 
 def assert_exact(arrays, mode, seed=1, **kw):
-    res = simulate(arrays, seed, mode=mode, **kw)
+    res = simulate_ints(arrays, seed, mode=mode, **kw)
     assert res.total.dtype == np.int32
     np.testing.assert_array_equal(res.total.astype(np.int64), exact_sum(arrays))
     return res
@@ -128,7 +129,7 @@ def test_overflowing_sum_is_flagged_not_wrapped(mode):
     a = np.zeros(100, np.int32)
     a[10] = 2**30 + 5
     with pytest.raises(AggregationOverflow):
-        simulate([a, a.copy()], 1, mode=mode)
+        simulate_ints([a, a.copy()], 1, mode=mode)
 
 
 def test_intermediate_overflow_is_flagged_like_the_switch():
@@ -137,7 +138,7 @@ def test_intermediate_overflow_is_flagged_like_the_switch():
     c = np.full(4, -(2**30), np.int32)
     # The final sum 2**30 fits, but the switch adds in arrival order and sees 2**31 first.
     with pytest.raises(AggregationOverflow):
-        simulate([a, b, c], 1, mode="dense")
+        simulate_ints([a, b, c], 1, mode="dense")
 
 
 def test_peeling_failure_is_repaired_by_the_residual_round():
@@ -235,17 +236,17 @@ def test_shift_for_leaves_room_for_workers_and_headroom():
 
 def test_mismatched_sizes_are_refused():
     with pytest.raises(CodecError, match="worker 1"):
-        simulate([np.zeros(10, np.int32), np.zeros(11, np.int32)], 1)
+        simulate_ints([np.zeros(10, np.int32), np.zeros(11, np.int32)], 1)
 
 
 def test_wrong_dtype_is_refused():
     with pytest.raises(CodecError, match="int32"):
-        simulate([np.zeros(10, np.int64)], 1)
+        simulate_ints([np.zeros(10, np.int64)], 1)
 
 
 def test_unknown_mode_is_refused():
     with pytest.raises(CodecError, match="mode"):
-        simulate([np.zeros(10, np.int32)], 1, mode="lossy")
+        simulate_ints([np.zeros(10, np.int32)], 1, mode="lossy")
 
 
 def test_choose_mode_follows_the_byte_count():
@@ -447,7 +448,7 @@ def test_encode_union_and_union_size_match_the_listed_union(jit, monkeypatch, re
     select_kernels(monkeypatch, jit)
     for n, arrays in _union_cases():
         sparse = [codec.Sparse.from_dense(a) for a in arrays]
-        words = codec.switch_or([s.words for s in sparse])
+        words = switch_or([s.words for s in sparse])
         union = reference(codec.union_indices, words, n)
         assert codec.union_size(words, n) == union.size
         for s in sparse:
@@ -488,7 +489,7 @@ def test_union_helpers_ignore_bits_past_n_and_refuse_foreign_supports(jit, monke
 def test_decode_union_matches_assemble(reference, dtype, shift):
     rng = np.random.default_rng(27)
     for n, arrays in _union_cases():
-        words = codec.switch_or([codec.Sparse.from_dense(a).words for a in arrays])
+        words = switch_or([codec.Sparse.from_dense(a).words for a in arrays])
         union = reference(codec.union_indices, words, n)
         for vdtype in (np.int32, np.int64):
             hi = 2**31 if vdtype == np.int32 else 2**40
@@ -528,8 +529,8 @@ def test_union_mode_from_the_bitmap_is_the_exact_sum(jit, monkeypatch):
               for _ in range(workers)]
         shift = codec.shift_for(max(codec.max_exponent(x) for x in xs), workers)
         sparse = [codec.Scan.of(x).quantize(shift) for x in xs]
-        words = codec.switch_or([s.words for s in sparse])
-        agg = codec.switch_add([codec.encode_union(s, words) for s in sparse], "union")
+        words = switch_or([s.words for s in sparse])
+        agg = switch_add([codec.encode_union(s, words) for s in sparse], "union")
         exact = exact_sum([s.to_dense() for s in sparse])
         out = codec.decode_union(words, n, agg, shift)
         np.testing.assert_array_equal(

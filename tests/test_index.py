@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from homagg.host_agent import codec
-from homagg.host_agent.codec import CodecError, kernels, simulate
+from homagg.host_agent.codec import CodecError, kernels
+from homagg.host_agent.simulate import simulate_ints, switch_or
 
 SIZES = (0, 1, 7, 8, 9, 127, 128, 129, 255, 1000, 4097, 1_000_003)
 VALUE_MODES = ["auto", "union", "sketch"]
@@ -70,8 +71,8 @@ def supports(rng, n):
 def hier_union(sparse, n):
     """What every worker ends with after the three OR rounds (the simulator's switch)."""
     levels = [codec.Levels.from_sparse(s) for s in sparse]
-    top = codec.switch_or([lv.top for lv in levels]) if n else np.zeros(0, np.uint32)
-    return codec.hier_rounds(levels, top, codec.switch_or)
+    top = switch_or([lv.top for lv in levels]) if n else np.zeros(0, np.uint32)
+    return codec.hier_rounds(levels, top, switch_or)
 
 
 def counts(union_mask):
@@ -99,7 +100,7 @@ def test_union_bitmap_from_the_ored_levels_is_the_ored_flat_bitmap(n, jit, monke
     rng = np.random.default_rng(n + 1)
     for name, masks in supports(rng, n):
         sparse = [codec.Sparse.from_dense(a) for a in with_values(rng, masks)]
-        flat = (codec.switch_or([s.words for s in sparse]) if n
+        flat = (switch_or([s.words for s in sparse]) if n
                 else np.zeros(0, np.uint32))
         words, sent = hier_union(sparse, n)
         assert words.dtype == np.uint32, name
@@ -123,14 +124,14 @@ def test_each_ored_level_is_the_level_of_the_union():
     masks = random_masks(rng, n, 6, 0.003) + row_masks(rng, n, 2, 0.02)
     sparse = [codec.Sparse.from_dense(a) for a in with_values(rng, masks)]
     levels = [codec.Levels.from_sparse(s) for s in sparse]
-    whole = codec.Levels.of(codec.switch_or([s.words for s in sparse]), n)
-    top = codec.switch_or([lv.top for lv in levels])
+    whole = codec.Levels.of(switch_or([s.words for s in sparse]), n)
+    top = switch_or([lv.top for lv in levels])
     np.testing.assert_array_equal(top, whole.top)
     blocks = codec.union_blocks(top, n)
-    mid = codec.switch_or([lv.mid(blocks) for lv in levels])
+    mid = switch_or([lv.mid(blocks) for lv in levels])
     np.testing.assert_array_equal(mid, whole.mid(blocks))
     subs = codec.union_subblocks(blocks, mid)
-    leaf = codec.switch_or([lv.leaf(subs) for lv in levels])
+    leaf = switch_or([lv.leaf(subs) for lv in levels])
     np.testing.assert_array_equal(leaf, whole.leaf(subs))
     union = np.logical_or.reduce(masks)
     pad = np.zeros(-(-n // 8) * 8, bool)
@@ -203,7 +204,7 @@ def test_short_leaf_level_is_refused():
 
 
 def assert_exact(arrays, **kw):
-    res = simulate(arrays, 1, **kw)
+    res = simulate_ints(arrays, 1, **kw)
     assert res.total.dtype == np.int32
     np.testing.assert_array_equal(res.total.astype(np.int64), exact_sum(arrays))
     return res
@@ -219,7 +220,10 @@ def test_hier_simulation_is_exact_and_costs_its_levels(mode, n, workers, density
     arrays = with_values(rng, masks)
     res = assert_exact(arrays, mode=mode, index="hier")
     if res.mode == "dense":
-        assert mode == "auto" and res.bytes_per_worker == {"dense": 4 * n}
+        # auto learns u from the index rounds (sent, so counted), then sends the values dense
+        assert mode == "auto" and res.bytes_per_worker["dense"] == 4 * n
+        assert set(res.bytes_per_worker) <= {"dense", codec.ROUND_TOP, codec.ROUND_MID,
+                                             codec.ROUND_LEAF}
         return
     assert res.index == "hier"
     c1, c2 = counts(np.logical_or.reduce(masks))
@@ -266,7 +270,7 @@ def test_overflow_is_still_flagged_on_the_hierarchy():
     a[10] = 2**30 + 5
     for mode in ("union", "sketch"):
         with pytest.raises(codec.AggregationOverflow):
-            simulate([a, a.copy()], 1, mode=mode, index="hier")
+            simulate_ints([a, a.copy()], 1, mode=mode, index="hier")
 
 
 # --- which index ------------------------------------------------------------------------------
@@ -288,7 +292,7 @@ def test_choose_index_rule():
     with pytest.raises(CodecError, match="index"):
         codec.choose_index("tree", 100)
     with pytest.raises(CodecError, match="index"):
-        simulate([np.zeros(10, np.int32)], 1, index="tree")
+        simulate_ints([np.zeros(10, np.int32)], 1, index="tree")
 
 
 def test_simulate_auto_index_follows_the_rule():

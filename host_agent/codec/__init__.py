@@ -18,8 +18,9 @@ switch's combination of the workers' encodings is the encoding of the sum. Per t
    always exact. The paper estimates those values instead; we never do.
 
 Every worker derives the same U, m, hashes and unresolved set from what the switch returned, so the
-rounds need no extra messages. ``simulate`` runs all of it for several workers with the switch's own
-arithmetic (int32 add with overflow detection, bitwise OR).
+rounds need no extra messages. ``homagg.host_agent.simulate`` runs all of it for several workers
+(the agents themselves) with the switch's own arithmetic (int32 add with overflow detection,
+bitwise OR).
 
 Note on bytes: once every worker knows U exactly, ``union`` costs u words and ``sketch`` about
 1.23 u words, so the byte-count policy (``choose_mode``) prefers ``union``; ``sketch`` is kept,
@@ -36,8 +37,8 @@ The modules, by concern: ``quantization`` (the scale), ``blocks`` (per-block sca
 ``scan`` (a worker's tensor, round 1's bitmaps), ``index`` (flat or hierarchical index, and
 the choice between them), ``sketch``
 (count sketch and peeling), ``modes`` (``Mode``, the byte-count choice),
-``union`` (a worker's rounds 2 and 3), ``simulation`` (the whole job in memory), ``kernels``
-(numba or numpy: ``_jit`` and ``_ref``), ``errors``. This package re-exports their public names.
+``union`` (a worker's rounds 2 and 3), ``kernels`` (numba or numpy: ``_jit`` and ``_ref``),
+``errors``. This package re-exports their public names.
 """
 
 from homagg.host_agent.codec import kernels
@@ -96,7 +97,6 @@ from homagg.host_agent.codec.scan import (
     union_indices,
     union_size,
 )
-from homagg.host_agent.codec.simulation import SimResult, simulate, switch_add, switch_or
 from homagg.host_agent.codec.sketch import (
     DEFAULT_RATIO,
     K_HASHES,
@@ -124,10 +124,10 @@ __all__ = [
     "DEFAULT_RATIO", "FLAT", "HIER", "INDEXES", "INT32_MAX",
     "INT32_MIN", "K_HASHES", "MODES", "ROUND_FLAT", "ROUND_LEAF", "ROUND_MID", "ROUND_TOP",
     "SKETCH_SLACK", "AggregationOverflow", "CodecError", "Levels", "Mode", "PeelResult", "Scan",
-    "SimResult", "Sparse", "as_index", "as_mode", "assemble", "bitmap", "bitmap_words",
+    "Sparse", "as_index", "as_mode", "assemble", "bitmap", "bitmap_words",
     "check_int32", "choose_index", "choose_mode", "decode_union", "decode_values", "dequantize",
     "encode_union", "encode_values", "hier_rounds", "kernels", "level_words", "max_exponent",
     "peel", "quantize", "ranks_in", "residual_values", "round2_words", "set_bits", "shift_for",
-    "simulate", "sketch_encode", "sketch_hashes", "sketch_size", "switch_add", "switch_or",
+    "sketch_encode", "sketch_hashes", "sketch_size",
     "top_bits", "union_bitmap", "union_blocks", "union_indices", "union_size", "union_subblocks",
 ]

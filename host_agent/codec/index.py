@@ -75,7 +75,7 @@ INDEXES = (AUTO, FLAT, HIER)
 #: Without history, ``auto`` uses the hierarchy from this many elements on.
 HIER_MIN_N = 4096
 
-#: Round names (``SimResult.bytes_per_worker``, ``Result.rounds``).
+#: Round names (``Result.rounds``, ``simulate.SimResult.bytes_per_worker``).
 ROUND_FLAT = "bitmap"
 ROUND_TOP = "index-top"
 ROUND_MID = "index-mid"
@@ -203,8 +203,9 @@ def hier_rounds(levels: Sequence[Levels], top_union: np.ndarray,
     """Rounds 2 and 3 of the hierarchy, after round 1's ORed top level: the flat union bitmap,
     and the words each worker sent per index round (top level included).
 
-    ``levels``: the workers taking part here (the agent: its own; ``simulate``: all of them);
-    ``or_round(words per worker)`` returns their OR as uint32 (the switch, or ``switch_or``).
+    ``levels``: the workers taking part here (the agent: its own; a test's hand-run rounds:
+    all of them); ``or_round(words per worker)`` returns their OR as uint32 (the switch, or
+    ``homagg.host_agent.simulate.switch_or``).
     A level with nothing to carry is not sent, on any worker (they all see the same counts).
     """
     n = levels[0].n

@@ -1,5 +1,5 @@
-"""One worker's side of rounds 2 and 3 on the union support U (the agent and ``simulate`` both
-use these): its words in each mode, the decode of what the switch returns, and the float sum.
+"""One worker's side of rounds 2 and 3 on the union support U (the agent's value rounds): its
+words in each mode, the decode of what the switch returns, and the float sum.
 
 Mode ``union`` never lists U on the worker: ``encode_union`` ranks a worker's non-zeros by
 popcounts of the ORed bitmap, and ``decode_union`` writes the dense sum in one pass over that
