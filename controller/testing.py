@@ -33,19 +33,19 @@ class FakeSwitch:
 
     @staticmethod
     def _key(e: TableEntry) -> tuple:
-        t = P4.TABLES.get(e.table)
-        if t is None:
+        if not P4.SCHEMA.has_table(e.table):
             raise SwitchError(f"no table {e.table!r} in P4Info")
-        if set(e.match) != set(t["keys"]):
+        t = P4.SCHEMA.table(e.table)
+        if set(e.match) != set(t.field_names):
             raise SwitchError(f"table {e.table}: match fields {sorted(e.match)}, P4Info has "
-                              f"{sorted(t['keys'])}")
+                              f"{sorted(t.field_names)}")
         if e.action is not None:
-            a = P4.ACTIONS.get(e.action)
-            if a is None or a["id"] not in t["actions"]:
+            a = P4.SCHEMA.action(e.action) if P4.SCHEMA.has_action(e.action) else None
+            if a is None or a.id not in t.action_ids:
                 raise SwitchError(f"action {e.action!r} is not one of table {e.table}'s")
-            if set(e.params) != set(a["params"]):
+            if set(e.params) != {p.name for p in a.params}:
                 raise SwitchError(f"action {e.action}: parameters {sorted(e.params)}, P4Info "
-                                  f"has {sorted(a['params'])}")
+                                  f"has {sorted(p.name for p in a.params)}")
         return tuple(sorted(e.match.items()))
 
     def insert(self, entry: TableEntry, or_modify: bool = False) -> None:
@@ -71,7 +71,7 @@ class FakeSwitch:
         self.writes += 1
 
     def read(self, table: str) -> list[TableEntry]:
-        if table not in P4.TABLES:
+        if not P4.SCHEMA.has_table(table):
             raise SwitchError(f"no table {table!r} in P4Info")
         return list(self.tables.get(table, {}).values())
 
@@ -87,14 +87,14 @@ class FakeSwitch:
         return {g: list(r) for g, r in self.groups.items()}
 
     def read_counter(self, name: str) -> dict[int, CounterValue]:
-        if name not in P4.COUNTERS:
+        if not P4.SCHEMA.has_counter(name):
             raise SwitchError(f"no counter {name!r} in P4Info")
         return dict(self.counters.get(name, {}))
 
     def write_counter(self, name: str, values: Mapping[int, CounterValue]) -> None:
-        if name not in P4.COUNTERS:
+        if not P4.SCHEMA.has_counter(name):
             raise SwitchError(f"no counter {name!r} in P4Info")
-        size = P4.COUNTERS[name]["size"]
+        size = P4.SCHEMA.counter(name).size
         bad = [i for i in values if not 0 <= i < size]
         if bad:
             raise SwitchError(f"counter {name} index {bad[0]} out of range ({size})")
