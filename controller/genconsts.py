@@ -4,10 +4,13 @@
 
 The P4 source is the one place a protocol constant is written: every ``const bit<N> NAME = ...;``
 and numeric ``#define`` under p4/include, the field list of ``header homagg_h`` and the members
-of every serializable ``enum bit<N>``. The compiled P4Info adds the names and ids of tables,
-their match fields, actions and their parameters, counters and registers, so the controller
-never types a P4 name. ``homagg-ctl build`` runs this after compiling; a test fails when the
-committed file differs from what this makes now (the P4Info half only where p4c is installed).
+of every serializable ``enum bit<N>``. The compiled P4Info adds the tables, their match fields,
+actions and their parameters, counters and registers: their full names as constants
+(``TABLE_LOCAL_IP``, ...) and all of it, ids and widths too, as ``SCHEMA``, a typed
+``homagg.p4schema.P4Schema`` written out as Python (loading it needs no protobuf), so the
+controller never types a P4 name. ``homagg-ctl build`` runs this after compiling; a test fails
+when the committed file differs from what this makes now (the P4Info half only where p4c is
+installed).
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from pprint import pformat
 
 import homagg
 from homagg import paths
+from homagg.p4schema import P4Schema, from_p4info
 
 OUT = Path(homagg.__file__).resolve().parent / "_p4consts.py"
 HEADER_NAME = "homagg_h"
@@ -99,35 +102,14 @@ def parse_enums(p4_dir: Path) -> dict[str, dict[str, int]]:
     return enums
 
 
-@dataclass
-class P4InfoNames:
-    tables: dict[str, dict]
-    actions: dict[str, dict]
-    counters: dict[str, dict]
-    registers: dict[str, dict]
-
-
-def parse_p4info(path: Path) -> P4InfoNames:
+def parse_p4info(path: Path) -> P4Schema:
+    """The schema of a P4Info text file (p4c's output, or homagg/_p4info.txtpb)."""
     from google.protobuf import text_format
     from p4.config.v1 import p4info_pb2
 
     info = p4info_pb2.P4Info()
     text_format.Parse(path.read_text(), info)
-    tables = {t.preamble.name: {"id": t.preamble.id,
-                                "keys": {k.name: {"id": k.id, "bits": k.bitwidth,
-                                                  "match": p4info_pb2.MatchField.MatchType.Name(
-                                                      k.match_type).lower()}
-                                         for k in t.match_fields},
-                                "actions": [a.id for a in t.action_refs],
-                                "size": t.size}
-              for t in info.tables}
-    actions = {a.preamble.name: {"id": a.preamble.id,
-                                 "params": {p.name: {"id": p.id, "bits": p.bitwidth}
-                                            for p in a.params}}
-               for a in info.actions}
-    counters = {c.preamble.name: {"id": c.preamble.id, "size": c.size} for c in info.counters}
-    registers = {r.preamble.name: {"id": r.preamble.id, "size": r.size} for r in info.registers}
-    return P4InfoNames(tables, actions, counters, registers)
+    return from_p4info(info)
 
 
 def _short(name: str) -> str:
@@ -139,7 +121,7 @@ def _fmt(value) -> str:
     return pformat(value, width=80, sort_dicts=False)
 
 
-def render(p4_dir: Path, p4info: P4InfoNames | None) -> str:
+def render(p4_dir: Path, p4info: P4Schema | None) -> str:
     consts = parse_constants(p4_dir)
     header = parse_header(p4_dir)
     enums = parse_enums(p4_dir)
@@ -152,6 +134,9 @@ def render(p4_dir: Path, p4info: P4InfoNames | None) -> str:
         '"""',
         "",
         "import enum",
+        "",
+        "from homagg.p4schema import (P4Action, P4ActionParam, P4Counter, P4MatchField,",
+        "                             P4Register, P4Schema, P4Table)",
         "",
         "# fmt: off",
         "# ---- constants (p4/include) ----",
@@ -176,22 +161,20 @@ def render(p4_dir: Path, p4info: P4InfoNames | None) -> str:
               "", "# ---- P4Info: full names, ids, match fields and parameters ----"]
     if p4info is None:  # only while bootstrapping: the committed file always has P4Info
         lines.append("# (no P4Info given: compile with homagg-ctl build and regenerate)")
-        p4info = P4InfoNames({}, {}, {}, {})
+        p4info = P4Schema()
     for kind, objs in (("TABLE", p4info.tables), ("ACTION", p4info.actions),
                        ("COUNTER", p4info.counters), ("REGISTER", p4info.registers)):
         short: dict[str, str] = {}
-        for name in objs:
+        for name in (o.name for o in objs):
             s = _short(name)
             if s in short:  # two objects share a last component: keep both fully named
                 raise GenError(f"P4 names {short[s]} and {name} both end in {s}; rename one")
             short[s] = name
         for s, name in short.items():
             lines.append(f"{kind}_{s} = {name!r}")
-    lines += ["", f"TABLES: dict[str, dict] = {_fmt(p4info.tables)}",
-              f"ACTIONS: dict[str, dict] = {_fmt(p4info.actions)}",
-              f"COUNTERS: dict[str, dict] = {_fmt(p4info.counters)}",
-              f"REGISTERS: dict[str, dict] = {_fmt(p4info.registers)}",
-              "# fmt: on", ""]
+    # the typed schema (homagg.p4schema), written out whole: the package needs no protobuf to
+    # load it
+    lines += ["", f"SCHEMA: P4Schema = {_fmt(p4info)}", "# fmt: on", ""]
     return "\n".join(lines)
 
 

@@ -316,14 +316,14 @@ def clear_region_registers(job: InstalledJob, thrift_port: int) -> str:
     if cli.path is None:
         return f"skipped ({cli.how})"
     lines = []
-    for reg, r in P4.REGISTERS.items():
-        if r["size"] == wire.SLOT_STATE_SIZE:  # one cell per slot copy: 2 * slot + phase
+    for r in P4.SCHEMA.registers:
+        if r.size == wire.SLOT_STATE_SIZE:  # one cell per slot copy: 2 * slot + phase
             cells = [2 * s + p for s in job.region for p in (0, 1)]
-        elif r["size"] == wire.SLOTS:          # one cell per slot (both copies packed)
+        elif r.size == wire.SLOTS:          # one cell per slot (both copies packed)
             cells = list(job.region)
         else:
             continue
-        lines += [f"register_write {reg} {i} 0" for i in cells]
+        lines += [f"register_write {r.name} {i} 0" for i in cells]
     proc = subprocess.run([str(cli.path), "--thrift-port", str(thrift_port)],
                           input="\n".join(lines) + "\n", capture_output=True, text=True,
                           timeout=120)

@@ -3,10 +3,11 @@
 One ``P4RuntimeSwitch`` per switch; a process may hold as many as it likes (a leaf/spine tree
 needs several). Each owns its own p4runtime-shell ``P4RuntimeClient`` (channel, arbitration
 stream): we keep p4runtime-shell for that part, which is per instance, and do not use its
-``shell`` module, whose entities go through one module-global client and P4Info. Messages are
-built here from the ids in the generated ``homagg._p4consts`` (the compiled P4Info), and on
-connecting the switch's own P4Info is checked against them, so a stale pipeline is one clear
-error instead of wrong writes.
+``shell`` module, whose entities go through one module-global client and P4Info. Table entries
+are encoded and decoded by ``homagg.p4schema`` against the generated schema
+(``homagg._p4consts.SCHEMA``, the compiled P4Info), as the software aggregator's P4Runtime
+server does them (canonical bytes both ways), and on connecting the switch's own P4Info is
+checked against that schema, so a stale pipeline is one clear error instead of wrong writes.
 
 Every request is logged to a file per switch (``request_log``), after p4lang/tutorials'
 helper: it turns "nothing happens" into a readable trace.
@@ -19,13 +20,21 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from homagg import _p4consts as P4
 from homagg.controller.build import Pipeline
 from homagg.errors import HomaggError
+from homagg.p4schema import (
+    P4Counter,
+    P4SchemaError,
+    TableEntry,
+    decode_entry,
+    encode_entry,
+    pipeline_differences,
+)
 
 log = logging.getLogger("homagg.p4client")
 
@@ -37,17 +46,6 @@ Match = Mapping[str, "int | tuple[int, int]"]  # exact value, or (value, prefix 
 
 class SwitchError(HomaggError):
     """The switch is unreachable, refused a request, or runs another pipeline."""
-
-
-@dataclass(frozen=True)
-class TableEntry:
-    """One table entry by P4Info names: match fields by key ``@name``, action parameters by
-    name; values are integers (addresses already converted)."""
-
-    table: str
-    match: Mapping[str, Any]
-    action: str | None = None
-    params: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -96,31 +94,11 @@ def _pb():
     return p4runtime, p4runtime_pb2
 
 
-def _bytes(value: int, bits: int) -> bytes:
-    if value < 0 or value >> bits:
-        raise SwitchError(f"value {value} does not fit in {bits} bits")
-    return value.to_bytes((bits + 7) // 8, "big")
-
-
-def _table(name: str) -> dict:
+def _counter(name: str) -> P4Counter:
     try:
-        return P4.TABLES[name]
-    except KeyError:
-        raise SwitchError(f"no table {name!r} in the P4Info this homagg was built with") from None
-
-
-def _action(name: str) -> dict:
-    try:
-        return P4.ACTIONS[name]
-    except KeyError:
-        raise SwitchError(f"no action {name!r} in the P4Info this homagg was built with") from None
-
-
-def _counter(name: str) -> dict:
-    try:
-        return P4.COUNTERS[name]
-    except KeyError:
-        raise SwitchError(f"no counter {name!r} in the P4Info this homagg was built with") from None
+        return P4.SCHEMA.counter(name)
+    except P4SchemaError as e:  # a SwitchError, as every error of a switch's methods
+        raise SwitchError(str(e)) from None
 
 
 class _LoggingStub:
@@ -260,15 +238,10 @@ class P4RuntimeSwitch:
                               "install") from None
         if not info.tables:
             raise SwitchError(f"switch {self.name} has no pipeline; run homagg-ctl install")
-        theirs = {t.preamble.name: t.preamble.id for t in info.tables}
-        theirs.update({a.preamble.name: a.preamble.id for a in info.actions})
-        theirs.update({c.preamble.name: c.preamble.id for c in info.counters})
-        ours = {n: d["id"] for group in (P4.TABLES, P4.ACTIONS, P4.COUNTERS)
-                for n, d in group.items()}
-        wrong = sorted(n for n, i in ours.items() if theirs.get(n) != i)
-        if wrong:
+        diff = pipeline_differences(info, P4.SCHEMA)  # the software aggregator's check too
+        if diff:
             raise SwitchError(f"switch {self.name} runs another pipeline than this homagg's "
-                              f"(differs in {', '.join(wrong[:3])}); run homagg-ctl install")
+                              f"({'; '.join(diff[:3])}); run homagg-ctl install")
 
     def close(self) -> None:
         if self.client is not None:
@@ -311,30 +284,11 @@ class P4RuntimeSwitch:
             raise SwitchError(f"switch {self.name}: {what} failed: {detail}") from None
 
     def _entry_pb(self, e: TableEntry):
-        _, pb = _pb()
-        t = _table(e.table)
-        te = pb.TableEntry(table_id=t["id"])
-        for name, value in e.match.items():
-            key = t["keys"].get(name)
-            if key is None:
-                raise SwitchError(f"table {e.table} has no match field {name!r} "
-                                  f"(fields: {', '.join(t['keys'])})")
-            fm = te.match.add(field_id=key["id"])
-            if key["match"] == "lpm":
-                v, plen = value
-                fm.lpm.value = _bytes(v, key["bits"])
-                fm.lpm.prefix_len = plen
-            else:
-                fm.exact.value = _bytes(value, key["bits"])
-        if e.action is not None:
-            a = _action(e.action)
-            te.action.action.action_id = a["id"]
-            for name, value in e.params.items():
-                p = a["params"].get(name)
-                if p is None:
-                    raise SwitchError(f"action {e.action} has no parameter {name!r}")
-                te.action.action.params.add(param_id=p["id"], value=_bytes(value, p["bits"]))
-        return te
+        _pb()  # (p4runtime-shell installed: a clear error if not)
+        try:
+            return encode_entry(P4.SCHEMA, e)
+        except P4SchemaError as err:  # a typo or a stale build, before anything is sent
+            raise SwitchError(str(err)) from None
 
     def _update(self, kind: str, entity_kind: str, message):
         _, pb = _pb()
@@ -370,27 +324,11 @@ class P4RuntimeSwitch:
     def read(self, table: str) -> list[TableEntry]:
         """Every entry of a table, by P4Info names, with integer values."""
         _, pb = _pb()
-        t = _table(table)
-        keys = {k["id"]: (n, k) for n, k in t["keys"].items()}
-        actions = {a["id"]: (n, a) for n, a in P4.ACTIONS.items()}
-        ent = pb.Entity()
-        ent.table_entry.table_id = t["id"]
-        out = []
-        for e in self._read(table, ent):
-            te = e.table_entry
-            match: dict[str, Any] = {}
-            for fm in te.match:
-                name, _k = keys[fm.field_id]
-                if fm.HasField("lpm"):
-                    match[name] = (int.from_bytes(fm.lpm.value, "big"), fm.lpm.prefix_len)
-                else:
-                    match[name] = int.from_bytes(fm.exact.value, "big")
-            aname, a = actions[te.action.action.action_id]
-            pnames = {p["id"]: n for n, p in a["params"].items()}
-            params = {pnames[p.param_id]: int.from_bytes(p.value, "big")
-                      for p in te.action.action.params}
-            out.append(TableEntry(table, match, aname, params))
-        return out
+        ent = pb.Entity(table_entry=self._entry_pb(TableEntry(table, {})))
+        try:
+            return [decode_entry(P4.SCHEMA, e.table_entry) for e in self._read(table, ent)]
+        except P4SchemaError as err:  # the switch answered with what the schema cannot hold
+            raise SwitchError(f"switch {self.name}: read {table}: {err}") from None
 
     # -- multicast -------------------------------------------------------------------------
     def set_multicast_group(self, group: int, replicas: Iterable[tuple[int, int]]) -> None:
@@ -427,7 +365,7 @@ class P4RuntimeSwitch:
         """index -> value, one wildcard read."""
         _, pb = _pb()
         ent = pb.Entity()
-        ent.counter_entry.counter_id = _counter(name)["id"]
+        ent.counter_entry.counter_id = _counter(name).id
         return {e.counter_entry.index.index: CounterValue(e.counter_entry.data.packet_count,
                                                           e.counter_entry.data.byte_count)
                 for e in self._read(name, ent)}
@@ -437,7 +375,7 @@ class P4RuntimeSwitch:
         _, pb = _pb()
         if not values:
             return
-        cid = _counter(name)["id"]
+        cid = _counter(name).id
         updates = []
         for index, v in sorted(values.items()):
             ce = pb.CounterEntry(counter_id=cid)

@@ -151,10 +151,10 @@ def test_every_name_the_controller_uses_is_in_the_p4info():
     checks every entry against P4Info, so a renamed table or key fails here, not on a switch."""
     for name in (P4.TABLE_LOCAL_IP, P4.TABLE_ARP_PROXY, P4.TABLE_IPV4_ROUTE,
                  P4.TABLE_JOB_WORKERS, P4.TABLE_RESULT_DST):
-        assert name in P4.TABLES
+        assert P4.SCHEMA.has_table(name)
     for name in (P4.COUNTER_STATS, P4.COUNTER_JOB_STATS, P4.COUNTER_FWD_STATS):
-        assert name in P4.COUNTERS
-    assert set(P4.TABLES[P4.TABLE_JOB_WORKERS]["keys"]) == {"src_addr", "src_port"}
+        assert P4.SCHEMA.has_counter(name)
+    assert set(P4.SCHEMA.table(P4.TABLE_JOB_WORKERS).field_names) == {"src_addr", "src_port"}
 
 
 def test_the_in_process_switch_refuses_what_p4runtime_refuses():

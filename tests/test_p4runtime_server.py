@@ -44,11 +44,11 @@ from homagg.controller.p4client import (  # noqa: E402
     TableEntry,
 )
 from homagg.netconfig import Config, Host, JobSpec, SwitchSpec, Uplink, Worker  # noqa: E402
+from homagg.p4schema import pipeline_differences  # noqa: E402
 from homagg.paths import P4INFO_FILE  # noqa: E402
 from homagg.targets.p4runtime_server import (  # noqa: E402
     P4RuntimeServer,
     load_p4info,
-    pipeline_differences,
 )
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 from homagg.targets.toolchain import missing  # noqa: E402
@@ -199,7 +199,7 @@ def aggregate(agg, job: int, words: np.ndarray, seq: int = 1, slot: int = 0) -> 
 
 def test_shipped_p4info_has_the_generated_names_and_ids():
     """homagg/_p4info.txtpb and homagg/_p4consts.py come from the same compilation."""
-    assert pipeline_differences(load_p4info()) == []
+    assert pipeline_differences(load_p4info(), P4.SCHEMA) == []
     fresh = genconsts.render(paths.p4_dir(), genconsts.parse_p4info(P4INFO_FILE))
     assert fresh == genconsts.OUT.read_text(), (
         "homagg/_p4info.txtpb and homagg/_p4consts.py disagree: run `homagg-ctl build`")
@@ -372,15 +372,15 @@ def test_a_batch_reports_one_error_per_update_as_pi_does(agg):
         unknown_table.table_id = 12345
         wrong_action = c._entry_pb(TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": 2},
                                               P4.ACTION_TO_SWITCH))
-        wrong_action.action.action.action_id = P4.ACTIONS[P4.ACTION_ROUTE]["id"]
+        wrong_action.action.action.action_id = P4.SCHEMA.action(P4.ACTION_ROUTE).id
         too_wide = c._entry_pb(TableEntry(P4.TABLE_JOB_WORKERS, {"src_addr": 1, "src_port": 2},
                                           P4.ACTION_SET_WORKER,
-                                          dict.fromkeys(P4.ACTIONS[P4.ACTION_SET_WORKER]["params"],
-                                                        0)))
+                                          {p.name: 0 for p in
+                                           P4.SCHEMA.action(P4.ACTION_SET_WORKER).params}))
         too_wide.match[1].exact.value = (1 << 16).to_bytes(3, "big")
         no_param = c._entry_pb(TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": 3},
                                           P4.ACTION_TO_SWITCH))
-        no_param.action.action.action_id = P4.ACTIONS[P4.ACTION_NOACTION]["id"]
+        no_param.action.action.action_id = P4.SCHEMA.action(P4.ACTION_NOACTION).id
         codes = raw_write(c, update("INSERT", ok), update("INSERT", ok),
                           update("INSERT", unknown_table), update("INSERT", wrong_action),
                           update("INSERT", too_wide), update("DELETE", wrong_action),
@@ -431,7 +431,7 @@ def test_reads_one_entry_one_cell_or_everything(agg):
         got = [e.table_entry for r in c.client.read_one(one) for e in r.entities]
         assert len(got) == 1 and got[0].action.action.params[1].value == b"\x01"  # worker 1
         cell = pb.Entity()
-        cell.counter_entry.counter_id = P4.COUNTERS[P4.COUNTER_STATS]["id"]
+        cell.counter_entry.counter_id = P4.SCHEMA.counter(P4.COUNTER_STATS).id
         cell.counter_entry.index.index = wire.EPOCH_STORE
         got = [e.counter_entry for r in c.client.read_one(cell) for e in r.entities]
         assert [(e.index.index, e.data.packet_count) for e in got] == [(wire.EPOCH_STORE, 1)]

@@ -31,13 +31,16 @@ one code path (``P4RuntimeSwitch``) for both targets. What the tables mean to th
   counter cells (one counter or all; every index, or the one given), multicast groups (all
   with group id 0, or one). Values come back in P4Runtime's canonical (shortest) byte form.
 
+Table entries are decoded and encoded by ``homagg.p4schema`` against the generated schema
+(``homagg._p4consts.SCHEMA``), as the controller does them, and a pushed P4Info is held to that
+schema by the same check the controller makes of a switch (``p4schema.pipeline_differences``).
+
 Why the P4Info is shipped (``homagg/_p4info.txtpb``: p4c's own output, refreshed by
-``homagg-ctl build`` next to ``homagg/_p4consts.py``, and held to the same names and ids by
+``homagg-ctl build`` next to ``homagg/_p4consts.py``, and held to the same schema by
 tests/test_p4runtime_server.py) rather than synthesized from ``_p4consts``: every P4Runtime
 client then sees exactly the P4Info bmv2 serves (match kinds, action scopes, counter units,
 register types, annotations), the interactive p4runtime-shell included, which needs more than
-``_p4consts`` holds; and the pipeline check compares against the compiler's output, not a
-reconstruction of it. No p4c is needed to serve it.
+``_p4consts`` holds. No p4c is needed to serve it.
 
 Every request is logged at debug level (logger ``homagg.p4runtime``); the controller keeps its
 own request log.
@@ -62,6 +65,13 @@ from p4.v1 import p4runtime_pb2_grpc
 
 from homagg import _p4consts as P4
 from homagg.errors import HomaggError, TableError
+from homagg.p4schema import (
+    P4SchemaError,
+    TableEntry,
+    decode_entry,
+    encode_entry,
+    pipeline_differences,
+)
 from homagg.paths import P4INFO_FILE
 
 if TYPE_CHECKING:  # the switch it serves; soft.py imports this module to serve it
@@ -71,9 +81,7 @@ log = logging.getLogger("homagg.p4runtime")
 
 API_VERSION = "1.4.1"  # the p4runtime package homagg's controller is built with
 
-_TABLES_BY_ID = {t["id"]: name for name, t in P4.TABLES.items()}
-_ACTIONS_BY_ID = {a["id"]: name for name, a in P4.ACTIONS.items()}
-_COUNTERS_BY_ID = {c["id"]: name for name, c in P4.COUNTERS.items()}
+_COUNTERS_BY_ID = {c.id: c.name for c in P4.SCHEMA.counters}
 
 
 class P4RuntimeServerError(HomaggError):
@@ -94,147 +102,20 @@ def load_p4info(path: Path = P4INFO_FILE):
     return info
 
 
-def pipeline_names(info) -> dict[str, dict[str, Any]]:
-    """The tables, actions and counters of a P4Info, in ``homagg._p4consts``' shape."""
-    match_kind = p4info_pb2.MatchField.MatchType.Name
-    return {
-        "table": {t.preamble.name: {"id": t.preamble.id,
-                                    "keys": {k.name: {"id": k.id, "bits": k.bitwidth,
-                                                      "match": match_kind(k.match_type).lower()}
-                                             for k in t.match_fields},
-                                    "actions": [a.id for a in t.action_refs], "size": t.size}
-                  for t in info.tables},
-        "action": {a.preamble.name: {"id": a.preamble.id,
-                                     "params": {p.name: {"id": p.id, "bits": p.bitwidth}
-                                                for p in a.params}}
-                   for a in info.actions},
-        "counter": {c.preamble.name: {"id": c.preamble.id, "size": c.size}
-                    for c in info.counters},
-    }
+# -- table entries -----------------------------------------------------------------------------
 
 
-def pipeline_differences(info) -> list[str]:
-    """What in a P4Info is not homagg's pipeline (empty: it is)."""
-    ours = {"table": P4.TABLES, "action": P4.ACTIONS, "counter": P4.COUNTERS}
-    theirs = pipeline_names(info)
-    out = []
-    for kind, mine in ours.items():
-        for name in sorted(set(mine) | set(theirs[kind])):
-            if name not in theirs[kind]:
-                out.append(f"no {kind} {name}")
-            elif name not in mine:
-                out.append(f"{kind} {name} is not homagg's")
-            elif theirs[kind][name] != mine[name]:
-                out.append(f"{kind} {name} differs")
-    return out
-
-
-# -- values ------------------------------------------------------------------------------------
-
-
-def _int(value: bytes, bits: int, what: str) -> int:
-    if not value:
-        raise TableError(code_pb2.INVALID_ARGUMENT, f"{what}: empty value")
-    v = int.from_bytes(value, "big")
-    if v >> bits:
-        raise TableError(code_pb2.INVALID_ARGUMENT, f"{what}: {v:#x} does not fit in {bits} bits")
-    return v
-
-
-def _bytes(value: int) -> bytes:
-    """P4Runtime's canonical binary string: the shortest, at least one byte."""
-    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
-
-
-@dataclass
-class _ParsedEntry:
-    table: str
-    match: dict[str, Any]
-    action: str | None = None
-    params: dict[str, int] | None = None
-
-
-def _parse_entry(te, need_action: bool) -> _ParsedEntry:
-    """A p4.v1.TableEntry in P4Info names, every id and width checked; its action only when
-    ``need_action`` (a delete or a read goes by the match alone, as on bmv2)."""
-    bad = code_pb2.INVALID_ARGUMENT
-    table = _TABLES_BY_ID.get(te.table_id)
-    if table is None:
-        raise TableError(bad, f"no table id {te.table_id} in homagg's P4Info")
-    if te.is_default_action:
-        raise TableError(code_pb2.UNIMPLEMENTED, f"{table}: the default action is fixed here")
-    if te.priority:
-        raise TableError(bad, f"{table}: exact and lpm tables take no priority")
-    t = P4.TABLES[table]
-    keys = {k["id"]: (name, k) for name, k in t["keys"].items()}
-    match: dict[str, Any] = {}
-    for fm in te.match:
-        if fm.field_id not in keys:
-            raise TableError(bad, f"{table}: no match field id {fm.field_id}")
-        name, k = keys[fm.field_id]
-        if name in match:
-            raise TableError(bad, f"{table}: match field {name} given twice")
-        kind = fm.WhichOneof("field_match_type")
-        if kind != k["match"]:
-            raise TableError(bad, f"{table}: match field {name} is {k['match']}, not {kind}")
-        if kind == "lpm":
-            plen = fm.lpm.prefix_len
-            v = _int(fm.lpm.value, k["bits"], f"{table}.{name}")
-            if not 0 < plen <= k["bits"] or v & ((1 << (k["bits"] - plen)) - 1):
-                raise TableError(bad, f"{table}.{name}: {v:#x}/{plen} is not a prefix")
-            match[name] = (v, plen)
-        else:
-            match[name] = _int(fm.exact.value, k["bits"], f"{table}.{name}")
-    for name, k in t["keys"].items():
-        if name not in match:
-            if k["match"] != "lpm":
-                raise TableError(bad, f"{table}: exact match field {name} missing")
-            match[name] = (0, 0)  # an omitted lpm field: the wildcard
-    out = _ParsedEntry(table, match)
-    if not need_action:
-        return out
-    kind = te.action.WhichOneof("type") if te.HasField("action") else None
-    if kind is None:
-        raise TableError(bad, f"{table}: no action")
-    if kind != "action":
-        raise TableError(bad, f"{table}: {kind} needs an action profile; this table has none")
-    a = te.action.action
-    action = _ACTIONS_BY_ID.get(a.action_id)
-    if action is None or a.action_id not in t["actions"]:
-        raise TableError(bad, f"{table}: action id {a.action_id} is not one of this table's")
-    pdefs = {p["id"]: (name, p) for name, p in P4.ACTIONS[action]["params"].items()}
-    params: dict[str, int] = {}
-    for p in a.params:
-        if p.param_id not in pdefs:
-            raise TableError(bad, f"{action}: no parameter id {p.param_id}")
-        name, pd = pdefs[p.param_id]
-        if name in params:
-            raise TableError(bad, f"{action}: parameter {name} given twice")
-        params[name] = _int(p.value, pd["bits"], f"{action}({name})")
-    missing = [n for n, _ in pdefs.values() if n not in params]
-    if missing:
-        raise TableError(bad, f"{action}: parameter(s) {', '.join(missing)} missing")
-    out.action, out.params = action, params
-    return out
-
-
-def _entry_pb(table: str, match: dict[str, Any], action: str, params: dict[str, int]):
-    t = P4.TABLES[table]
-    te = pb.TableEntry(table_id=t["id"])
-    for name, k in t["keys"].items():
-        v = match[name]
-        if k["match"] == "lpm":
-            if v[1] == 0:
-                continue  # the wildcard is the absent field
-            te.match.add(field_id=k["id"]).lpm.CopyFrom(
-                pb.FieldMatch.LPM(value=_bytes(v[0]), prefix_len=v[1]))
-        else:
-            te.match.add(field_id=k["id"]).exact.value = _bytes(v)
-    a = P4.ACTIONS[action]
-    te.action.action.action_id = a["id"]
-    for name, p in a["params"].items():
-        te.action.action.params.add(param_id=p["id"], value=_bytes(params[name]))
-    return te
+def _decode(te, need_action: bool) -> TableEntry:
+    """A p4.v1.TableEntry in P4Info names (``homagg.p4schema.decode_entry``), refused with
+    the code bmv2 gives: the default action is this server's own limit."""
+    try:
+        table = P4.SCHEMA.table(te.table_id)
+        if te.is_default_action:
+            raise TableError(code_pb2.UNIMPLEMENTED,
+                             f"{table.name}: the default action is fixed here")
+        return decode_entry(P4.SCHEMA, te, need_action)
+    except P4SchemaError as e:
+        raise TableError(code_pb2.INVALID_ARGUMENT, str(e)) from None
 
 
 # -- the service -------------------------------------------------------------------------------
@@ -388,7 +269,7 @@ class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
         if action not in (A.VERIFY, A.VERIFY_AND_SAVE, A.VERIFY_AND_COMMIT,
                           A.RECONCILE_AND_COMMIT):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no pipeline action given")
-        diff = pipeline_differences(request.config.p4info)
+        diff = pipeline_differences(request.config.p4info, P4.SCHEMA)
         if diff:
             more = f" (+{len(diff) - 3} more)" if len(diff) > 3 else ""
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -458,7 +339,7 @@ class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
             if kind == "UNSPECIFIED":
                 raise TableError(code_pb2.INVALID_ARGUMENT, "update type unspecified")
             if which == "table_entry":
-                e = _parse_entry(u.entity.table_entry, need_action=kind != "DELETE")
+                e = _decode(u.entity.table_entry, need_action=kind != "DELETE")
                 self.sw.write_entry(kind, e.table, e.match, e.action, e.params)
             elif which == "counter_entry":
                 self._write_counter(kind, u.entity.counter_entry)
@@ -522,23 +403,24 @@ class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
 
     def _read_tables(self, te) -> list:
         if te.table_id == 0:
-            tables = list(P4.TABLES)
-        elif te.table_id in _TABLES_BY_ID:
-            tables = [_TABLES_BY_ID[te.table_id]]
+            tables = [t.name for t in P4.SCHEMA.tables]
         else:
-            raise TableError(code_pb2.INVALID_ARGUMENT, f"no table id {te.table_id} in homagg's "
-                                                        "P4Info")
-        want = _parse_entry(te, need_action=False).match if te.match else None
+            try:
+                tables = [P4.SCHEMA.table(te.table_id).name]
+            except P4SchemaError as e:
+                raise TableError(code_pb2.INVALID_ARGUMENT, str(e)) from None
+        want = _decode(te, need_action=False).match if te.match else None
         out = []
         for table in tables:
             for match, action, params in self.sw.read_entries(table):
                 if want is None or match == want:
-                    out.append(pb.Entity(table_entry=_entry_pb(table, match, action, params)))
+                    out.append(pb.Entity(table_entry=encode_entry(
+                        P4.SCHEMA, TableEntry(table, match, action, params))))
         return out
 
     def _read_counters(self, ce) -> list:
         if ce.counter_id == 0:
-            names = list(P4.COUNTERS)
+            names = [c.name for c in P4.SCHEMA.counters]
         elif ce.counter_id in _COUNTERS_BY_ID:
             names = [_COUNTERS_BY_ID[ce.counter_id]]
         else:
@@ -555,7 +437,7 @@ class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
                 indexes = [ce.index.index]
             for i in indexes:
                 e = pb.Entity()
-                e.counter_entry.counter_id = P4.COUNTERS[name]["id"]
+                e.counter_entry.counter_id = P4.SCHEMA.counter(name).id
                 e.counter_entry.index.index = i
                 e.counter_entry.data.packet_count, e.counter_entry.data.byte_count = cells[i]
                 out.append(e)

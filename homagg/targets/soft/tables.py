@@ -71,10 +71,10 @@ class SoftSwitch:
     def _fresh(self) -> None:
         """The pipeline just loaded: empty tables and groups, zero counters and slot memory."""
         self.model = SwitchModel(self.slots, self.words)
-        self.tables: dict[str, dict[Key, Entry]] = {t: {} for t in P4.TABLES}
+        self.tables: dict[str, dict[Key, Entry]] = {t.name: {} for t in P4.SCHEMA.tables}
         self.groups: dict[int, list[tuple[int, int]]] = {}
         self.fwd_stats = np.zeros(wire.FWD_STATS_SIZE, np.int64)
-        self.counter_bytes = {n: np.zeros(c["size"], np.int64) for n, c in P4.COUNTERS.items()}
+        self.counter_bytes = {c.name: np.zeros(c.size, np.int64) for c in P4.SCHEMA.counters}
         self._seq = 0
         #: the uplink table's source ports, for the server: parent address -> {parent job:
         #: src_port} of the active child jobs (replaced whole on every change, so the server
@@ -92,19 +92,20 @@ class SoftSwitch:
     # -- tables, in P4Info names (what P4Runtime writes and reads) ------------------------------
     @staticmethod
     def _key(table: str, match: Mapping[str, Any]) -> Key:
-        t = P4.TABLES.get(table)
-        if t is None:
+        if not P4.SCHEMA.has_table(table):
             raise TableError(INVALID_ARGUMENT, f"no table {table!r} in homagg's P4Info")
-        if set(match) != set(t["keys"]):
+        names = P4.SCHEMA.table(table).field_names
+        if set(match) != set(names):
             raise TableError(INVALID_ARGUMENT, f"table {table}: match fields {sorted(match)}, "
-                                               f"it has {list(t['keys'])}")
-        return tuple(match[k] for k in t["keys"])
+                                               f"it has {list(names)}")
+        return tuple(match[k] for k in names)
 
     @staticmethod
     def _show(table: str, key: Key) -> str:
         parts = []
-        for (name, k), v in zip(P4.TABLES[table]["keys"].items(), key):
-            if k["bits"] == 32:  # an IPv4 address
+        for k, v in zip(P4.SCHEMA.table(table).match_fields, key):
+            name = k.name
+            if k.bitwidth == 32:  # an IPv4 address
                 v = (f"{int_ip(v[0])}/{v[1]}" if isinstance(v, tuple) else int_ip(v))
             parts.append(f"{name}={v}")
         return ", ".join(parts)
@@ -130,19 +131,20 @@ class SoftSwitch:
             raise TableError(INVALID_ARGUMENT, f"unknown update type {kind!r}")
         if action is None:
             raise TableError(INVALID_ARGUMENT, f"{kind} {where}: no action")
-        a = P4.ACTIONS.get(action)
-        if a is None or a["id"] not in P4.TABLES[table]["actions"]:
+        t = P4.SCHEMA.table(table)
+        a = P4.SCHEMA.action(action) if P4.SCHEMA.has_action(action) else None
+        if a is None or a.id not in t.action_ids:
             raise TableError(INVALID_ARGUMENT, f"action {action!r} is not one of table {table}'s")
         params = dict(params or {})
-        if set(params) != set(a["params"]):
+        if set(params) != {p.name for p in a.params}:
             raise TableError(INVALID_ARGUMENT, f"action {action}: parameters {sorted(params)}, "
-                                               f"it has {list(a['params'])}")
+                                               f"it has {[p.name for p in a.params]}")
         if kind == "INSERT":
             if key in rows:
                 raise TableError(ALREADY_EXISTS, f"entry exists in {where}; MODIFY changes it")
-            if len(rows) >= P4.TABLES[table]["size"]:
+            if len(rows) >= t.size:
                 raise TableError(RESOURCE_EXHAUSTED, f"table {table} is full "
-                                                     f"({P4.TABLES[table]['size']} entries)")
+                                                     f"({t.size} entries)")
         elif key not in rows:
             raise TableError(NOT_FOUND, f"no entry to modify in {where}")
         self._seq += 1
@@ -150,9 +152,9 @@ class SoftSwitch:
 
     def read_entries(self, table: str) -> list[tuple[dict[str, Any], str, dict[str, int]]]:
         """Every entry of a table: (match by field name, action, parameters)."""
-        if table not in P4.TABLES:
+        if not P4.SCHEMA.has_table(table):
             raise TableError(INVALID_ARGUMENT, f"no table {table!r} in homagg's P4Info")
-        names = list(P4.TABLES[table]["keys"])
+        names = P4.SCHEMA.table(table).field_names
         with self.lock:
             return [(dict(zip(names, key)), e.action, dict(e.params))
                     for key, e in sorted(self.tables[table].items())]
