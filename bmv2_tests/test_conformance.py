@@ -26,7 +26,7 @@ from homagg import wire
 from homagg.controller import jobs
 from homagg.controller.local import LocalSwitch, install
 from homagg.netconfig import Uplink as UplinkSpec
-from homagg.switch_model import JobEntry, SwitchModel, Uplink
+from homagg.switch_model import JobEntry, ParentLink, SwitchModel
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
 from homagg.targets.testbed import host_ip, host_mac
 from tests.staging import wait_for
@@ -327,7 +327,7 @@ class ModelTarget:
         self.epoch += 1
         self.model.install(JobEntry(job_id, [self.addr[i] for i in ALL], self.epoch,
                                     (job_id % 8) * SLOTS, SLOTS,
-                                    uplink=Uplink(PJ, LW, self.addr[PARENT]) if tree else None))
+                                    uplink=ParentLink(PJ, LW, self.addr[PARENT]) if tree else None))
 
     def send(self, host: int, payload: bytes) -> None:
         for data, dst in self.model.process(payload, self.addr[host]).replies:

@@ -24,7 +24,7 @@ def test_wheel_carries_every_subpackage_and_the_p4_source(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     wheel = next(tmp_path.glob("homagg-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    for must in ("homagg/_p4consts.py", "homagg/wire.py", "homagg/switch_model.py",
+    for must in ("homagg/_p4consts.py", "homagg/wire.py", "homagg/switch_model/model.py",
                  "homagg/targets/soft/tables.py", "homagg/controller/cli.py",
                  "homagg/host_agent/cli.py", "homagg/launcher/cli.py",
                  "homagg/p4/homagg.p4", "homagg/p4/include/constants.p4",

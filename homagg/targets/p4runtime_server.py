@@ -6,11 +6,9 @@ one code path (``P4RuntimeSwitch``) for both targets. What the tables mean to th
 ``homagg.targets.soft``'s business; this module is the protocol, modelled on bmv2's server
 (p4lang/PI):
 
-- StreamChannel: arbitration only. The client with the highest election id is the primary;
-  a client gets a MasterArbitrationUpdate (status OK when primary, ALREADY_EXISTS when backup)
-  when it arbitrates, and every client gets one when the primary changes; an election id
-  already held, or another device id, ends the stream with an error. Writes need the primary's
-  election id (PERMISSION_DENIED otherwise). Packet-out and digests are not served.
+- StreamChannel: arbitration only (``homagg.targets.arbitration``): the client with the
+  highest election id is the primary, and writes need its election id. Packet-out and digests
+  are not served.
 - The pipeline: the software aggregator *is* homagg's pipeline, so GetForwardingPipelineConfig
   answers with homagg's P4Info from the start. SetForwardingPipelineConfig takes a P4Info only
   if its tables, actions and counters (names, ids, match fields, parameters, sizes) are
@@ -49,10 +47,7 @@ own request log.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from concurrent import futures
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +68,7 @@ from homagg.p4schema import (
     pipeline_differences,
 )
 from homagg.paths import P4INFO_FILE
+from homagg.targets.arbitration import Arbitration
 
 if TYPE_CHECKING:  # the switch it serves; soft.py imports this module to serve it
     from homagg.targets.soft.tables import SoftSwitch
@@ -121,22 +117,6 @@ def _decode(te, need_action: bool) -> TableEntry:
 # -- the service -------------------------------------------------------------------------------
 
 
-@dataclass(eq=False)
-class _Stream:
-    """One StreamChannel: its election id once it arbitrated, and what goes out on it."""
-
-    out: queue.Queue = field(default_factory=queue.Queue)
-    election: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True)
-class _End:
-    """Ends a stream with this status."""
-
-    code: Any
-    message: str
-
-
 class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
     def __init__(self, switch: SoftSwitch, device_id: int):
         self.sw = switch
@@ -145,77 +125,7 @@ class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
         self.device_config = b""
         self.cookie: Any = None
         self._saved: Any = None  # a verified config waiting for COMMIT
-        self._lock = threading.Lock()
-        self._streams: list[_Stream] = []
-
-    # -- arbitration ---------------------------------------------------------------------------
-    def _primary(self) -> _Stream | None:
-        held = [s for s in self._streams if s.election is not None]
-        return max(held, key=lambda s: s.election or (0, 0)) if held else None
-
-    def _notify(self, s: _Stream) -> None:
-        primary = self._primary()
-        assert primary is not None and primary.election is not None
-        msg = pb.StreamMessageResponse()
-        arb = msg.arbitration
-        arb.device_id = self.device_id
-        arb.election_id.high, arb.election_id.low = primary.election
-        if s is primary:
-            arb.status.code, arb.status.message = code_pb2.OK, "primary"
-        else:
-            arb.status.code, arb.status.message = code_pb2.ALREADY_EXISTS, "backup"
-        s.out.put(msg)
-
-    def _arbitrate(self, s: _Stream, arb) -> None:
-        if arb.device_id != self.device_id:
-            s.out.put(_End(grpc.StatusCode.NOT_FOUND, f"no device {arb.device_id} here (this "
-                                                      f"is device {self.device_id})"))
-            return
-        if arb.HasField("role") and (arb.role.name or arb.role.id):
-            s.out.put(_End(grpc.StatusCode.UNIMPLEMENTED, "roles are not served"))
-            return
-        election = (arb.election_id.high, arb.election_id.low)
-        with self._lock:
-            if any(o is not s and o.election == election for o in self._streams):
-                s.out.put(_End(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"election id {election} is held by another client"))
-                return
-            before = self._primary()
-            s.election = election
-            if s not in self._streams:
-                self._streams.append(s)
-            if self._primary() is not before:
-                for o in self._streams:
-                    self._notify(o)
-            else:
-                self._notify(s)
-        log.debug("arbitration: election id %s, %s", election,
-                  "primary" if self._primary() is s else "backup")
-
-    def _leave(self, s: _Stream) -> None:
-        with self._lock:
-            if s not in self._streams:
-                return
-            was = self._primary()
-            self._streams.remove(s)
-            if was is s and self._primary() is not None:
-                for o in self._streams:
-                    self._notify(o)
-
-    def _may_write(self, request, context) -> bool:
-        """PI's rule: with clients connected, only the primary writes; without, only a request
-        that names no election id."""
-        with self._lock:
-            primary = self._primary()
-            given = (request.election_id.high, request.election_id.low) \
-                if request.HasField("election_id") else None
-            if primary is None and given is None:
-                return True
-            if primary is not None and primary.election == (given or (0, 0)):
-                return True
-        context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                      f"not the primary client (election id {given})")
-        return False
+        self.arbitration = Arbitration(device_id)
 
     def _check_device(self, request, context) -> None:
         if request.device_id != self.device_id:
@@ -223,32 +133,7 @@ class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
                                                      f"(this is device {self.device_id})")
 
     def StreamChannel(self, request_iterator, context):
-        s = _Stream()
-        context.add_callback(lambda: s.out.put(None))
-
-        def pump():
-            try:
-                for req in request_iterator:
-                    kind = req.WhichOneof("update")
-                    if kind == "arbitration":
-                        self._arbitrate(s, req.arbitration)
-                    else:
-                        log.debug("stream message %s ignored (not served)", kind)
-            except Exception as e:  # the client went away
-                log.debug("stream closed: %s", e)
-            finally:
-                self._leave(s)
-                s.out.put(None)
-
-        threading.Thread(target=pump, name="p4runtime-stream", daemon=True).start()
-        while True:
-            msg = s.out.get()
-            if msg is None:
-                return
-            if isinstance(msg, _End):
-                self._leave(s)
-                context.abort(msg.code, msg.message)
-            yield msg
+        yield from self.arbitration.stream(request_iterator, context)
 
     # -- pipeline ------------------------------------------------------------------------------
     def SetForwardingPipelineConfig(self, request, context):
@@ -257,7 +142,7 @@ class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
                       request.action), len(request.config.p4info.tables),
                   len(request.config.p4_device_config))
         self._check_device(request, context)
-        self._may_write(request, context)
+        self.arbitration.may_write(request, context)
         A = pb.SetForwardingPipelineConfigRequest
         action = request.action
         if action == A.COMMIT:
@@ -316,7 +201,7 @@ class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
         self._check_device(request, context)
         if request.role or request.role_id:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "roles are not served")
-        self._may_write(request, context)
+        self.arbitration.may_write(request, context)
         if request.atomicity != pb.WriteRequest.CONTINUE_ON_ERROR:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "only CONTINUE_ON_ERROR atomicity")
         results = [self._update(u) for u in request.updates]

@@ -37,7 +37,7 @@ from homagg import _p4consts as P4
 from homagg import wire
 from homagg.errors import TableError
 from homagg.netconfig import int_ip
-from homagg.switch_model import Address, JobEntry, SwitchModel, Uplink
+from homagg.switch_model import Address, JobEntry, ParentLink, SwitchModel
 
 log = logging.getLogger("homagg.softswitch")
 
@@ -233,7 +233,7 @@ class SoftSwitch:
             if e is not None and e.action == P4.ACTION_SET_RESULT_DST:
                 results.append((int_ip(e.params["ip"]), e.params["port"]))
         up = self.tables[P4.TABLE_UPLINK].get((job_id,))
-        uplink = (Uplink(up.params["job"], up.params["worker"],
+        uplink = (ParentLink(up.params["job"], up.params["worker"],
                          (int_ip(up.params["ip"]), up.params["udp_port"]), up.params["port"])
                   if up is not None and up.action == P4.ACTION_SET_UPLINK else None)
         return JobEntry(job_id, [(int_ip(k[0]), k[1]) for k, _ in rows], latest["epoch"],
