@@ -1,0 +1,224 @@
+"""The house rules, checked: one import graph without circles, modules that do one job, one job
+logic, one P4Info conversion.
+
+    python tools/house.py [ROOT]      # prints each broken rule; exit 1 if any
+
+The rules (what a review of the tree asked for, kept by tests/test_house.py):
+- no import circle among the package's modules. An import counts when it runs at import time:
+  module level, not under ``if TYPE_CHECKING:`` and not inside a function (a deferred import
+  is how a module says "only when called"); importing ``a.b.c`` also imports ``a`` and
+  ``a.b`` (their ``__init__``), as Python does;
+- no module over 500 lines in homagg/, controller/, host_agent/ or launcher/ (generated files,
+  marked as such in their first lines, excepted);
+- no job logic outside controller/: no function named ``add_job``, ``remove_job`` or
+  ``reset_job`` is defined in the package outside controller/ (``controller.jobs`` is the one);
+- no second P4Info-to-Python conversion: only homagg/p4schema.py reads a P4Info entity's
+  ``preamble``, which every such conversion must.
+
+The package is homagg/ with its symlinked parts (controller/, host_agent/, launcher/, p4/),
+read from ``ROOT``; tests, benchmarks and examples are not part of it.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_LINES = 500
+LINE_DIRS = ("homagg", "controller", "host_agent", "launcher")
+JOB_FUNCTIONS = {"add_job", "remove_job", "reset_job"}
+JOB_HOME = "homagg.controller"
+SCHEMA_MODULE = "homagg.p4schema"
+PACKAGE = "homagg"
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str     # dotted, e.g. homagg.controller.jobs
+    path: Path    # as found under ROOT (through the package's symlinks)
+    tree: ast.Module
+    text: str
+
+
+def modules(root: Path) -> dict[str, Module]:
+    """Every module of the package, by dotted name (symlinked parts under their homagg. name,
+    once)."""
+    out: dict[str, Module] = {}
+    base = root / PACKAGE
+    for path in sorted(base.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(base).with_suffix("")
+        parts = [PACKAGE, *rel.parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        name = ".".join(parts)
+        text = path.read_text()
+        out[name] = Module(name, path, ast.parse(text, str(path)), text)
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _import_time_nodes(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements that run when the module is imported (not functions' bodies, not
+    TYPE_CHECKING blocks); classes' bodies run, so they are walked."""
+    for node in body:
+        if isinstance(node, ast.If):
+            if not _is_type_checking(node):
+                yield from _import_time_nodes(node.body)
+            yield from _import_time_nodes(node.orelse)
+        elif isinstance(node, (ast.Try, ast.With)):
+            for part in ("body", "handlers", "orelse", "finalbody"):
+                for sub in getattr(node, part, []):
+                    if isinstance(sub, ast.ExceptHandler):
+                        yield from _import_time_nodes(sub.body)
+                    else:
+                        yield from _import_time_nodes([sub])
+        elif isinstance(node, ast.ClassDef):
+            yield from _import_time_nodes(node.body)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def _with_parents(name: str, known: dict[str, Module]) -> list[str]:
+    """``a.b.c`` imports ``a``, ``a.b`` and ``a.b.c``: those that are modules here."""
+    parts = name.split(".")
+    return [n for n in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if n in known]
+
+
+def imports(mod: Module, known: dict[str, Module]) -> set[str]:
+    """The package's modules that importing ``mod`` imports directly."""
+    out: set[str] = set()
+    is_pkg = mod.path.name == "__init__.py"
+    for node in _import_time_nodes(mod.tree.body):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                out.update(_with_parents(alias.name, known))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                pkg = mod.name.split(".")
+                pkg = pkg if is_pkg else pkg[:-1]
+                pkg = pkg[:len(pkg) - node.level + 1]
+                base = ".".join(pkg + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            out.update(_with_parents(base, known))
+            for alias in node.names:  # from a.b import c: c may be a module
+                if f"{base}.{alias.name}" in known:
+                    out.add(f"{base}.{alias.name}")
+    out.discard(mod.name)
+    # a module's own packages are being imported already when it runs: not an edge back
+    return {n for n in out if not mod.name.startswith(n + ".")}
+
+
+def import_cycles(known: dict[str, Module]) -> list[list[str]]:
+    """Each strongly connected group of modules (more than one, or one importing itself):
+    Tarjan's algorithm over the import-time graph."""
+    graph = {n: sorted(imports(m, known)) for n, m in known.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def _generated(text: str) -> bool:
+    head = "\n".join(text.splitlines()[:5]).lower()
+    return "generated" in head and ("do not edit" in head or "by controller/genconsts" in head)
+
+
+def long_modules(root: Path) -> list[tuple[str, int]]:
+    out = []
+    for d in LINE_DIRS:
+        for path in sorted((root / d).rglob("*.py")):
+            if "__pycache__" in path.parts or (d == "homagg" and path.is_symlink()):
+                continue
+            rel = path.relative_to(root).as_posix()
+            if d == "homagg" and rel.split("/")[1] in ("controller", "host_agent", "launcher"):
+                continue  # the symlinked parts: counted under their own folder
+            text = path.read_text()
+            n = len(text.splitlines())
+            if n > MAX_LINES and not _generated(text):
+                out.append((rel, n))
+    return out
+
+
+def job_logic_outside(known: dict[str, Module]) -> list[str]:
+    out = []
+    for name, mod in known.items():
+        if name == JOB_HOME or name.startswith(JOB_HOME + "."):
+            continue
+        for node in ast.walk(mod.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                    and node.name in JOB_FUNCTIONS:
+                out.append(f"{name}:{node.lineno} defines {node.name}")
+    return out
+
+
+def p4info_conversions(known: dict[str, Module]) -> list[str]:
+    out = []
+    for name, mod in known.items():
+        if name == SCHEMA_MODULE:
+            continue
+        for node in ast.walk(mod.tree):
+            if isinstance(node, ast.Attribute) and node.attr == "preamble":
+                out.append(f"{name}:{node.lineno} reads a P4Info preamble")
+    return out
+
+
+def problems(root: Path) -> list[str]:
+    known = modules(root)
+    out = [f"import circle: {' -> '.join(c)}" for c in import_cycles(known)]
+    out += [f"{p}: {n} lines (at most {MAX_LINES})" for p, n in long_modules(root)]
+    out += [f"job logic outside controller/: {p}" for p in job_logic_outside(known)]
+    out += [f"a second P4Info conversion: {p}" for p in p4info_conversions(known)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    root = Path(args[0]) if args else Path(__file__).resolve().parent.parent
+    found = problems(root)
+    for p in found:
+        print(p)
+    print(f"house rules: {len(found)} broken" if found else "house rules: all kept")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
