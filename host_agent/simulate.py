@@ -108,7 +108,7 @@ class MemoryTransport:
     """``Transport``'s interface (``stream``, ``close``, ``broken``) over a ``MemorySwitch``."""
 
     def __init__(self, switch: MemorySwitch, cfg: AgentConfig, counters: Counters):
-        self.switch_model = switch
+        self.memory_switch = switch  # (``Transport.switch`` is an address: not that name)
         self.cfg = cfg
         self.counters = counters
         self.who = cfg.who
@@ -128,7 +128,7 @@ class MemoryTransport:
         self.counters.packets_sent += chunks
         self.counters.bytes_sent += chunks * wire.packet_bytes(k)
         try:
-            out, overflow, error = self.switch_model.round(self.cfg.worker, op, words)
+            out, overflow, error = self.memory_switch.round(self.cfg.worker, op, words)
         except threading.BrokenBarrierError:
             self.broken = "timeout"
             raise AggregationTimeout(f"{self.who}: a peer failed or did not take part in "

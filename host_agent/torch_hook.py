@@ -10,11 +10,11 @@ default all-reduce does; the sum behind it is exact on the quantized gradients. 
 any worker's bucket makes the whole bucket NaN on every worker (``Agent.allreduce``), so AMP's
 ``GradScaler`` sees it on every rank and skips the step, as with DDP's own all-reduce.
 
-Pass ``HookState.of(agent, model)`` as the state for the two things the bare agent cannot do:
-overlap (the agent's own thread sums a bucket while autograd computes the next: ``HookState``)
-and errors that name the parameter and the element within it (from
-``model.named_parameters()``), not a bucket offset. With the bare agent as the state, the hook
-blocks, and a parameter is named by its place in ``bucket.parameters()`` and its shape.
+The state is a ``HookState``: ``HookState.of(agent, model)`` overlaps (the agent's own thread
+sums a bucket while autograd computes the next) and names a parameter and the element within
+it in errors (from ``model.named_parameters()``), not a bucket offset. ``HookState(agent,
+overlap=False)`` blocks in the hook, and names a parameter by its place in
+``bucket.parameters()`` and its shape.
 Sparse COO gradients (``sparse=True`` embeddings) go through ``Agent.allreduce_rows`` and come
 back sparse. torch is an optional dependency
 (the CPU build is enough); only this module, ``torch_backend`` (the "homagg" process group, no
@@ -84,10 +84,13 @@ def locate(bucket, index: int, names: dict[int, str] | None = None) -> str:
     return f"bucket {bucket.index()} offset {index}"
 
 
-def homagg_hook(state: Agent | HookState, bucket: torch.distributed.GradBucket
+def homagg_hook(state: HookState, bucket: torch.distributed.GradBucket
                 ) -> torch.futures.Future[torch.Tensor]:
+    if not isinstance(state, HookState):  # register_comm_hook takes any state: say what fits
+        raise TypeError(f"homagg_hook's state is a HookState, not {type(state).__name__}: "
+                        "HookState.of(agent, model), or HookState(agent, overlap=False)")
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    if isinstance(state, HookState) and state.overlap:
+    if state.overlap:
         def work() -> None:
             try:
                 fut.set_result(_mean(state.agent, bucket, state.names))
@@ -96,9 +99,7 @@ def homagg_hook(state: Agent | HookState, bucket: torch.distributed.GradBucket
 
         state.submit(work)  # DDP keeps the bucket's buffer until the future completes
         return fut
-    agent, names = ((state.agent, state.names) if isinstance(state, HookState)
-                    else (state, None))
-    fut.set_result(_mean(agent, bucket, names))
+    fut.set_result(_mean(state.agent, bucket, state.names))
     return fut
 
 

@@ -57,8 +57,9 @@ def worker(rank, world, addrs, out_dir, overlap):
         orders.append([pid[id(p)] for p in bucket.parameters()])
         return homagg_hook(state, bucket)
 
-    # the bare agent: the hook blocks; a HookState: the agent's thread completes the futures
-    state = HookState.of(agent, model, overlap=True) if overlap else agent
+    # without overlap the hook blocks; with it, the agent's thread completes the futures
+    state = HookState.of(agent, model, overlap=True) if overlap else HookState(agent,
+                                                                                 overlap=False)
     ddp.register_comm_hook(state=state, hook=hook)
     results = []
     for step in range(3):
@@ -178,6 +179,21 @@ class FakeBucket:
 
     def buffer(self):
         return torch.cat([p.grad.reshape(-1) for p in self.params])
+
+
+def test_the_hooks_state_is_a_hookstate_and_a_bare_agent_is_told_so():
+    from homagg.host_agent import MemoryJob
+    from homagg.host_agent.torch_hook import HookState, homagg_hook
+
+    model = torch.nn.Linear(3, 2)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    agent = MemoryJob(1).agents[0]
+    with pytest.raises(TypeError, match=r"homagg_hook's state is a HookState, not Agent: "
+                                        r"HookState\.of\(agent, model\)"):
+        homagg_hook(agent, FakeBucket(list(model.parameters())))  # type: ignore[arg-type]
+    got = homagg_hook(HookState(agent, overlap=False), FakeBucket(list(model.parameters())))
+    assert torch.equal(got.wait(), torch.ones(8))  # one worker: the mean is the bucket
 
 
 def test_hook_errors_name_the_parameter_and_its_index():
