@@ -1,31 +1,116 @@
-"""One interface over the two aggregation targets, so the same packet tests run on both.
+"""One interface over every aggregation target, so the same packet tests run on all of them.
 
-``Bmv2Target`` drives simple_switch_grpc through veth pairs (homagg/targets/testbed.py);
-``SoftTarget`` calls the software aggregator's ``handle`` directly. Both install jobs with the
-controller's job logic (``homagg.controller.jobs``): over P4Runtime, or in process.
+- ``ModelTarget``: the switch model (``homagg.switch_model``) alone, in memory;
+- ``SoftTarget``: the software aggregator's switch, its ``handle`` called in process;
+- ``SoftUdpTarget``: the software aggregator's UDP server, hosts being loopback sockets;
+- ``Bmv2Target``: simple_switch_grpc through veth pairs (homagg/targets/testbed.py).
+
+Host ``i`` is a worker host; ``addr(i)`` its (ip, udp port). The soft and bmv2 targets install
+jobs with the controller's job logic (``homagg.controller.jobs``): over P4Runtime, or in
+process. The model has no tables: its target installs the model's own job entry, as the
+software aggregator's tables would describe it.
 """
 
 from __future__ import annotations
 
 import collections
+import socket
+import time
 from dataclasses import replace
 
 from homagg import wire
 from homagg.controller import jobs
 from homagg.controller.local import LocalSwitch, install
-from homagg.targets.soft import SoftSwitch
+from homagg.netconfig import Uplink
+from homagg.switch_model import JobEntry, ParentLink, SwitchModel
+from homagg.targets.soft import SoftSwitch, SoftSwitchServer
 from homagg.targets.testbed import homagg_frame, host_ip, is_homagg, result_of
 
+PORT = wire.DEFAULT_AGENT_PORT
 
-class SoftTarget:
-    name = "soft"
+
+class _Inbox:
+    """Replies kept by destination, for the in-process targets."""
 
     def __init__(self):
+        self.inbox: dict[tuple[str, int], collections.deque] = collections.defaultdict(
+            collections.deque)
+
+    def recv(self, host, timeout=1.0, count=None, port=PORT):
+        q = self.inbox[(host_ip(host), port)]
+        out = []
+        while q and (count is None or len(out) < count):
+            out.append(wire.unpack(q.popleft()))
+        return out
+
+    def recv_all(self, timeout: float, hosts) -> dict[int, list[wire.Packet]]:
+        """Every reply to ``hosts`` so far (in process, nothing is in flight: no wait)."""
+        by_ip = {host_ip(i): i for i in hosts}
+        out: dict[int, list[wire.Packet]] = {}
+        for (ip, _port), q in self.inbox.items():
+            if ip in by_ip:
+                out.setdefault(by_ip[ip], []).extend(wire.unpack(d) for d in q)
+        self.inbox.clear()
+        return out
+
+    def drain(self):
+        self.inbox.clear()
+
+    def close(self):
+        pass
+
+
+class ModelTarget(_Inbox):
+    name = "model"
+    synchronous = True  # a packet is handled when send returns
+
+    def __init__(self):
+        super().__init__()
+        self.model = SwitchModel()
+        self.epoch = 0
+
+    def addr(self, host):
+        return (host_ip(host), PORT)
+
+    def add_job(self, job_id, workers, slots=8, udp_port=PORT, uplink: Uplink | None = None):
+        self.epoch += 1
+        parent = None if uplink is None else ParentLink(uplink.job, uplink.worker,
+                                                        (uplink.ip, uplink.udp_port))
+        job = JobEntry(job_id, [(host_ip(i), udp_port) for i in workers], self.epoch,
+                       (job_id % 8) * slots, slots, uplink=parent)
+        self.model.install(job)
+        return job
+
+    def remove_job(self, job_id):
+        self.model.uninstall(job_id)
+
+    def reset_job(self, job_id):
+        job = self.model.uninstall(job_id)
+        self.epoch += 1
+        self.model.install(replace(job, epoch=self.epoch))
+        return self.epoch
+
+    def send(self, host, payload, sport=PORT, src_ip=None):
+        for data, dst in self.model.process(payload, (src_ip or host_ip(host), sport)).replies:
+            self.inbox[dst].append(data)
+
+    def stats(self):
+        return {"switch": {n: int(self.model.stats[i]) for i, n in wire.STATS.items()}}
+
+
+class SoftTarget(_Inbox):
+    name = "soft"
+    synchronous = True
+
+    def __init__(self):
+        super().__init__()
         self.sw = SoftSwitch()
         self.conn = LocalSwitch(self.sw)  # the controller's writes, in process
-        self.inbox = collections.defaultdict(collections.deque)
 
-    def add_job(self, job_id, workers, slots=8, udp_port=wire.DEFAULT_AGENT_PORT, uplink=None):
+    def addr(self, host):
+        return (host_ip(host), PORT)
+
+    def add_job(self, job_id, workers, slots=8, udp_port=PORT, uplink=None):
         return install(self.sw, job_id, [(host_ip(i), udp_port) for i in workers], slots,
                        uplink=uplink)
 
@@ -35,31 +120,87 @@ class SoftTarget:
     def reset_job(self, job_id):
         return jobs.reset_job(self.conn, job_id).epoch
 
-    def send(self, host, payload, sport=wire.DEFAULT_AGENT_PORT, src_ip=None):
-        for data, (ip, port) in self.sw.handle(payload, (src_ip or host_ip(host), sport)):
-            self.inbox[(ip, port)].append(data)
-
-    def recv(self, host, timeout=1.0, count=None, port=wire.DEFAULT_AGENT_PORT):
-        q = self.inbox[(host_ip(host), port)]
-        out = []
-        while q and (count is None or len(out) < count):
-            out.append(wire.unpack(q.popleft()))
-        return out
-
-    def drain(self):
-        self.inbox.clear()
+    def send(self, host, payload, sport=PORT, src_ip=None):
+        for data, dst in self.sw.handle(payload, (src_ip or host_ip(host), sport)):
+            self.inbox[dst].append(data)
 
     def stats(self):
         return self.sw.read_stats()
 
 
+class SoftUdpTarget:
+    """The software aggregator's server on 127.0.0.254; host i sends from 127.0.0.(i+1), from
+    a port the kernel gives (``addr``)."""
+
+    name = "soft-udp"
+    synchronous = False
+
+    def __init__(self, hosts: int = 4):
+        self.sw = SoftSwitch()
+        self.conn = LocalSwitch(self.sw)
+        self.server = SoftSwitchServer(self.sw, ("127.0.0.254", wire.HOMAGG_UDP_PORT_MIN))
+        self.server.start()
+        self.socks = {}
+        for i in range(hosts):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind((f"127.0.0.{i + 1}", 0))
+            s.setblocking(False)
+            self.socks[i] = s
+
+    def addr(self, host):
+        return self.socks[host].getsockname()
+
+    def add_job(self, job_id, workers, slots=8, udp_port=None, uplink=None):
+        """``udp_port``: unused, each host sends from its own socket's port."""
+        return install(self.sw, job_id, [self.addr(i) for i in workers], slots, uplink=uplink)
+
+    def remove_job(self, job_id):
+        jobs.remove_job(self.conn, job_id)
+
+    def reset_job(self, job_id):
+        return jobs.reset_job(self.conn, job_id).epoch
+
+    def send(self, host, payload, sport=None, src_ip=None):
+        self.socks[host].sendto(payload, self.server.address)
+
+    def recv_all(self, timeout: float, hosts) -> dict[int, list[wire.Packet]]:
+        """What reaches ``hosts`` within ``timeout`` seconds."""
+        out: dict[int, list[wire.Packet]] = {}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for h in hosts:
+                s = self.socks[h]
+                try:
+                    while True:
+                        out.setdefault(h, []).append(wire.unpack(s.recv(4096)))
+                except BlockingIOError:
+                    pass
+            time.sleep(0.01)
+        return out
+
+    def drain(self):
+        self.recv_all(0.05, self.socks)
+
+    def stats(self):
+        return self.sw.read_stats()
+
+    def close(self):
+        self.server.stop()
+        for s in self.socks.values():
+            s.close()
+
+
 class Bmv2Target:
     name = "bmv2"
+    synchronous = False
 
     def __init__(self, testbed):
         self.bed = testbed
 
-    def add_job(self, job_id, workers, slots=8, udp_port=wire.DEFAULT_AGENT_PORT, uplink=None):
+    def addr(self, host):
+        return (host_ip(host), PORT)
+
+    def add_job(self, job_id, workers, slots=8, udp_port=PORT, uplink=None):
         spec = self.bed.job(job_id, list(workers), slots, udp_port)
         return jobs.add_job(self.bed.conn, replace(spec, uplink=uplink))
 
@@ -69,11 +210,14 @@ class Bmv2Target:
     def reset_job(self, job_id):
         return jobs.reset_job(self.bed.conn, job_id).epoch
 
-    def send(self, host, payload, sport=wire.DEFAULT_AGENT_PORT, src_ip=None):
+    def send(self, host, payload, sport=PORT, src_ip=None):
         self.bed.ports[host].send(homagg_frame(host, payload, sport=sport, src_ip=src_ip))
 
-    def recv(self, host, timeout=1.0, count=None, port=wire.DEFAULT_AGENT_PORT):
+    def recv(self, host, timeout=1.0, count=None, port=PORT):
         return [result_of(p) for p in self.bed.ports[host].recv(timeout, is_homagg, count)]
+
+    def recv_all(self, timeout: float, hosts) -> dict[int, list[wire.Packet]]:
+        return {h: self.recv(h, timeout) for h in hosts}
 
     def drain(self):
         for p in self.bed.ports:
@@ -81,3 +225,6 @@ class Bmv2Target:
 
     def stats(self):
         return jobs.read_stats(self.bed.conn).to_json()
+
+    def close(self):
+        pass
