@@ -66,6 +66,8 @@ def test_a_long_module_job_logic_and_a_second_p4info_conversion_are_found(tmp_pa
         "homagg/names.py": "def names(info):\n"
                            "    return {t.preamble.name: t for t in info.tables}\n",
         "homagg/p4schema.py": "def f(info):\n    return info.tables[0].preamble\n",
+        "docs/notes.md": "# Notes\n" + "<" * 7 + " HEAD\nmine\n" + "=" * 7 + "\ntheirs\n"
+                         + ">" * 7 + " branch\n",
     })
     (root / "homagg" / "controller").symlink_to(root / "controller")
     found = house.problems(root)
@@ -74,4 +76,5 @@ def test_a_long_module_job_logic_and_a_second_p4info_conversion_are_found(tmp_pa
     assert "job logic outside controller/: homagg.targets.soft:2 defines add_job" in found
     assert "a second P4Info conversion: homagg.names:2 reads a P4Info preamble" in found
     assert not any("p4schema" in p for p in found)
+    assert "merge-conflict marker: docs/notes.md:2" in found
     assert house.main([str(root)]) == 1

@@ -13,7 +13,9 @@ The rules (what a review of the tree asked for, kept by tests/test_house.py):
 - no job logic outside controller/: no function named ``add_job``, ``remove_job`` or
   ``reset_job`` is defined in the package outside controller/ (``controller.jobs`` is the one);
 - no second P4Info-to-Python conversion: only homagg/p4schema.py reads a P4Info entity's
-  ``preamble``, which every such conversion must.
+  ``preamble``, which every such conversion must;
+- no merge-conflict markers left in the tree's text files (git's tracked files where ROOT is a
+  checkout).
 
 The package is homagg/ with its symlinked parts (controller/, host_agent/, launcher/, p4/),
 read from ``ROOT``; tests, benchmarks and examples are not part of it.
@@ -22,6 +24,7 @@ read from ``ROOT``; tests, benchmarks and examples are not part of it.
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -201,12 +204,40 @@ def p4info_conversions(known: dict[str, Module]) -> list[str]:
     return out
 
 
+_MARKERS = ("<" * 7 + " ", "=" * 7 + "\n", ">" * 7 + " ")
+_TEXT = {".py", ".md", ".toml", ".p4", ".txt", ".sh", ".cfg", ".json", ".txtpb", ".yml"}
+
+
+def conflict_markers(root: Path) -> list[str]:
+    """Files with a line a merge left: ``<<<<<<< ``, ``=======`` alone, ``>>>>>>> ``."""
+    try:
+        listed = subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True,
+                                text=True, check=True).stdout.split("\n")
+        paths = [root / p for p in listed if p]
+    except (OSError, subprocess.CalledProcessError):  # not a checkout: every file
+        paths = [p for p in root.rglob("*") if p.is_file()]
+    out = []
+    for path in paths:
+        if path.suffix not in _TEXT and path.name not in ("run.sh", "run"):
+            continue
+        try:
+            lines = path.read_text().splitlines(keepends=True)
+        except (OSError, UnicodeDecodeError):
+            continue
+        for n, line in enumerate(lines, 1):
+            if line.startswith(_MARKERS) and (line.endswith("\n") or line.strip()):
+                out.append(f"{path.relative_to(root).as_posix()}:{n}")
+                break
+    return out
+
+
 def problems(root: Path) -> list[str]:
     known = modules(root)
     out = [f"import circle: {' -> '.join(c)}" for c in import_cycles(known)]
     out += [f"{p}: {n} lines (at most {MAX_LINES})" for p, n in long_modules(root)]
     out += [f"job logic outside controller/: {p}" for p in job_logic_outside(known)]
     out += [f"a second P4Info conversion: {p}" for p in p4info_conversions(known)]
+    out += [f"merge-conflict marker: {p}" for p in conflict_markers(root)]
     return out
 
 
