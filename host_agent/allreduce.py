@@ -15,7 +15,8 @@ decides (``codec.choose_mode``): dense, on the union, or sketch + residual. A te
 dense under ``auto`` skips the index next time (same ``key``). Every round goes through the
 agent's ``Transport`` (slots, retransmission, deadline). An overflow flagged by the switch
 makes every worker (they all see the same flag) redo the value rounds with a smaller scale:
-never a wrapped sum (every block's shift goes down together).
+never a wrapped sum (every block's shift goes down together). The words of round 1 and the
+index rounds are host_agent/negotiation.py's; the agent decides what they carry.
 
 Scales are per block (block floating point, ``codec.blocks``): block k's shift is the tensor
 shift plus the job's offset for k. With the hierarchical index the block words ride in the mid
@@ -42,8 +43,13 @@ import numpy as np
 from homagg import wire
 from homagg.host_agent import codec
 from homagg.host_agent.codec import AUTO, Mode
-from homagg.host_agent.codec.index import BLOCK as INDEX_BLOCK
 from homagg.host_agent.config import AgentConfig, AgentError
+from homagg.host_agent.negotiation import (
+    Negotiation,
+    exponent_words,
+    index_rounds,
+    max_exponent,
+)
 from homagg.host_agent.transport import SwitchOverflow, Transport
 
 log = logging.getLogger("homagg.agent")
@@ -131,69 +137,6 @@ class RowsResult:
     rows: np.ndarray    # int64, sorted: the union
     values: np.ndarray  # (rows.size, *row shape), the sums
     result: Result
-
-
-#: Bit 0 of the exponent words (e = -EXP_BIAS, below any float32 exponent): "I have a NaN or
-#: an Inf". The OR tells every worker in round 1.
-NONFINITE_BIT = 0
-
-
-def _exponent_words(e: int | None, nonfinite: bool = False) -> np.ndarray:
-    """A worker's max exponent e as one bit (e + EXP_BIAS) of EXP_WORDS words; the OR of every
-    worker's gives the job's max (``_max_exponent``). Bit 0 is the non-finite flag (an e that
-    low is raised to -EXP_BIAS + 1: a coarser scale, never a finer one)."""
-    onehot = np.zeros(wire.EXP_WORDS, np.uint32)
-    bits = [NONFINITE_BIT] if nonfinite else []
-    if e is not None:
-        bits.append(max(e + wire.EXP_BIAS, NONFINITE_BIT + 1))
-    for b in bits:
-        onehot[b // 32] |= np.uint32(1 << (31 - b % 32))
-    return onehot
-
-
-def _max_exponent(words: np.ndarray) -> int | None:
-    bits = np.unpackbits(words.astype(">u4").view(np.uint8))
-    hits = np.flatnonzero(bits[NONFINITE_BIT + 1:])
-    return None if hits.size == 0 else int(hits[-1]) + NONFINITE_BIT + 1 - wire.EXP_BIAS
-
-
-def _nonfinite(words: np.ndarray) -> bool:
-    return bool(np.unpackbits(words.astype(">u4").view(np.uint8))[NONFINITE_BIT])
-
-
-def _blocks_touched(top_blocks: np.ndarray, n: int, block: int) -> np.ndarray:
-    """Scale blocks (sorted int64) overlapping the hierarchy's union blocks (128 elements)."""
-    nb = codec.block_count(n, block)
-    span = INDEX_BLOCK
-    lo = top_blocks * span // block
-    hi = (np.minimum(top_blocks * span + span, n) - 1) // block
-    mark = np.zeros(nb + 1, np.int64)
-    np.add.at(mark, lo, 1)
-    np.add.at(mark, hi + 1, -1)
-    return np.flatnonzero(np.cumsum(mark[:nb]) > 0)
-
-
-@dataclass
-class _Negotiation:
-    """What round 1 (and the index rounds) settled, for ``Agent.allreduce_detailed``'s later
-    steps: this worker's scan and max exponent, the mode asked (``auto`` still undecided), the
-    ORed round-1 words (exponents first), the union bitmap (None: dense), the index and its
-    words per round, the ORed block words and the split blocks."""
-
-    scan: codec.Scan
-    exponent: int | None
-    mode: str
-    ored: np.ndarray
-    union_words: np.ndarray | None
-    index: str | None
-    index_rounds: dict[str, int]
-    block_words: np.ndarray | None  # None: round 1 flagged a non-finite value, and ended it
-    split: np.ndarray
-
-    @property
-    def nonfinite(self) -> bool:
-        """Some worker had a NaN or an Inf (round 1's flag)."""
-        return _nonfinite(self.ored[:wire.EXP_WORDS])
 
 
 class Agent:
@@ -326,7 +269,7 @@ class Agent:
         assert neg.block_words is not None
         block_offsets = codec.block_offsets(neg.block_words)
         offsets, scale_block, split_rounds = self._split_round(neg, block_offsets)
-        shift = codec.shift_for(_max_exponent(neg.ored[:wire.EXP_WORDS]), cfg.workers,
+        shift = codec.shift_for(max_exponent(neg.ored[:wire.EXP_WORDS]), cfg.workers,
                                 cfg.headroom) + cfg.shift_bias
         shift, values, rounds = self._rescaled_rounds(flat, neg.scan, shift, offsets,
                                                       scale_block, mode, union_words, union)
@@ -339,7 +282,7 @@ class Agent:
                       block_shifts=shift + block_offsets, block=cfg.block,
                       split=block_shifts if neg.split.size else None)
 
-    def _negotiate(self, flat: np.ndarray, key) -> _Negotiation:
+    def _negotiate(self, flat: np.ndarray, key) -> Negotiation:
         """Round 1 (and, with the hierarchical index, its two further OR rounds): this
         worker's max exponent (or the non-finite flag), its block words and split flags, and,
         unless the mode is dense (asked, or remembered for ``key``), the index of its
@@ -350,7 +293,7 @@ class Agent:
         finite = scan.finite()
         # A NaN or Inf: flag it in round 1 (every worker then returns NaN), no scales.
         e = scan.max_exponent() if finite else None
-        onehot = _exponent_words(e, nonfinite=not finite)
+        onehot = exponent_words(e, nonfinite=not finite)
         blocks = codec.block_words(scan.idx, scan.raw, n, B, e)
         flags = codec.split_flags(scan.idx, scan.raw, n, B, cfg.split and finite)
         mode = codec.as_mode(cfg.mode, auto=True)
@@ -359,17 +302,16 @@ class Agent:
         if mode == Mode.DENSE:
             agg = self.transport.stream(wire.OP_OR, np.concatenate([onehot, blocks, flags])
                                         ).view(np.uint32)
-            return _Negotiation(scan, e, mode, agg, None, None, {},
-                                agg[wire.EXP_WORDS:wire.EXP_WORDS + blocks.size],
-                                codec.split_blocks(agg[wire.EXP_WORDS + blocks.size:], n, B))
+            return Negotiation(scan, e, mode, agg, None, None, {},
+                               agg[wire.EXP_WORDS:wire.EXP_WORDS + blocks.size],
+                               codec.split_blocks(agg[wire.EXP_WORDS + blocks.size:], n, B))
         index = codec.choose_index(cfg.index, n, self._last_union.get(key)
                                    if key is not None else None)
-        agg, union_words, index_rounds, block_agg, split = self._index_rounds(
-            scan, onehot, blocks, flags, index)
-        return _Negotiation(scan, e, mode, agg, union_words, index, index_rounds, block_agg,
-                            split)
+        agg, union_words, sent, block_agg, split = index_rounds(
+            self.transport.stream, B, scan, onehot, blocks, flags, index)
+        return Negotiation(scan, e, mode, agg, union_words, index, sent, block_agg, split)
 
-    def _choose(self, neg: _Negotiation, key) -> tuple[str, np.ndarray | None,
+    def _choose(self, neg: Negotiation, key) -> tuple[str, np.ndarray | None,
                                                       np.ndarray | None]:
         """The value mode (``auto``: by the byte count, from the union's size u, which is
         remembered for ``key``), and the union it works on: (mode, the union bitmap or None
@@ -393,7 +335,7 @@ class Agent:
             self._last_mode[key] = mode
         return mode, union_words, union
 
-    def _split_round(self, neg: _Negotiation, block_offsets: np.ndarray
+    def _split_round(self, neg: Negotiation, block_offsets: np.ndarray
                      ) -> tuple[np.ndarray, int, dict[str, int]]:
         """The split round, when some block split: one word per element of a split block,
         its elements' own offsets (every worker has the same blocks, from the OR). Returns
@@ -445,50 +387,6 @@ class Agent:
         assert union is not None  # mode sketch
         return codec.scale_blocks(codec.assemble(n, union, values, 0, np.float64),
                                   block_shifts, scale_block, dtype)
-
-    def _index_rounds(self, scan, onehot, blocks, flags, index):
-        """Round 1 (exponent words, and the flat bitmap after the block words and split flags,
-        or the top level) and, for ``hier``, the mid round (with the block words and split
-        flags of the scale blocks the union's blocks touch) and the leaf round: (round 1's
-        ORed words, the flat union bitmap, words per index round, the ORed block words, the
-        split blocks). Round 1 flagging a non-finite value anywhere ends it there (union
-        bitmap None)."""
-        stream = self.transport.stream
-        E = wire.EXP_WORDS
-        n, B = scan.n, self.cfg.block
-        if index == codec.FLAT:
-            agg = stream(wire.OP_OR, np.concatenate([onehot, blocks, flags, scan.words])
-                         ).view(np.uint32)
-            union_words = agg[E + blocks.size + flags.size:]
-            return (agg, union_words, {codec.ROUND_FLAT: union_words.size},
-                    agg[E:E + blocks.size],
-                    codec.split_blocks(agg[E + blocks.size:E + blocks.size + flags.size], n, B))
-        levels = codec.Levels.of(scan.words, n)
-        agg = stream(wire.OP_OR, np.concatenate([onehot, levels.top])).view(np.uint32)
-        split = np.zeros(0, np.int64)
-        if _nonfinite(agg[:E]):
-            return agg, None, {codec.ROUND_TOP: levels.top.size}, None, split
-        block_agg = np.zeros(blocks.size, np.uint32)
-        first = [True]
-
-        def or_round(words):
-            nonlocal split
-            if not first[0]:
-                return stream(wire.OP_OR, words[0]).view(np.uint32)
-            first[0] = False  # the mid round: the touched scale blocks' words ride along
-            touched = _blocks_touched(codec.union_blocks(agg[E:], n), n, B)
-            mine = np.zeros(blocks.size, bool)
-            mine[codec.split_blocks(flags, n, B)] = True
-            got = stream(wire.OP_OR, np.concatenate([words[0], blocks[touched],
-                                                     codec.kernels.active.pack(mine[touched])])
-                         ).view(np.uint32)
-            w = words[0].size
-            block_agg[touched] = got[w:w + touched.size]
-            split = touched[codec.set_bits(got[w + touched.size:], touched.size)]
-            return got[:w]
-
-        union_words, sent = codec.hier_rounds([levels], agg[E:], or_round)
-        return agg, union_words, sent, block_agg, split
 
     def _value_rounds(self, flat, scan, block_shifts, B, mode, union_words, union):
         """The value round (and the residual): exact sums, on the union (int32 words from the

@@ -37,8 +37,9 @@ The modules, by concern: ``quantization`` (the scale), ``blocks`` (per-block sca
 ``scan`` (a worker's tensor, round 1's bitmaps), ``index`` (flat or hierarchical index, and
 the choice between them), ``sketch``
 (count sketch and peeling), ``modes`` (``Mode``, the byte-count choice),
-``union`` (a worker's rounds 2 and 3), ``kernels`` (numba or numpy: ``_jit`` and ``_ref``),
-``errors``. This package re-exports their public names.
+``union`` (a worker's rounds 2 and 3), ``kernels`` (numba or numpy: ``_jit`` and ``_ref``;
+``_jit`` gathers ``_jit_bitmap``, ``_jit_sketch`` and ``_jit_blocks``), ``errors``. This
+package re-exports their public names.
 """
 
 from homagg.host_agent.codec import kernels
