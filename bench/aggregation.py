@@ -33,8 +33,9 @@ import sys
 import time
 from pathlib import Path
 
+from bench import plots
+
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "out"
 LOG_DIR = ROOT / "build" / "logs" / "bench"
 
 
@@ -67,35 +68,14 @@ def run_config(net, W: int, n: int, density: float, mode: str, iterations: int,
             "exact": all(r["exact"] for r in res)}
 
 
-def plot(rows, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = sorted({(r["target"], r["workers"]) for r in rows})
-    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 3.4), squeeze=False)
-    for ax, (t, W) in zip(axes[0], groups):
-        rs = [r for r in rows if r["target"] == t and r["workers"] == W]
-        ax.bar([0], [rs[0]["dense_eps"] / 1e6], color="grey", label="dense")
-        xs = range(1, len(rs) + 1)
-        ax.bar([x - 0.2 for x in xs], [r["flat_eps"] / 1e6 for r in rs], 0.4,
-               color="tab:orange", label="flat index")
-        bars = ax.bar([x + 0.2 for x in xs], [r["eps"] / 1e6 for r in rs], 0.4,
-                      color="tab:blue", label="hier index")
-        for b, r in zip(bars, rs):
-            ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{r['speedup']:.1f}x",
-                    ha="center", va="bottom", fontsize=7)
-        ax.set_xticks([0, *xs], ["dense"] + [f"{r['density']:.2%}"
-                                             + ("r64" if r["rows_of"] > 1 else "") for r in rs],
-                      fontsize=7)
-        ax.set_title(f"{t}, {W} workers", fontsize=9)
-        ax.set_xlabel("dense | compressed at density (x: hier over dense)", fontsize=8)
-    axes[0][0].legend(fontsize=7)
-    axes[0][0].set_ylabel("M fp32 elements/s")
-    fig.suptitle("homagg all-reduce throughput: compressed (auto) vs dense in-network", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def figure_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` in bench.plots' format: the columns of the table, as in benchmarks.json."""
+    return [{"target": r["target"], "workers": r["workers"], "n": r["n"],
+             "density": f"{r['density']:.2%}" + (f"r{r['rows_of']}" if r["rows_of"] > 1 else ""),
+             "dense_eps": r["dense_eps"], "flat_eps": r["flat_eps"], "hier_eps": r["eps"],
+             "wire_flat_pct": 100 * r["flat_bytes"] / r["dense_bytes"],
+             "wire_hier_pct": 100 * r["bytes"] / r["dense_bytes"], "retx": r["retrans"]}
+            for r in rows]
 
 
 def main(argv=None) -> int:
@@ -177,10 +157,7 @@ def main(argv=None) -> int:
         print(f"target check ({r['target']}, 1%, 8 workers): {r['speedup']:.1f}x "
               f"({'meets' if r['speedup'] >= 8 else 'misses'} the >= 8x target)")
     print(f"total {time.monotonic() - t_start:.0f} s")
-    if rows:
-        OUT.mkdir(parents=True, exist_ok=True)
-        plot(rows, OUT / "aggregation.png")
-        print(f"plot: {OUT / 'aggregation.png'}")
+    plots.write_plot("aggregation", plots.aggregation, figure_rows(rows))
     return 0
 
 

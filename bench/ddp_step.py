@@ -36,6 +36,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench import plots
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 LOG_DIR = ROOT / "build" / "logs" / "bench-ddp"
@@ -59,6 +61,21 @@ def run_variant(net, args: list[str], steps: int, tag: str) -> list[float]:
         raise RuntimeError(f"{tag}: workers {failed} failed:\n{tail}")
     out = (net.opts.log_dir / f"{tag}-w0.out").read_text()
     return [float(ms) for ms in re.findall(r"loss \S+ ms (\S+)", out)]
+
+
+def links(rate_mbit: float) -> str:
+    return f"{rate_mbit:.0f} Mbit/s" if rate_mbit else "unshaped"
+
+
+def figure_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` in bench.plots' format, as in benchmarks.json: one row per (target, links), a
+    ``<variant>_ms`` column per variant (``_`` for a space): the median ms per step."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        link = links(r["rate_mbit"])
+        row = out.setdefault((r["target"], link), {"target": r["target"], "links": link})
+        row[f"{r['variant'].replace(' ', '_')}_ms"] = r["ms_per_step"]
+    return list(out.values())
 
 
 def main(argv=None) -> int:
@@ -108,40 +125,19 @@ def main(argv=None) -> int:
                 rows.append({"target": target, "rate_mbit": rate, "variant": n,
                              "ms_per_step": m,
                              "vs_gloo": med["gloo"] / m if "gloo" in med else None})
-    links = {0.0: "unshaped"}
     name = "ddp_step" if a.topo == "star" else f"ddp_step_{a.topo}"
     print(f"\ntopology: {a.topo}" + (f", {a.leaves} leaves of {a.workers_per_leaf} workers"
                                      if a.topo != "star" else ", 4 workers"))
     print(f"\n{'target':7} {'links':>9} {'variant':19} {'ms/step':>8} {'speedup vs gloo':>16}")
     for r in rows:
-        link = links.get(r["rate_mbit"], f"{r['rate_mbit']:.0f} Mbit/s")
+        link = links(r["rate_mbit"])
         vs = f"{r['vs_gloo']:15.2f}x" if r["vs_gloo"] is not None else f"{'-':>16}"
         print(f"{r['target']:7} {link:>9} {r['variant']:19} {r['ms_per_step']:8.1f} {vs}")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{name}.json").write_text(json.dumps(rows, indent=1))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(matplotlib not installed: no plot)")
-        return 0
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    labels = sorted({(r["target"], r["rate_mbit"]) for r in rows})
-    names = list(dict.fromkeys(r["variant"] for r in rows))
-    width = 0.8 / max(1, len(names))
-    for k, name in enumerate(names):
-        ys = [next((r["ms_per_step"] for r in rows if (r["target"], r["rate_mbit"]) == lb
-                    and r["variant"] == name), 0) for lb in labels]
-        ax.bar([i + width * k for i in range(len(labels))], ys, width, label=name)
-    ax.set_yscale("log")
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))],
-                  [f"{t}\n{links.get(r, f'{r:.0f} Mbit/s')}" for t, r in labels])
-    ax.set_ylabel("ms per DDP step (median)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(OUT / f"{name}.png", dpi=120)
+    where = ("star, 4 workers" if a.topo == "star" else
+             f"leaf/spine, {a.leaves} x {a.workers_per_leaf}")
+    plots.write_plot(name, plots.ddp_step, [(where, figure_rows(rows))])
     return 0
 
 

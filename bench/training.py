@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from bench import plots
+
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "out"
 LOG_DIR = ROOT / "build" / "logs" / "bench"
 
 
@@ -70,34 +72,13 @@ def run_variant(net, backend: str, mode: str, iterations: int) -> dict:
             "retrans": sum(r["retransmissions"] for r in res) if backend == "homagg" else None}
 
 
-def plot(rows, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    labels = [r["label"] for r in rows]
-    colors = ["tab:grey" if r["backend"] == "gloo" else
-              "tab:blue" if r["mode"] == "auto" else "tab:orange" for r in rows]
-    bars = ax1.bar(range(len(rows)), [r["median"] * 1e3 for r in rows], color=colors)
-    for b, r in zip(bars, rows):
-        ax1.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{r['speedup']:.1f}x",
-                 ha="center", va="bottom", fontsize=8)
-    ax1.set_xticks(range(len(rows)), labels, rotation=15, ha="right", fontsize=8)
-    ax1.set_ylabel("ms / iteration (median, slowest worker)")
-    ax1.set_yscale("log")
-    for r, c in zip(rows, colors):
-        ax2.plot([t * 1e3 for t in r["iters"]], label=r["label"], color=c,
-                 linestyle="-" if r["target"] == "soft" else "--")
-    ax2.set_xlabel("iteration (after warm-up)")
-    ax2.set_ylabel("ms")
-    ax2.set_yscale("log")
-    ax2.legend(fontsize=7)
-    fig.suptitle("GMF demo model, 4 workers, 100 Mbit/s links: homagg vs gloo all_reduce",
-                 fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def figure_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` in bench.plots' format: the columns of the table, as in benchmarks.json."""
+    return [{"variant": r["label"], "median_ms": r["median"] * 1e3, "mean_ms": r["mean"] * 1e3,
+             "sum_ms": r["comm"] * 1e3,
+             "vs_gloo": r["speedup"] if math.isfinite(r["speedup"]) else None,
+             "wire_vs_dense": f"{r['wire']:.1%}" if r["wire"] is not None else "100% x ring",
+             "retx": r["retrans"], "final_loss": r["loss"]} for r in rows]
 
 
 def main(argv=None) -> int:
@@ -171,10 +152,9 @@ def main(argv=None) -> int:
         print(f"target check: best homagg {best['speedup']:.1f}x gloo "
               f"({'meets' if best['speedup'] >= 4 else 'misses'} the >= 4x target)")
     print(f"total {time.monotonic() - t_start:.0f} s")
-    if rows:
-        OUT.mkdir(parents=True, exist_ok=True)
-        plot(rows, OUT / "training.png")
-        print(f"plot: {OUT / 'training.png'}")
+    plots.write_plot("training", plots.training, figure_rows(rows),
+                     f"GMF demo model, {a.workers} workers, {a.bw:g} Mbit/s links "
+                     f"(x: speed vs gloo)")
     return 0
 
 

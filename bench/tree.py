@@ -29,8 +29,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench import plots
+
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "out"
 LOG_DIR = ROOT / "build" / "logs" / "bench-tree"
 
 
@@ -72,30 +73,11 @@ def run(net, a) -> dict:
             "exact": all(r["exact"] for r in res)}
 
 
-def plot(rows, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    targets = sorted({r["target"] for r in rows})
-    fig, axes = plt.subplots(1, 2, figsize=(7, 3.2))
-    for k, t in enumerate(targets):
-        star = next(r for r in rows if r["target"] == t and r["topo"] == "star")
-        tree = next(r for r in rows if r["target"] == t and r["topo"] == "leafspine")
-        for ax, key, scale in ((axes[0], "top_bytes", 1e6), (axes[1], "median_s", 1e-3)):
-            bars = ax.bar([3 * k, 3 * k + 1], [star[key] / scale, tree[key] / scale],
-                          color=["tab:grey", "tab:blue"])
-            ax.text(bars[1].get_x() + 0.4, bars[1].get_height(),
-                    f"{tree[key] / star[key]:.2f}x", ha="center", va="bottom", fontsize=7)
-    for ax in axes:
-        ax.set_xticks([3 * k + d for k in range(len(targets)) for d in (0, 1)],
-                      [f"{t}\n{n}" for t in targets for n in ("star", "tree")], fontsize=7)
-    axes[0].set_ylabel("MB into the top switch")
-    axes[1].set_ylabel("ms per all-reduce (median)")
-    fig.suptitle("leaf/spine tree vs star, same workers (x: tree / star)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def figure_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` in bench.plots' format: the columns of the table, as in benchmarks.json."""
+    return [{"target": r["target"], "topo": r["topo"], "top_rx_pkts": r["top_rx"],
+             "top_rx_mb": r["top_bytes"] / 1e6, "leaves_rx_pkts": r["leaves_rx"],
+             "ms_per_allreduce": 1e3 * r["median_s"], "retx": r["retrans"]} for r in rows]
 
 
 def main(argv=None) -> int:
@@ -146,10 +128,9 @@ def main(argv=None) -> int:
               f"{tree['median_s'] / star['median_s']:.2f}x the star's")
     for s in skipped:
         print(s)
-    if rows:
-        OUT.mkdir(parents=True, exist_ok=True)
-        plot(rows, OUT / "tree.png")
-        print(f"plot: {OUT / 'tree.png'}")
+    plots.write_plot("tree", plots.tree, figure_rows(rows),
+                     f"leaf/spine ({a.leaves} leaves x {a.workers_per_leaf}) vs star "
+                     f"({W} workers), {a.mode}, {a.size} elements (x: tree / star)")
     return 0
 
 

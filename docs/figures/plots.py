@@ -3,10 +3,11 @@
     python docs/figures/plots.py            # all figures
     python docs/figures/plots.py tree seq   # some of them (names: see FIGURES)
 
-The benchmark figures are drawn from ``docs/figures/data/benchmarks.json``: the numbers the
-benchmarks printed on the machine that docs/performance.md describes, each section with the
-command that produced it (rerun that command to get new numbers, update the JSON, rerun this
-script). The topology and the packet sequence are drawn from the protocol's rules, not data.
+The benchmark figures are drawn by bench/plots.py, the functions the benchmarks draw their PNGs
+with, from ``docs/figures/data/benchmarks.json``: the numbers the benchmarks printed on the
+machine that docs/performance.md describes, each section with the command that produced it
+(rerun that command to get new numbers, update the JSON, rerun this script). The topology and
+the packet sequence are drawn from the protocol's rules, not data.
 Needs matplotlib (``pip install -e ".[bench]"``); no root, no network.
 """
 
@@ -17,20 +18,17 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "benchmarks.json"
+if str(HERE.parents[1]) not in sys.path:
+    sys.path.insert(0, str(HERE.parents[1]))  # the repository root: bench.plots
 
+from bench import plots as figures  # noqa: E402
+
+plt = figures.pyplot()
 plt.rcParams.update({
     "svg.fonttype": "none",      # text stays text: small files
     "svg.hashsalt": "homagg",    # stable ids: a rerun rewrites identical files
-    "font.size": 8,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
 })
 
 
@@ -50,68 +48,18 @@ def _save(fig, name: str) -> Path:
 
 
 def aggregation() -> Path:
-    rows = _rows(_data()["aggregation"])
-    targets = ["soft", "bmv2"]
-    fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.0))
-    for ax, t in zip(axes, targets):
-        rs = [r for r in rows if r["target"] == t]
-        ax.bar([0], [rs[0]["dense_eps"] / 1e6], color="grey", label="dense")
-        xs = range(1, len(rs) + 1)
-        ax.bar([x - 0.2 for x in xs], [r["flat_eps"] / 1e6 for r in rs], 0.4,
-               color="tab:orange", label="flat index")
-        bars = ax.bar([x + 0.2 for x in xs], [r["hier_eps"] / 1e6 for r in rs], 0.4,
-                      color="tab:blue", label="hier index")
-        for b, r in zip(bars, rs):
-            ax.text(b.get_x() + b.get_width() / 2, b.get_height(),
-                    f"{r['hier_eps'] / r['dense_eps']:.0f}x", ha="center", va="bottom",
-                    fontsize=7)
-        ax.set_xticks([0, *xs], ["dense"] + [r["density"] for r in rs], fontsize=7)
-        ax.set_title(f"{t}, {rs[0]['workers']} workers, N = {rs[0]['n']}", fontsize=8)
-        ax.set_xlabel("density per worker (x: hier over dense)")
-    axes[0].set_ylabel("M fp32 elements/s")
-    axes[0].legend(fontsize=7)
-    fig.suptitle("all-reduce throughput: compressed (auto) vs dense in-network", fontsize=9)
-    fig.tight_layout()
-    return _save(fig, "aggregation")
+    return _save(figures.aggregation(_rows(_data()["aggregation"])), "aggregation")
 
 
 def training() -> Path:
-    rows = _rows(_data()["training"])
-    fig, ax = plt.subplots(figsize=(6, 2.8))
-    colors = ["grey" if r["variant"].startswith("gloo") else
-              "tab:blue" if "compressed" in r["variant"] else "tab:orange" for r in rows]
-    bars = ax.bar(range(len(rows)), [r["median_ms"] for r in rows], color=colors)
-    for b, r in zip(bars, rows):
-        ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{r['vs_gloo']:.1f}x",
-                ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(rows)), [r["variant"] for r in rows], rotation=15, ha="right",
-                  fontsize=7)
-    ax.set_ylabel("ms / iteration (median)")
-    ax.set_title("GMF demo model, 4 workers, 100 Mbit/s links (x: speed vs gloo)", fontsize=8)
-    fig.tight_layout()
+    fig = figures.training(_rows(_data()["training"]),
+                           "GMF demo model, 4 workers, 100 Mbit/s links (x: speed vs gloo)")
     return _save(fig, "training")
 
 
 def tree() -> Path:
-    rows = _rows(_data()["tree"])
-    fig, axes = plt.subplots(1, 2, figsize=(6.5, 2.8))
-    targets = ["soft", "bmv2"]
-    for k, t in enumerate(targets):
-        star = next(r for r in rows if r["target"] == t and r["topo"] == "star")
-        tr = next(r for r in rows if r["target"] == t and r["topo"] == "leafspine")
-        for ax, key in ((axes[0], "top_rx_mb"), (axes[1], "ms_per_allreduce")):
-            bars = ax.bar([3 * k, 3 * k + 1], [star[key], tr[key]],
-                          color=["grey", "tab:blue"])
-            ax.text(bars[1].get_x() + 0.4, bars[1].get_height(),
-                    f"{tr[key] / star[key]:.2f}x", ha="center", va="bottom", fontsize=7)
-    for ax in axes:
-        ax.set_xticks([3 * k + d for k in range(len(targets)) for d in (0, 1)],
-                      [f"{t}\n{n}" for t in targets for n in ("star", "tree")], fontsize=7)
-    axes[0].set_ylabel("MB into the top switch")
-    axes[1].set_ylabel("ms per all-reduce (median)")
-    fig.suptitle("leaf/spine (2 leaves x 4) vs star (8 workers), dense, 100k elements "
-                 "(x: tree / star)", fontsize=8)
-    fig.tight_layout()
+    fig = figures.tree(_rows(_data()["tree"]), "leaf/spine (2 leaves x 4) vs star (8 workers), "
+                       "dense, 100k elements (x: tree / star)")
     return _save(fig, "tree")
 
 
@@ -140,28 +88,8 @@ def switch_cost() -> Path:
 
 def ddp_step() -> Path:
     d = _data()
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.0), gridspec_kw={"width_ratios": [2, 1]})
-    for ax, key, title in ((axes[0], "ddp_step", "star, 4 workers"),
-                           (axes[1], "ddp_step_leafspine", "leaf/spine, 2 x 2")):
-        rows = _rows(d[key])
-        names = [("gloo_ms", "gloo", "grey"), ("homagg_ms", "homagg", "tab:blue"),
-                 ("homagg_dense_ms", "homagg dense", "tab:orange")]
-        w = 0.27
-        for k, (col, label, color) in enumerate(names):
-            ax.bar([i + w * k for i in range(len(rows))], [r[col] for r in rows], w,
-                   label=label, color=color)
-        for i, r in enumerate(rows):
-            ax.text(i + w, r["homagg_ms"], f"{r['gloo_ms'] / r['homagg_ms']:.1f}x",
-                    ha="center", va="bottom", fontsize=7)
-        ax.set_yscale("log")
-        ax.set_xticks([i + w for i in range(len(rows))],
-                      [f"{r['target']}\n{r['links']}" for r in rows], fontsize=7)
-        ax.set_title(title, fontsize=8)
-    axes[0].set_ylabel("ms per DDP step (median, rank 0)")
-    axes[0].legend(fontsize=7)
-    fig.suptitle("examples/ddp_train.py: DDP over gloo vs homagg's hook (x: gloo / homagg)",
-                 fontsize=8)
-    fig.tight_layout()
+    fig = figures.ddp_step([("star, 4 workers", _rows(d["ddp_step"])),
+                            ("leaf/spine, 2 x 2", _rows(d["ddp_step_leafspine"]))])
     return _save(fig, "ddp_step")
 
 
