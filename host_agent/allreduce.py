@@ -36,7 +36,9 @@ returned or from such earlier results, so every worker takes the same one withou
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -139,16 +141,33 @@ class RowsResult:
     result: Result
 
 
-class Agent:
-    """``transport``: a factory ``(config, counters) -> transport``, the transport having
-    ``stream(op, words)``, ``close()`` and a ``broken`` attribute; default the UDP
-    ``Transport`` to the switch (``simulate.MemoryTransport``: the switch's arithmetic in
-    memory)."""
+class SwitchLink(Protocol):
+    """What an agent streams its rounds through: the UDP ``Transport`` to a switch, or
+    ``simulate.MemoryTransport`` (the switch's arithmetic in memory)."""
 
-    def __init__(self, config: AgentConfig, transport=None):
+    #: why the link cannot be used any more (an earlier round failed), or None
+    broken: str | None
+    #: the switch's resolved address
+    switch: tuple[str, int]
+    #: the socket to the switch (an ``ImpairedSocket`` with fault injection); None in memory
+    sock: Any
+
+    def stream(self, op: int, words: np.ndarray) -> np.ndarray:
+        """One round: ``words`` through the switch (``op``: OP_ADD or OP_OR), the result."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Agent:
+    """``transport``: a factory ``(config, counters) -> SwitchLink``; default the UDP
+    ``Transport`` to the switch."""
+
+    def __init__(self, config: AgentConfig,
+                 transport: Callable[[AgentConfig, Counters], SwitchLink] | None = None):
         self.cfg = config
         self.counters = Counters()
-        self.transport = (transport or Transport)(config, self.counters)
+        self.transport: SwitchLink = (transport or Transport)(config, self.counters)
         self.seed = config.job if config.seed is None else config.seed
         self._last_mode: dict = {}
         self._last_union: dict = {}  # key -> union size u last time (codec.choose_index)

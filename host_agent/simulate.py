@@ -105,10 +105,12 @@ class MemorySwitch:
 
 
 class MemoryTransport:
-    """``Transport``'s interface (``stream``, ``close``, ``broken``) over a ``MemorySwitch``."""
+    """A ``SwitchLink`` (``allreduce.SwitchLink``) over a ``MemorySwitch``."""
 
     def __init__(self, switch: MemorySwitch, cfg: AgentConfig, counters: Counters):
-        self.memory_switch = switch  # (``Transport.switch`` is an address: not that name)
+        self.memory_switch = switch  # (``switch`` is an address, as the UDP link's)
+        self.switch = ("memory", 0)
+        self.sock = None
         self.cfg = cfg
         self.counters = counters
         self.who = cfg.who
