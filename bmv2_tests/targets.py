@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from homagg import wire
 from homagg.controller import jobs
-from homagg.controller.local import LocalSwitch, install
+from homagg.controller.local import LocalSwitch, install, job_spec
 from homagg.netconfig import Uplink
 from homagg.switch_model import JobEntry, ParentLink, SwitchModel
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
@@ -130,15 +130,25 @@ class SoftTarget(_Inbox):
 
 class SoftUdpTarget:
     """The software aggregator's server on 127.0.0.254; host i sends from 127.0.0.(i+1), from
-    a port the kernel gives (``addr``)."""
+    a port the kernel gives (``addr``). With ``p4runtime``, the controller writes its jobs and
+    reads its counters over P4Runtime (``homagg.targets.p4runtime_server``, on a port the
+    kernel gives), as it does bmv2's; else in process."""
 
     name = "soft-udp"
     synchronous = False
 
-    def __init__(self, hosts: int = 4):
+    def __init__(self, hosts: int = 4, p4runtime: bool = False):
         self.sw = SoftSwitch()
-        self.conn = LocalSwitch(self.sw)
         self.server = SoftSwitchServer(self.sw, ("127.0.0.254", wire.HOMAGG_UDP_PORT_MIN))
+        self.p4rt = None
+        if p4runtime:
+            from homagg.controller.p4client import P4RuntimeSwitch
+            from homagg.targets.p4runtime_server import P4RuntimeServer
+
+            self.p4rt = P4RuntimeServer(self.sw, "127.0.0.1:0").start()
+            self.conn = P4RuntimeSwitch(self.p4rt.address).open()
+        else:
+            self.conn = LocalSwitch(self.sw)
         self.server.start()
         self.socks = {}
         for i in range(hosts):
@@ -152,7 +162,8 @@ class SoftUdpTarget:
 
     def add_job(self, job_id, workers, slots=8, udp_port=None, uplink=None):
         """``udp_port``: unused, each host sends from its own socket's port."""
-        return install(self.sw, job_id, [self.addr(i) for i in workers], slots, uplink=uplink)
+        spec = job_spec(job_id, [self.addr(i) for i in workers], slots, uplink=uplink)
+        return jobs.add_job(self.conn, spec, pool=self.sw.slots)
 
     def remove_job(self, job_id):
         jobs.remove_job(self.conn, job_id)
@@ -182,9 +193,12 @@ class SoftUdpTarget:
         self.recv_all(0.05, self.socks)
 
     def stats(self):
-        return self.sw.read_stats()
+        return jobs.read_stats(self.conn).to_json()
 
     def close(self):
+        self.conn.close()
+        if self.p4rt is not None:
+            self.p4rt.stop()
         self.server.stop()
         for s in self.socks.values():
             s.close()

@@ -327,7 +327,7 @@ def target(request):
 def install_case_job(target, job: int, tree: bool) -> None:
     """The case's job over hosts ALL, alone on the switch; with ``tree``, a child job whose
     parent is host PARENT (through switch port PARENT + 1, where the target knows ports)."""
-    for j in target.installed:
+    for j in getattr(target, "installed", []):
         target.remove_job(j)
     uplink = None
     if tree:
@@ -335,7 +335,7 @@ def install_case_job(target, job: int, tree: bool) -> None:
         uplink = UplinkSpec(PJ, LW, ip, port, host_mac(PARENT), wire.HOMAGG_UDP_PORT_MIN,
                             PARENT + 1)
     target.add_job(job, list(ALL), SLOTS, uplink=uplink)
-    target.installed = [job]
+    target.installed, target.uplink = [job], uplink
     target.drain()
 
 

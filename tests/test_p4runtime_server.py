@@ -31,6 +31,7 @@ from google.rpc import code_pb2, status_pb2  # noqa: E402
 from p4.v1 import p4runtime_pb2 as pb  # noqa: E402
 
 from bmv2_tests import test_conformance as conformance  # noqa: E402
+from bmv2_tests.targets import SoftUdpTarget  # noqa: E402
 from homagg import _p4consts as P4  # noqa: E402
 from homagg import paths, wire  # noqa: E402
 from homagg.controller import genconsts  # noqa: E402
@@ -43,7 +44,7 @@ from homagg.controller.p4client import (  # noqa: E402
     SwitchError,
     TableEntry,
 )
-from homagg.netconfig import Config, Host, JobSpec, SwitchSpec, Uplink, Worker  # noqa: E402
+from homagg.netconfig import Config, Host, JobSpec, SwitchSpec, Worker  # noqa: E402
 from homagg.p4schema import pipeline_differences  # noqa: E402
 from homagg.paths import P4INFO_FILE  # noqa: E402
 from homagg.targets.p4runtime_server import (  # noqa: E402
@@ -558,50 +559,20 @@ def test_homagg_softswitch_serves_p4runtime_next_to_udp(tmp_path, capsys):
 # -- the conformance table, jobs installed over P4Runtime ------------------------------------
 
 
-class P4RuntimeConformanceTarget(conformance.SoftUdpTarget):
-    """SoftUdpTarget's sockets and packets, with jobs written by the controller over
-    P4Runtime instead of SoftSwitch.add_job."""
-
-    def __init__(self):
-        self.switch = SoftSwitch()
-        self.server = SoftSwitchServer(self.switch, (SWITCH_IP, 0)).start()
-        self.p4rt = P4RuntimeServer(self.switch, "127.0.0.1:0").start()
-        self.socks = {}
-        for i in range(conformance.WORKERS + 1):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            s.bind((f"127.0.0.{i + 1}", 0))
-            s.setblocking(False)
-            self.socks[i] = s
-        self.conn = P4RuntimeSwitch(self.p4rt.address).open()
-
-    def add_job(self, job_id: int, tree: bool = False) -> None:
-        """(``tree``: a tree's child job, its parent host 3, as controller.jobs writes it)"""
-        for old in J.list_jobs(self.conn):
-            J.remove_job(self.conn, old.id)
-        ip, port = self.socks[conformance.PARENT].getsockname()
-        up = Uplink(conformance.PJ, conformance.LW, ip, port) if tree else None
-        J.add_job(self.conn, JobSpec(job_id, tuple(
-            Worker(*self.socks[i].getsockname(), "00:00:00:00:00:01", i + 1)
-            for i in conformance.ALL), conformance.SLOTS, uplink=up))
-        if tree:  # the job table reads back with its uplink
-            assert J.find_job(self.conn, job_id).uplink == up
-
-    def stats(self) -> dict[str, int]:
-        return J.read_stats(self.conn).switch
-
-    def close(self) -> None:
-        self.conn.close()
-        self.p4rt.stop()
-        super().close()
-
-
 @pytest.fixture(scope="module")
 def p4rt_target():
-    t = P4RuntimeConformanceTarget()
+    """The conformance table's software target with its jobs written, and its counters read,
+    by the controller over P4Runtime."""
+    t = SoftUdpTarget(conformance.WORKERS + 1, p4runtime=True)
     yield t
+    for j in getattr(t, "installed", []):
+        t.remove_job(j)
     t.close()
 
 
 @pytest.mark.parametrize("case", conformance.CASES, ids=[c.name for c in conformance.CASES])
 def test_conformance_with_jobs_over_p4runtime(p4rt_target, case):
     conformance.test_rule(p4rt_target, case)
+    if case.tree:  # the job table reads back with its uplink, through P4Runtime
+        (job,) = J.list_jobs(p4rt_target.conn)
+        assert job.uplink == p4rt_target.uplink
