@@ -357,12 +357,18 @@ class _Round:
         pto = self.pto()
         if self.nprobes >= PROBES or pto is None or not pending.size:
             return np.inf
-        if self.nprobes:  # the first probe's chunk, unanswered
+        if self.nprobes:  # the first probe's chunk, unanswered (a status ends the probing)
             c = self.probe_c
-            return np.inf if self.held[c] or self.done[c] else self.sent_at[c] + pto
-        if self.held[pending].all():
+            return np.inf if self.done[c] else self.sent_at[c] + pto
+        if not self.probe_candidates(pending).size:
             return np.inf
         return max(self.last_progress, self.last_new) + pto
+
+    def probe_candidates(self, pending: np.ndarray) -> np.ndarray:
+        """The chunks a probe may resend: those the switch has not said it holds, and those
+        it said it holds before a later result came back (the round moved on without their
+        result: lost on its way, or a peer's chunk was, which that peer resends)."""
+        return pending[~self.held[pending] | (self.sent_at[pending] < self.last_progress)]
 
     def pto(self) -> float | None:
         """The probe timeout (see ``probe_at``), or None while there is none."""
@@ -380,7 +386,7 @@ class _Round:
         if self.nprobes:
             c = self.probe_c
         else:
-            cand = pending[~self.held[pending]]
+            cand = self.probe_candidates(pending)
             c = self.probe_c = int(cand[np.lexsort((cand, self.sent_at[cand]))[-1]])
         self.send(c)
         self.sent_at[c] = now
@@ -533,8 +539,9 @@ class _Round:
                 # the designated one's resends go up, says less than the parent's status)
                 self.status[c] = st
                 self.upstream.discard(c)
-            if self.nprobes and c == self.probe_c and not self.held[c]:
+            if self.nprobes and c == self.probe_c and self.nprobes < PROBES:
                 t.probes_held += 1  # (an estimate: the status may answer an earlier copy)
+                self.nprobes = PROBES  # answered: no second probe
             self.sent_at[c] = time.monotonic()
             if self.join:  # a join waits for peers to start, which may take seconds
                 self.rto[c] = cfg.max_timeout
