@@ -15,12 +15,14 @@ class RtoEstimator:
     def __init__(self, initial: float, min_rto: float, max_rto: float):
         self.srtt: float | None = None
         self.rttvar = 0.0
+        self.samples = 0  # how many round trips the estimate has taken
         self.rto = initial  # until the first sample
         self.min_rto = min_rto
         self.max_rto = max_rto
 
     def sample(self, rtt: float) -> float:
         """Take one measured round trip (s); returns the new timeout."""
+        self.samples += 1
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:

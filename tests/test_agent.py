@@ -24,6 +24,7 @@ from homagg.host_agent import (
     simulate_allreduce,
     simulate_ints,
 )
+from homagg.host_agent.transport import PROBE_SAMPLES
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
 from tests.staging import agent_address, agent_addresses, wait_for
 
@@ -197,6 +198,70 @@ def test_a_loss_with_results_after_it_is_resent_before_the_timeout(make_job):
     assert job.agents[1].sock.dropped_out + job.agents[1].sock.dropped_in > 0
     assert lossy.early_resends > 0
     assert lossy.early_resends <= lossy.retransmissions
+
+
+class DropFirstCopy:
+    """An agent's socket that drops the first copy of every chunk it sends (by round tag) but
+    the join's: each round's only chunk is lost with nothing sent after it (a tail loss)."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.seen: set[int] = set()
+        self.dropped = 0
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+    def sendto(self, data, addr):
+        head = wire.fields(bytes(data[:wire.HOMAGG_HDR_BYTES]))
+        if head["op"] != wire.OP_JOIN and head["seq"] not in self.seen:
+            self.seen.add(head["seq"])
+            self.dropped += 1
+            return len(data)
+        return self.sock.sendto(data, addr)
+
+    def send_many(self, data, size, addr):
+        view = memoryview(data).cast("B")
+        for at in range(0, len(view), size):
+            self.sendto(view[at:at + size], addr)
+        return -(-len(view) // size)
+
+
+def test_a_tail_loss_is_probed_before_the_timeout(make_job):
+    """A round's last chunk lost has no later result for RACK: a tail-loss probe resends it
+    after a probe timeout of silence, long before the 5 s timeout. After ten clean rounds (the
+    probe timeout's samples), worker 1 loses the first copy of every chunk, and every round is
+    one chunk: each loss is found by a probe (none waits for the timeout), while its peers'
+    probes of those rounds are answered by a status (the switch held their chunk: no loss),
+    which stops them until a result comes."""
+    job = make_job(3, timeout=5.0, min_timeout=5.0, max_timeout=5.0, deadline=60.0)
+    rng = np.random.default_rng(7)
+
+    def rounds(n):
+        for _ in range(n):  # a round at a time, one chunk each
+            q = [rng.integers(-1000, 1000, 200).astype(np.int32) for _ in range(3)]
+            res, err = job.run(lambda a, w, q=q: a.allreduce_int(q[w]))
+            assert not any(err), err
+            for r in res:
+                np.testing.assert_array_equal(r, np.sum(q, axis=0, dtype=np.int64))
+
+    rounds(10)
+    lossy = job.agents[1].transport
+    assert lossy.rtt.samples >= PROBE_SAMPLES
+    c = job.agents[1].counters
+    before = (c.rounds, c.retransmissions, c.early_resends, lossy.probes)
+    lossy.sock = DropFirstCopy(lossy.sock)
+    rounds(8)
+    assert lossy.sock.dropped == c.rounds - before[0] == 8
+    # every loss found by a probe; nothing else resent (no timeout fired, no RACK evidence)
+    assert lossy.probes - before[3] == 8
+    assert c.retransmissions - before[1] == 8
+    assert c.early_resends == before[2]
+    for w in (0, 2):
+        t = job.agents[w].transport
+        # at most one probe per result: bounded; a held one proves the peer was missing
+        assert t.probes <= job.agents[w].counters.results
+        assert t.probes_held <= t.probes
 
 
 def test_many_tensors_of_odd_sizes_in_sequence(make_job):
