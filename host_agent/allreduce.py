@@ -63,6 +63,8 @@ class Counters:
     bytes_sent: int = 0
     retransmissions: int = 0
     early_resends: int = 0    # of those, resent on RACK's evidence before the timeout
+    probes: int = 0           # of those, tail-loss probes (a round's tail, after silence)
+    probes_held: int = 0      # probes the switch answered "held": the chunk was there
     results: int = 0
     ignored: int = 0          # late duplicates, foreign or malformed datagrams
     rounds: int = 0

@@ -24,7 +24,7 @@ from homagg.host_agent import (
     simulate_allreduce,
     simulate_ints,
 )
-from homagg.host_agent.transport import PROBE_SAMPLES
+from homagg.host_agent.loss import PROBE_SAMPLES
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
 from tests.staging import agent_address, agent_addresses, wait_for
 
@@ -249,19 +249,19 @@ def test_a_tail_loss_is_probed_before_the_timeout(make_job):
     lossy = job.agents[1].transport
     assert lossy.rtt.samples >= PROBE_SAMPLES
     c = job.agents[1].counters
-    before = (c.rounds, c.retransmissions, c.early_resends, lossy.probes)
+    before = (c.rounds, c.retransmissions, c.early_resends, c.probes)
     lossy.sock = DropFirstCopy(lossy.sock)
     rounds(8)
     assert lossy.sock.dropped == c.rounds - before[0] == 8
     # every loss found by a probe; nothing else resent (no timeout fired, no RACK evidence)
-    assert lossy.probes - before[3] == 8
+    assert c.probes - before[3] == 8
     assert c.retransmissions - before[1] == 8
     assert c.early_resends == before[2]
     for w in (0, 2):
-        t = job.agents[w].transport
+        cw = job.agents[w].counters
         # at most one probe per result: bounded; a held one proves the peer was missing
-        assert t.probes <= job.agents[w].counters.results
-        assert t.probes_held <= t.probes
+        assert cw.probes <= cw.results
+        assert cw.probes_held <= cw.probes
 
 
 def test_many_tensors_of_odd_sizes_in_sequence(make_job):

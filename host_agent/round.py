@@ -1,0 +1,422 @@
+"""One round of the streaming engine (``Transport.stream``): its chunks sent, lost ones found
+and resent, and their results matched, until every chunk's result is in.
+
+Lost chunks are found and resent by ``homagg.host_agent.loss`` (timeouts, RACK, tail-loss
+probes), which ``Round`` builds on.
+
+Datagrams go out and come in by the run where the kernel allows (``homagg.udpio``: UDP GSO
+and GRO): the chunks a window opens leave in one system call, and the results a peer sent
+together come up in one, matched to their chunks with numpy a run at a time. Packets off the
+common path (status replies, refusals, joins, strays) are taken one by one.
+
+The header is ``homagg.wire``'s (its struct, field list and status words): nothing of the
+protocol is spelt out here.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from homagg import wire
+from homagg.host_agent.config import AgentError, AggregationTimeout
+from homagg.host_agent.loss import PROBES, LossRecovery
+
+if TYPE_CHECKING:
+    from homagg.host_agent.transport import Transport
+
+_WORDS_AT = wire.OFFSETS["words"]
+#: Positions of the header fields a result is matched by, in ``wire.HEADER``'s tuple.
+_FIELD_NAMES = [name for name, _, _ in wire.BYTE_FIELDS]
+_FLAGS, _JOB, _SEQ, _GEN, _SLOT = (_FIELD_NAMES.index(f) for f in ("flags", "job", "seq", "gen",
+                                                                    "slot"))
+_VERSION_OP = _FIELD_NAMES.index("version_op")  # version (high nibble) and op (low)
+#: A result on the common path: FLAG_RESULT and none of the flags that need a closer look.
+_PLAIN_MASK = wire.FLAG_RESULT | wire.FLAG_REFUSED | wire.FLAG_STATUS
+_UNICAST = wire.FLAG_RETRANS | wire.FLAG_STATUS | wire.FLAG_REFUSED  # replies to one sender
+#: Refusals (FLAG_REFUSED) that mean this agent's settings disagree with the switch's job.
+_CONFIG_ERRORS = {
+    "DROP_WRONG_IDENTITY": "the job table has this address for another job or worker id than "
+                           "this agent's (job {job}, worker {worker}): check the agent's job "
+                           "and worker against the controller's job list",
+    "DROP_BAD_SLOT": "a slot outside the job's region: this agent uses {slots} slots, more "
+                     "than the switch gave the job",
+}
+_DROP_MEANING = {
+    "DROP_STALE": "rounds the switch holds as already finished or older than its own",
+    "DROP_SEQ_MISMATCH": "another round is in progress in the same slot",
+}
+
+
+class SwitchOverflow(Exception):
+    """The switch flagged an int32 overflow in a round (raised after the round completed)."""
+
+
+
+class Round(LossRecovery):
+    """One ``Transport.stream`` call: its chunks in flight, and the loop that completes them.
+
+    Chunk c of the call is global chunk g0 + c. Per chunk: its result (``out``), whether it is
+    ``done``, when it was last sent, its timeout, and whether it was ever ``resent`` (then its
+    round trip is no RTT sample).
+    """
+
+    def __init__(self, t: Transport, op: int, words: np.ndarray, join_nonce: int | None = None):
+        cfg = t.cfg
+        self.t, self.cfg, self.counters = t, cfg, t.counters
+        self.join = join_nonce is not None  # the join: one packet, its seq the nonce
+        # K words per chunk; a join has JOIN_WORDS (K is what its reply tells)
+        self.k = K = wire.JOIN_WORDS if self.join else t.k
+        self.n = n = words.size
+        self.nchunks = nchunks = 1 if self.join else max(1, -(-n // K))
+        self.psize = wire.JOIN_BYTES if self.join else t.packet_bytes
+        self.g0 = g0 = 0 if self.join else t.chunk
+        self.gen: int | None = None if self.join else t.gen
+        S = cfg.slots
+        g = g0 + np.arange(nchunks, dtype=np.int64)
+        batch = np.zeros(nchunks, wire.packet_dtype(K))
+        fixed = wire.HEADER.unpack(wire.header(op=op, job=cfg.job, worker=cfg.worker, slot=0,
+                                               seq=0, gen=self.gen or 0))
+        for name, value in zip(_FIELD_NAMES, fixed):
+            batch[name] = value
+        batch["flags"] = np.where((g // S) % 2 == 1, wire.FLAG_PHASE, 0)
+        batch["slot"] = g % S
+        batch["seq"] = (g + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
+        padded = np.zeros(nchunks * K, np.int32)  # zero is neutral for ADD and OR
+        padded[:n] = words.view(np.int32) if words.dtype == np.uint32 else words
+        batch["words"] = padded.reshape(nchunks, K)  # (a reshape of the field would copy)
+        self.buf = memoryview(batch.tobytes())
+        assert len(self.buf) == nchunks * self.psize
+
+        self.out = np.zeros(nchunks * K, np.int32)
+        self.done = np.zeros(nchunks, bool)
+        self.sent_at = np.full(nchunks, np.inf)
+        self.rto = np.full(nchunks, t.rtt.rto)
+        self.resent = np.zeros(nchunks, bool)
+        self.held = np.zeros(nchunks, bool)  # the switch said it holds our contribution
+        self.held_count = np.zeros(nchunks, np.int32)  # the most contributors a status named
+        # RACK: the latest-sent chunk whose result came back (its send time, its number) and
+        # that result's round trip
+        self.rack_ts, self.rack_c, self.rack_rtt = -np.inf, -1, 0.0
+        self.overflow = False
+        self.ndone = 0
+        self.next_c = 0
+        self.interval = 1.0 / cfg.rate_pps if cfg.rate_pps else 0.0
+        self.next_send = time.monotonic()
+        self.last_progress = time.monotonic()  # the last result (or the round's start)
+        self.last_new = -np.inf  # the last send of new chunks (or of RACK's resends)
+        self.nprobes = 0         # tail-loss probes since the last result (PROBES at most)
+        self.probe_c = -1        # the chunk probed
+        self.status: dict[int, tuple[int, int]] = {}
+        self.upstream: set[int] = set()  # chunks whose status came from a parent switch
+        self.refused: dict[int, str] = {}  # chunk -> the DROP_* reason the switch gave
+        self.t_start = time.monotonic()
+        self.seq0 = (g0 + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
+
+    def run(self) -> np.ndarray:
+        t, end = self.t, self.g0 + self.nchunks
+        while self.ndone < self.nchunks:
+            now = time.monotonic()
+            self.send_new(now)
+            pending = self.in_flight()
+            self.receive(self.wake_at(pending, now))
+            now = time.monotonic()
+            pending = self.retransmit(pending, now)
+            if now - self.last_progress > self.cfg.deadline:
+                t.chunk = t.chunk if self.join else end
+                t.broken = "timeout"
+                raise self.timeout(pending)
+        if self.join:
+            return self.out[:self.n]
+        t.chunk = end
+        self.counters.rounds += 1
+        self.counters.seconds += time.monotonic() - self.t_start
+        if self.overflow:
+            raise SwitchOverflow()
+        return self.out[:self.n]
+
+    # -- sending -------------------------------------------------------------------------------
+    def send(self, c: int) -> None:
+        t = self.t
+        try:
+            t.sock.sendto(self.buf[c * self.psize:(c + 1) * self.psize], t.switch)
+        except BlockingIOError:
+            return  # socket buffer full: the timeout resends it
+        except OSError as e:
+            t.broken = str(e)
+            raise AgentError(f"{t.who}: cannot send to the switch {t.switch[0]}:{t.switch[1]}: "
+                             f"{e}") from None
+        if self.join:
+            self.counters.join_packets += 1
+        else:
+            self.counters.packets_sent += 1
+            self.counters.bytes_sent += self.psize
+        if self.interval:
+            self.next_send = max(self.next_send + self.interval,
+                                 time.monotonic() - 4 * self.interval)
+
+    def send_new(self, now: float) -> None:
+        """New chunks, as the window (slot reuse) and pacing allow: unpaced, every chunk the
+        window opens, in one run (their bytes are consecutive in ``buf``)."""
+        S, c0 = self.cfg.slots, self.next_c
+        if self.interval:
+            if c0 < self.nchunks and (c0 < S or self.done[c0 - S]) and now >= self.next_send:
+                self.send(c0)
+                self.sent_at[c0] = now
+                self.next_c += 1
+                self.last_new = now
+            return
+        # chunk c may go once chunk c - S (same slot) is done: the run ends at the first that
+        # may not
+        end = min(self.nchunks, max(c0, S))
+        if end < self.nchunks:
+            waiting = np.flatnonzero(~self.done[end - S:self.nchunks - S])
+            end = self.nchunks if not waiting.size else end + int(waiting[0])
+        if end <= c0:
+            return
+        self.send_run(c0, end)
+        self.sent_at[c0:end] = now
+        self.next_c = end
+        self.last_new = now
+
+    def send_run(self, c0: int, end: int) -> None:
+        """Chunks c0 .. end - 1, as few system calls as the socket allows. What a full socket
+        buffer stops is left to the timeout, as in ``send``."""
+        t = self.t
+        try:
+            n = t.sock.send_many(self.buf[c0 * self.psize:end * self.psize], self.psize,
+                                 t.switch)
+        except OSError as e:
+            t.broken = str(e)
+            raise AgentError(f"{t.who}: cannot send to the switch {t.switch[0]}:{t.switch[1]}: "
+                             f"{e}") from None
+        if self.join:
+            self.counters.join_packets += n
+        else:
+            self.counters.packets_sent += n
+            self.counters.bytes_sent += n * self.psize
+
+    def receive(self, wake: float) -> None:
+        """Wait until ``wake`` for datagrams, then take every one queued (by the run)."""
+        sock, rbuf = self.t.sock, self.t.rbuf
+        r, _, _ = select.select([sock], [], [], max(0.0, wake - time.monotonic()))
+        while r:
+            try:
+                nb, seg, src = sock.recv_many(rbuf)
+            except BlockingIOError:
+                break
+            if (src[0] != self.t.switch[0]
+                    or not wire.HOMAGG_UDP_PORT_MIN <= src[1] <= wire.HOMAGG_UDP_PORT_MAX):
+                self.counters.ignored += -(-nb // seg) if seg else 1
+                continue
+            view = memoryview(rbuf)[:nb]
+            if seg == self.psize and nb >= 2 * seg and not self.join:
+                full = nb // seg
+                self.take_run(view[:full * seg], full)
+                view = view[full * seg:]
+                if not view:
+                    continue
+            for at in range(0, len(view), seg or 1):
+                self.take(view[at:at + seg])
+
+    def take_run(self, run: memoryview, count: int) -> None:
+        """``count`` datagrams of a round's size from the switch, end to end: results on the
+        common path (this job and run, no status or refusal, a chunk of this round) are taken
+        with array operations; every other datagram goes through ``take``."""
+        rec = np.frombuffer(run, wire.packet_dtype(self.k), count)
+        flags = rec["flags"]
+        c = (rec["seq"].astype(np.int64) - self.seq0) & 0xFFFFFFFF
+        plain = ((flags & _PLAIN_MASK) == wire.FLAG_RESULT) & (rec["job"] == self.cfg.job) \
+            & (rec["gen"] == self.gen) & ((rec["version_op"] & 0xF) != wire.OP_JOIN) \
+            & (c < self.nchunks)
+        for row in np.flatnonzero(~plain):
+            self.take(run[row * self.psize:(row + 1) * self.psize])
+        rows = np.flatnonzero(plain)
+        if not rows.size:
+            return
+        # first copy of each chunk, and only chunks not already done (later copies: ignored)
+        c_rows, first = np.unique(c[rows], return_index=True)
+        rows = rows[first]
+        new = ~self.done[c_rows]
+        self.counters.ignored += int(plain.sum()) - int(new.sum())
+        c_new, rows = c_rows[new], rows[new]
+        if not c_new.size:
+            return
+        K = self.k
+        self.out.reshape(-1, K)[c_new] = rec["words"][rows]
+        self.done[c_new] = True
+        self.ndone += c_new.size
+        now = time.monotonic()
+        self.delivered(int(c_new[np.lexsort((c_new, self.sent_at[c_new]))[-1]]), now)
+        rtts = now - self.sent_at[c_new[~self.resent[c_new]]]
+        if rtts.size:  # one sample per run (its mean), as TCP takes one per window
+            self.t.rtt.sample(float(rtts.mean()))
+            self.rto[self.next_c:] = self.t.rtt.rto
+        self.counters.results += int(c_new.size)
+        self.overflow |= bool((flags[rows] & wire.FLAG_OVERFLOW).any())
+        self.last_progress = now
+        self.nprobes = 0
+        if self.status:
+            for cc in c_new.tolist():
+                self.status.pop(cc, None)
+
+    def take(self, pkt: memoryview) -> None:
+        """One datagram from the switch's address: a result, a status reply, or something to
+        ignore."""
+        t, cfg, nb = self.t, self.cfg, len(pkt)
+        if nb != (wire.JOIN_BYTES if self.join else t.packet_bytes):
+            self.counters.ignored += 1
+            return
+        head = wire.HEADER.unpack_from(pkt)
+        flags, job, seq = head[_FLAGS], head[_JOB], head[_SEQ]
+        is_join = head[_VERSION_OP] & 0xF == wire.OP_JOIN
+        if self.join:
+            # The join's multicast echoes the header of the packet that completed it (another
+            # worker's nonce): any join result is ours while we wait for one. A reply to the
+            # sender alone (a retransmitted result, a status, a refusal) echoes its nonce: one
+            # for another nonce is to this address's previous agent (a restarted worker).
+            unicast = flags & _UNICAST and not flags & wire.FLAG_UPSTREAM
+            c = 0 if is_join and not (unicast and seq != self.seq0) else self.nchunks
+        else:
+            c = (seq - self.seq0) & 0xFFFFFFFF
+            if is_join or head[_GEN] != self.gen:  # a late join reply; another run's result
+                c = self.nchunks
+        if job != cfg.job or not flags & wire.FLAG_RESULT or c >= self.nchunks:
+            self.counters.ignored += 1
+            return
+        if self.join and not t.k:  # the join's first reply: the switch's K, in its slot field
+            t.learn_words(head[_SLOT])
+        K = self.k
+        if flags & wire.FLAG_REFUSED:
+            self.refused_by_switch(c, int.from_bytes(pkt[_WORDS_AT + 4 * (K - 1):
+                                                         _WORDS_AT + 4 * K], "big"),
+                                   bool(flags & wire.FLAG_UPSTREAM))
+            return
+        if self.join and not flags & wire.FLAG_STATUS:
+            self.gen = head[_GEN]
+        if flags & wire.FLAG_STATUS:
+            # The switch holds our contribution; the round waits for peers, so only a lost
+            # result could need us again: resend on the timeout, and no probe. Not progress:
+            # the deadline still runs.
+            st = wire.parse_status(np.frombuffer(pkt, ">i4", K, _WORDS_AT))
+            if flags & wire.FLAG_UPSTREAM:
+                # a tree's parent: our switch holds every local contribution; the parent
+                # waits for another child switch
+                self.status[c] = st
+                self.upstream.add(c)
+            elif not (c in self.upstream and st[1] >= (cfg.local_workers or cfg.workers)):
+                # (our leaf's "every worker here has sent", which its other workers get while
+                # the designated one's resends go up, says less than the parent's status)
+                self.status[c] = st
+                self.upstream.discard(c)
+            if self.nprobes and c == self.probe_c and self.nprobes < PROBES:
+                # (an estimate: the status may answer an earlier copy)
+                self.counters.probes_held += 1
+                self.nprobes = PROBES  # answered: no second probe
+            self.sent_at[c] = time.monotonic()
+            if self.join:  # a join waits for peers to start, which may take seconds
+                self.rto[c] = cfg.max_timeout
+            elif st[1] > self.held_count[c]:
+                # more contributors than any status of this chunk said before: the round
+                # moves (a peer recovered), so its result is near; the backoff starts over
+                # (at most once per contributor). Not the probe timeout: a peer may lag that
+                # long with no loss anywhere (under load, a chunk re-asked every probe timeout
+                # cost 2.6% more datagrams fault-free)
+                self.rto[c] = t.rtt.rto
+            self.held_count[c] = max(self.held_count[c], st[1])
+            self.held[c] = True
+            return
+        if self.done[c]:
+            self.counters.ignored += 1
+            return
+        self.out[c * K:(c + 1) * K] = np.frombuffer(pkt, ">i4", K, _WORDS_AT)
+        self.done[c] = True
+        self.ndone += 1
+        self.delivered(c, time.monotonic())
+        if not self.resent[c]:
+            t.rtt.sample(time.monotonic() - self.sent_at[c])
+            self.rto[self.next_c:] = t.rtt.rto
+        self.counters.results += 1
+        self.overflow |= bool(flags & wire.FLAG_OVERFLOW)
+        self.last_progress = time.monotonic()
+        self.nprobes = 0
+        self.status.pop(c, None)
+
+    def refused_by_switch(self, c: int, reason: int, upstream: bool = False) -> None:
+        """The switch dropped our chunk ``c`` and said why (FLAG_REFUSED). A wrong identity or
+        slot is this agent's configuration: no retransmission can fix it, so fail now. A stale
+        or mismatched round is kept for the timeout's message (a late duplicate's refusal is
+        harmless: the chunk's result may still come). ``upstream``: a tree's parent switch
+        refused our switch's partial sum, which is the tree's configuration."""
+        t, cfg = self.t, self.cfg
+        name = wire.STATS.get(reason, f"drop reason {reason}")
+        if upstream and name in _CONFIG_ERRORS:
+            t.broken = name
+            raise AgentError(f"{t.who}: the parent switch of {t.switch[0]}:{t.switch[1]} drops "
+                             f"its partial sums of job {cfg.job} as {name}: the tree's jobs "
+                             "disagree (`homagg-ctl` installs a tree's jobs together)")
+        if name in _CONFIG_ERRORS:
+            t.broken = name
+            why = _CONFIG_ERRORS[name].format(job=cfg.job, worker=cfg.worker, slots=cfg.slots)
+            raise AgentError(f"{t.who}: the switch {t.switch[0]}:{t.switch[1]} drops this "
+                             f"worker's packets as {name}: {why}")
+        self.refused[c] = name
+
+    # -- giving up -----------------------------------------------------------------------------
+    def timeout(self, pending: np.ndarray) -> AggregationTimeout:
+        t, cfg, g0 = self.t, self.cfg, self.g0
+        S = cfg.slots
+        W = cfg.workers if cfg.local_workers is None else cfg.local_workers  # at our switch
+        c = int(pending[0]) if len(pending) else 0
+        slot = (g0 + c) % S
+        if self.join:
+            msg = (f"{t.who}: the job's join (start of a run) got no answer in "
+                   f"{cfg.deadline:.1f} s; ")
+        else:
+            msg = (f"{t.who}: no result for slot {slot} (round tag {(g0 + c + 1) & 0xFFFFFFFF}"
+                   f", {len(pending)} chunk(s) outstanding) in {cfg.deadline:.1f} s; ")
+        st = self.status.get(c) or (next(iter(self.status.values())) if self.status else None)
+        why = self.refused.get(c) or next(iter(self.refused.values()), None)
+        if why is not None:
+            msg += (f"the switch drops this worker's packets as {why} "
+                    f"({_DROP_MEANING.get(why, '')}): is another run of job {cfg.job} still "
+                    "going, or was the job changed under it? (`homagg-ctl reset` starts it "
+                    "afresh)")
+        elif st is None:
+            msg += (f"the switch {t.switch[0]}:{t.switch[1]} did not answer at all: is it "
+                    f"up, and is this worker's address installed in job {cfg.job}?")
+        elif (c if c in self.status else next(iter(self.status), c)) in self.upstream:
+            seen, count = st
+            names = cfg.siblings
+            missing = [n for i, n in enumerate(names) if not seen >> i & 1]
+            have = [names[i] if i < len(names) else f"child {i}"
+                    for i in range(wire.MAX_WORKERS) if seen >> i & 1]
+            what = "joins" if self.join else "partial sums"
+            msg += (f"every worker under switch {t.switch[0]} has sent; its parent switch holds "
+                    f"{count} {what} (from {', '.join(have)})")
+            msg += (f" and waits for {', '.join(missing)} (a dead switch, or a dead worker "
+                    "under it)" if names else "; another child switch (or a worker under "
+                    "it) is missing")
+        else:
+            seen, count = st
+            absent = [w for w in range(W) if not seen >> w & 1]
+            if cfg.local_workers is not None and not absent:
+                # a tree: the leaf answers the round's other workers with its own status
+                # while its designated worker's resends go up (uplink.p4)
+                msg += (f"every worker under switch {t.switch[0]} has sent; its partial sum "
+                        "got no answer from the parent switch (is the parent, or the link to "
+                        "it, down?)")
+            elif self.join:
+                msg += (f"{count} of {W} workers joined; waiting for worker(s) "
+                        f"{', '.join(map(str, absent))} to start")
+            else:
+                msg += (f"the switch holds {count} of {W} contributions; waiting for "
+                        f"worker(s) {', '.join(map(str, absent))} (dead, or stuck in another "
+                        "round)")
+        lost = cfg.membership.lost if cfg.membership is not None else None
+        if lost:  # the service removed the job (a lease ran out): it names whose
+            msg += f"; the controller says: {lost}"
+        return AggregationTimeout(msg)
