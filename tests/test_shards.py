@@ -191,3 +191,61 @@ def test_a_sharded_aggregator_does_not_share_a_port_in_use():
     with (SoftSwitchServer(ShardedSwitch(shards=2), (ip, PORT), ports=()),
           pytest.raises(SoftSwitchError, match="cannot bind UDP")):
         SoftSwitchServer(ShardedSwitch(shards=2), (ip, PORT), ports=())
+
+
+def test_homagg_softswitch_shards_from_a_config_with_sighup_and_sigterm(tmp_path):
+    """The command line: jobs from the config reach the shards at start, SIGHUP's reset
+    reaches them (job counters zeroed, the jobs run again), SIGTERM stops every process and
+    the last stats file holds the shards' counts."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from tests.staging import wait_for
+
+    ip = f"127.0.3.{next(_ips)}"
+    addrs = [agent_addresses(2) for _ in range(2)]
+    hosts = "".join(f'[[hosts]]\nname = "h{j}{w}"\nip = "{a[0]}"\nmac = "00:00:00:00:00:01"\n'
+                    f"port = {2 * j + w + 1}\n" for j in range(2) for w, a in enumerate(addrs[j]))
+    jobs_toml = "".join(f"[[jobs]]\nid = {j + 1}\nslots = 16\nworkers = [ "
+                        + ", ".join(f'{{ host = "h{j}{w}", udp_port = {a[1]} }}'
+                                    for w, a in enumerate(addrs[j])) + " ]\n"
+                        for j in range(2))
+    cfg = tmp_path / "net.toml"
+    cfg.write_text(f'[switch]\nname = "fb"\ntarget = "soft"\nip = "{ip}"\n{hosts}{jobs_toml}')
+    stats, ready = tmp_path / "stats.json", tmp_path / "ready.json"
+    proc = subprocess.Popen([sys.executable, "-m", "homagg.targets.soft", "-c", str(cfg),
+                             "--grpc", "none", "--shards", "2", "--stats-file", str(stats),
+                             "--ready-file", str(ready), "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    agents = [Agent(AgentConfig(job=j + 1, worker=w, workers=2, switch=(ip, PORT),
+                                bind=addrs[j][w], slots=16, timeout=0.01, deadline=10.0))
+              for j in range(2) for w in range(2)]
+    try:
+        wait_for(lambda: ready.exists() and stats.exists(), 30, "the ready and stats files")
+        qs = [np.arange(300, dtype=np.int32) * (i + 1) - i for i in range(4)]
+        for _ in range(2):  # before and after the reset
+            res, err = run_agents(agents, lambda a, i: a.allreduce_int(qs[i]))
+            assert not any(err), err
+            np.testing.assert_array_equal(res[0], qs[0] + qs[1])
+            np.testing.assert_array_equal(res[2], qs[2] + qs[3])
+
+            def accepted():
+                s = json.loads(stats.read_text())
+                return [s["jobs"][j]["JOB_STAT_ACCEPTED"]["packets"] for j in ("1", "2")]
+
+            wait_for(lambda: min(accepted()) > 0, 10, "both jobs counted")
+            proc.send_signal(signal.SIGHUP)
+            wait_for(lambda: accepted() == [0, 0], 10, "the reset's zeroed job counters")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+        final = json.loads(stats.read_text())
+        assert final["switch"]["STAT_RX"] > 0 and final["io"]["received"] > 0
+    finally:
+        for a in agents:
+            a.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
