@@ -54,8 +54,9 @@ class SoftSwitchServer:
             for port in wanted:
                 first = self._socket(ip, port, wanted, self.shards)
                 port = first.getsockname()[1]  # (port 0: the one the kernel chose)
-                raws[port] = [first] + [self._socket(ip, port, wanted, self.shards, False)
-                                        for _ in range(1, self.shards)]
+                raws[port] = [first]
+                for _ in range(1, self.shards):
+                    raws[port].append(self._socket(ip, port, wanted, self.shards, False))
         except BaseException:
             for group in raws.values():
                 for raw in group:
