@@ -15,6 +15,16 @@ window of datagrams of the same size outstanding: what one datagram per system c
 Python loop, to compare the agent's and the aggregator's per-packet work with. The agents and
 the aggregator batch datagrams through UDP GSO and GRO (``homagg.udpio``); the table says how
 many datagrams each system call carried (``dg/call``), from their sockets' own counters.
+
+    python -m bench.pps --shards 1,2 --repeat 8       # the aggregator on 1 core against 2
+
+``--shards``: what cores buy the aggregator (``homagg-softswitch --shards N``), in datagrams per
+wall-clock second: J jobs (``--jobs``), each fed by one ``bench.loadgen`` process that plays
+all its workers with prebuilt rounds (every result checked against the integer sum), so the
+load costs less per datagram than the aggregator (it still shares the cores: the table says
+how much). Runs of each N alternate, so a shared machine's noise falls on both; the table has,
+per run, the cores the aggregator's processes, the load and everything else on the machine
+took (/proc/stat), and the ratio run by run.
 """
 
 from __future__ import annotations
@@ -113,6 +123,130 @@ def run_homagg(k: int, workers: int, size: int, iterations: int, tmp: Path) -> d
             "seconds": max(s["seconds"] for s in sums)}
 
 
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy, all cores (/proc/stat: all but idle and
+    iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
+
+
+def shard_pids(pid: int) -> list[int]:
+    """The child processes of ``pid`` (an aggregator's shards)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def run_shards(shards: int, jobs: int, workers: int, slots: int, k: int, seconds: float,
+               tmp: Path) -> dict:
+    """``homagg-softswitch --shards N`` fed by ``bench.loadgen``, one process per job (every
+    worker of a job in it): the rounds' datagrams per wall-clock second, and the CPU the
+    aggregator (its processes) and the generators took in that time."""
+    hosts = [[(f"127.0.{j + 1}.{w + 1}", free_port(f"127.0.{j + 1}.{w + 1}"))
+              for w in range(workers)] for j in range(jobs)]
+    cfg = tmp / f"shards{shards}.toml"
+    text = f'[switch]\nname = "s1"\ntarget = "soft"\nip = "{SWITCH_IP}"\n\n'
+    for j, hs in enumerate(hosts):
+        for w, (ip, _) in enumerate(hs):
+            n = j * workers + w + 1
+            text += (f'[[hosts]]\nname = "h{j}x{w}"\nip = "{ip}"\n'
+                     f'mac = "00:00:0a:00:{n >> 8:02x}:{n & 255:02x}"\nport = {n}\n\n')
+    for j, hs in enumerate(hosts):
+        text += (f"[[jobs]]\nid = {j + 1}\nslots = {slots}\nworkers = [ "
+                 + ", ".join(f'{{ host = "h{j}x{w}", udp_port = {port} }}'
+                             for w, (_, port) in enumerate(hs)) + " ]\n\n")
+    cfg.write_text(text)
+    stats = tmp / f"shards{shards}-stats.json"
+    stats.unlink(missing_ok=True)
+    agg = subprocess.Popen([sys.executable, "-m", "homagg.targets.soft", "-c", str(cfg),
+                            "--grpc", "none", "--words", str(k), "--stats-file", str(stats),
+                            "--shards", str(shards), "--log-level", "warning"])
+    gens = []
+    try:
+        for _ in range(200):  # listening once the stats file appears (written every 0.2 s)
+            if stats.exists():
+                break
+            time.sleep(0.1)
+        pids = [agg.pid] + (shard_pids(agg.pid) if shards > 1 else [])
+        cpu0 = sum(cpu_seconds(p) for p in pids)
+        rx0 = json.loads(stats.read_text())["switch"]["STAT_RX"]
+        start = time.time() + 2.0  # the generators' imports done
+        gens = [subprocess.Popen(
+            [sys.executable, "-m", "bench.loadgen", "--job", str(j + 1),
+             "--switch", f"{SWITCH_IP}:{wire.HOMAGG_UDP_PORT_MIN}",
+             *[f"--bind={ip}:{port}" for ip, port in hs], "--slots", str(slots),
+             "--words", str(k), "--seconds", str(seconds), "--start-at", str(start),
+             "--out", str(tmp / f"gen{j}.json")]) for j, hs in enumerate(hosts)]
+        while time.time() < start:
+            time.sleep(0.01)
+        busy0 = busy_seconds()
+        if any(p.wait() for p in gens):
+            raise RuntimeError(f"--shards {shards}: a load generator failed")
+        busy = busy_seconds() - busy0
+        agg_cpu = sum(cpu_seconds(p) for p in pids) - cpu0
+        time.sleep(0.5)  # the stats file catches up (0.2 s)
+        rx = json.loads(stats.read_text())["switch"]["STAT_RX"] - rx0
+    finally:
+        for p in gens:
+            if p.poll() is None:
+                p.kill()
+        agg.terminate()
+        agg.wait(10)
+    out = [json.loads((tmp / f"gen{j}.json").read_text()) for j in range(jobs)]
+    wall = max(o["seconds"] for o in out)
+    return {"shards": shards, "jobs": jobs, "workers": workers, "slots": slots, "k": k,
+            "dgram_s": sum(o["datagrams"] / o["seconds"] for o in out),
+            "wall": wall, "agg_cpu": agg_cpu, "gen_cpu": sum(o["cpu"] for o in out),
+            "other_cpu": max(0.0, busy - agg_cpu - sum(o["cpu"] for o in out)),
+            "rx": rx, "resends": sum(o["resends"] for o in out)}
+
+
+def shards_main(a) -> int:
+    """--shards: 1 shard against N, alternating runs."""
+    counts = [int(x) for x in a.shards.split(",")]
+    k = int(a.words.split(",")[0])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="homagg-pps-") as d:
+        for rep in range(a.repeat):
+            for n in counts:
+                rows.append(run_shards(n, a.jobs, a.workers, a.slots, k, a.seconds, Path(d)))
+                rows[-1]["rep"] = rep
+                r = rows[-1]
+                print(f"run {rep} --shards {n}: {r['dgram_s']:.0f} dgram/s", flush=True)
+    print(f"the software aggregator on N cores: datagrams per wall-clock second (the rounds' "
+          f"contributions in and results out), loopback, {a.jobs} jobs x {a.workers} workers "
+          f"x {a.slots} slots, K = {k}, bench.loadgen (one process per job), {a.seconds:g} s "
+          f"per run, {os.cpu_count()} CPUs, runs alternating")
+    hdr = (f"{'rep':>3} {'shards':>6} {'dgram/s':>9} {'agg cores':>9} {'load cores':>10} "
+           f"{'other cores':>11} {'dgram/agg CPU s':>15} {'resends':>7}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['rep']:>3} {r['shards']:>6} {r['dgram_s']:>9.0f} "
+              f"{r['agg_cpu'] / r['wall']:>9.2f} {r['gen_cpu'] / r['wall']:>10.2f} "
+              f"{r['other_cpu'] / r['wall']:>11.2f} "
+              f"{r['dgram_s'] * r['wall'] / max(r['agg_cpu'], 1e-9):>15.0f} {r['resends']:>7}")
+    base = counts[0]
+    for n in counts[1:]:
+        pairs = [b["dgram_s"] / a_["dgram_s"] for a_, b in zip(
+            [r for r in rows if r["shards"] == base], [r for r in rows if r["shards"] == n])]
+        print(f"{n} shards / {base}: " + ", ".join(f"{x:.2f}x" for x in pairs)
+              + f" (run by run); median {sorted(pairs)[len(pairs) // 2]:.2f}x")
+        eff = [b["dgram_s"] * b["wall"] / b["agg_cpu"] / (a_["dgram_s"] * a_["wall"]
+                                                            / a_["agg_cpu"])
+               for a_, b in zip([r for r in rows if r["shards"] == base],
+                                [r for r in rows if r["shards"] == n])]
+        print(f"  datagrams per aggregator CPU second, {n} shards / {base}: median "
+              f"{sorted(eff)[len(eff) // 2]:.2f}x (the cost of sharding per datagram)")
+    print("(agg cores, load cores, other cores: CPU seconds per wall second of the "
+          "aggregator's processes, of the load generators, and of everything else on the "
+          "machine (/proc/stat), in the load's window; they share the machine's cores)")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "pps-shards.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
 ECHO = """
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -162,7 +296,19 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--size", type=int, default=2_000_000, help="elements per tensor")
     ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--shards", metavar="1,N",
+                    help="instead: the aggregator on 1 core against N (homagg-softswitch "
+                         "--shards), fed by bench.loadgen, runs alternating; with --jobs, "
+                         "--workers, --slots, --seconds, --repeat and the first --words")
+    ap.add_argument("--jobs", type=int, default=4, help="--shards: jobs (one load process "
+                                                        "each)")
+    ap.add_argument("--slots", type=int, default=63,
+                    help="--shards: slots per job (63: a round is one GSO run of K = 256)")
+    ap.add_argument("--seconds", type=float, default=5.0, help="--shards: seconds per run")
+    ap.add_argument("--repeat", type=int, default=3, help="--shards: runs of each")
     a = ap.parse_args(argv)
+    if a.shards:
+        return shards_main(a)
     rows = []
     with tempfile.TemporaryDirectory(prefix="homagg-pps-") as d:
         for k in (int(x) for x in a.words.split(",")):

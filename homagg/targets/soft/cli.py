@@ -2,6 +2,7 @@
 
     homagg-softswitch [--config net.toml] [--bind 10.0.0.254] [--grpc 127.0.0.1:9559]
                       [--words K] [--stats-file stats.json] [--port P] [--single-port]
+                      [--shards N]
 
 It serves homagg's whole UDP port range (0xBEE0-0xBEEF), as bmv2's parser does, and answers
 from the port each request came to; a tree's child job sends its partial sums up from its
@@ -10,6 +11,9 @@ uplink's src_port. It serves P4Runtime too, so homagg-ctl drives it as it drives
 Jobs come from the controller (``homagg-ctl -c net.toml install`` / ``job add``), or from the
 config's [[jobs]] at start, written by the controller's own job logic in process. SIGHUP resets
 every job (new epoch, zeroed job counters), as ``homagg-ctl reset`` does.
+
+With ``--shards N`` it aggregates on N cores: N processes, each serving the jobs the kernel
+steers to it (``homagg.targets.soft.shards``); this process keeps the tables and P4Runtime.
 """
 
 from __future__ import annotations
@@ -71,6 +75,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--single-port", action="store_true",
                     help="serve --port alone (another aggregator may take the rest of the "
                          "range on this address; a child job's uplink src_port must be --port)")
+    ap.add_argument("--shards", type=int, default=1, metavar="N",
+                    help="aggregate on N cores: N processes, jobs spread over them, each "
+                         "job's datagrams steered to its process by the kernel (default "
+                         "%(default)s: this process alone)")
     ap.add_argument("--grpc", metavar="HOST:PORT",
                     help="serve P4Runtime here (default: the config's [switch] grpc, else "
                          f"{DEFAULT_GRPC}); 'none': do not")
@@ -97,7 +105,12 @@ def main(argv=None) -> int:
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     try:
         cfg = load(a.config) if a.config else None
-        sw = SoftSwitch(words=a.words)
+        if a.shards == 1:
+            sw = SoftSwitch(words=a.words)
+        else:
+            from homagg.targets.soft.shards import ShardedSwitch
+
+            sw = ShardedSwitch(words=a.words, shards=a.shards)
         local = LocalSwitch(sw, "softswitch")
         for j in cfg.jobs if cfg else ():
             job = jobs.add_job(local, j, pool=sw.slots)
@@ -124,11 +137,18 @@ def main(argv=None) -> int:
     # The operator's "reset": every job starts afresh. In a thread of its own: the handler
     # runs in the main thread, which may hold the switch's lock (the stats file) when it fires.
     signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=reset_all).start())
-    log.info("software aggregator listening on %s:%d (ports %s)", *server.address,
-             ports_text(server.ports))
+    log.info("software aggregator listening on %s:%d (ports %s)%s", *server.address,
+             ports_text(server.ports), f", {a.shards} shards" if a.shards > 1 else "")
     if p4rt is not None:
         log.info("P4Runtime on %s (device id %d)", p4rt.address, p4rt.device_id)
-    server.start()
+    try:
+        server.start()
+    except HomaggError as e:
+        server.stop()
+        if p4rt is not None:
+            p4rt.stop()
+        print(f"homagg-softswitch: error: {e}", file=sys.stderr)
+        return 1
     if a.ready_file:
         _write_json(a.ready_file, {"udp": list(server.address),
                                    "grpc": p4rt.address if p4rt is not None else None})

@@ -14,7 +14,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from homagg import udpio, wire
 from homagg.errors import HomaggError
@@ -42,40 +42,84 @@ class SoftSwitchServer:
                  wire.HOMAGG_UDP_PORT_MIN), faults: FaultSpec | None = None,
                  ports: Iterable[int] | None = None):
         self.switch = switch or SoftSwitch()
+        #: a ``ShardedSwitch``'s processes (``shards``): each binds every port (SO_REUSEPORT)
+        self.shards = int(getattr(self.switch, "shards", 1))
         ip, main = bind
         if ports is None:  # the other ports to serve
             ports = wire.HOMAGG_UDP_PORTS if main in wire.HOMAGG_UDP_PORTS else ()
         # the bind port first: a port 0 bind learns its port there
         wanted = [main] + [p for p in dict.fromkeys(ports) if p != main]
-        self.socks: dict[int, udpio.BatchSocket | ImpairedSocket] = {}
+        raws: dict[int, list[socket.socket]] = {}
         try:
-            for k, port in enumerate(wanted):
-                raw = self._socket(ip, port, wanted)
-                name = raw.getsockname()
-                port = name[1]  # (port 0: the one the kernel chose)
-                if k == 0:
-                    self.address = name
-                self.socks[port] = raw
-                if faults is not None and faults.active:  # tests: loss, dup, reorder here
-                    # each port its own draw; the bind port's is ``faults`` itself
-                    self.socks[port] = ImpairedSocket(
-                        raw, dataclasses.replace(faults, seed=faults.seed + k) if k else faults)
+            for port in wanted:
+                first = self._socket(ip, port, wanted, self.shards)
+                port = first.getsockname()[1]  # (port 0: the one the kernel chose)
+                raws[port] = [first]
+                for _ in range(1, self.shards):
+                    raws[port].append(self._socket(ip, port, wanted, self.shards, False))
         except BaseException:
-            for sock in self.socks.values():
-                sock.close()
+            for group in raws.values():
+                for raw in group:
+                    raw.close()
             raise
+        self.faults = faults
+        #: shard k's sockets, one per port (in the kernel's reuseport group, k-th of each)
+        self.shard_socks = [{port: group[k] for port, group in raws.items()}
+                            for k in range(self.shards)] if self.shards > 1 else []
+        self._adopt({port: group[0] for port, group in raws.items()},
+                    faults if self.shards == 1 else None)
+        self._procs: list = []
+
+    def _adopt(self, raws: dict[int, socket.socket], faults: FaultSpec | None) -> None:
+        """Serve ``raws`` (port -> bound socket, the bind port's first)."""
+        self.socks: dict[int, udpio.BatchSocket | ImpairedSocket] = {}
+        for k, (port, raw) in enumerate(raws.items()):
+            # Non-blocking: serve() waits on all the ports at once (epoll), then drains each.
+            raw.setblocking(False)
+            # Runs of datagrams per system call both ways (udpio: GSO and GRO): a worker's
+            # burst comes up in one receive, and the results of a run go to each worker in
+            # one send.
+            batch = udpio.BatchSocket(raw)
+            self.socks[port] = batch
+            if k == 0:
+                self.address = raw.getsockname()
+            if faults is not None and faults.active:  # tests: loss, dup, reorder here
+                # each port its own draw; the bind port's is ``faults`` itself
+                self.socks[port] = ImpairedSocket(
+                    batch, dataclasses.replace(faults, seed=faults.seed + k) if k else faults)
         self.sock = next(iter(self.socks.values()))  # the bind port's
         self.ports = sorted(self.socks)
         self._unserved: set[int] = set()  # uplink src_ports warned about (not served here)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @classmethod
+    def on_sockets(cls, switch: SoftSwitch, raws: dict[int, socket.socket],
+                   faults: FaultSpec | None = None) -> SoftSwitchServer:
+        """A server of sockets bound elsewhere (a shard's, ``shards``)."""
+        self = cls.__new__(cls)
+        self.switch, self.shards, self.shard_socks, self._procs = switch, 1, [], []
+        self.faults = faults
+        self._adopt(raws, faults)
+        return self
+
     @staticmethod
-    def _socket(ip: str, port: int, wanted: list[int]) -> udpio.BatchSocket:
+    def _socket(ip: str, port: int, wanted: list[int], shards: int = 1,
+                first: bool = True) -> socket.socket:
+        """A UDP socket bound to (ip, port); with shards > 1, in the port's reuseport group
+        (``first``: the group's first, only if no other socket holds the port)."""
         raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
             raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+            if shards > 1:
+                if first:
+                    # SO_REUSEPORT would share a port another process (of this user) holds
+                    # the same way: a plain bind first says whether the port is free
+                    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                        probe.bind((ip, port))
+                        port = probe.getsockname()[1]
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             raw.bind((ip, port))
         except OSError as e:
             raw.close()
@@ -83,21 +127,24 @@ class SoftSwitchServer:
                     "of this address, as bmv2 takes homagg's whole range; in use by another "
                     "process? --single-port serves --port alone)" if len(wanted) > 1 else "")
             raise SoftSwitchError(f"cannot bind UDP {ip}:{port}: {e.strerror}{more}") from None
-        # Non-blocking: serve() waits on all the ports at once (epoll), then drains each.
-        raw.setblocking(False)
-        # Runs of datagrams per system call both ways (udpio: GSO and GRO): a worker's burst
-        # comes up in one receive, and the results of a run go to each worker in one send.
-        return udpio.BatchSocket(raw)
+        return raw
 
     def io_counts(self) -> dict[str, int]:
-        """The system calls and datagrams of every port's socket, summed (udpio.io_counts)."""
+        """The system calls and datagrams of every port's socket, summed (udpio.io_counts);
+        a sharded server's, over its shards."""
+        if self.shards > 1:
+            return self.switch.io_counts()  # type: ignore[attr-defined]
         total: dict[str, int] = {}
         for sock in self.socks.values():
             for name, n in udpio.io_counts(sock).items():
                 total[name] = total.get(name, 0) + n
         return total
 
-    def serve(self) -> None:
+    def serve(self, control: tuple[int, Callable[[], None]] | None = None) -> None:
+        """Serve until stopped. ``control``: (a file descriptor, what to call when it is
+        readable), waited on with the ports (a shard's pipe from the main process)."""
+        if self.shards > 1:
+            return self._watch_shards()
         socks, sw = self.socks, self.switch
         buf = bytearray(udpio.RECV_BYTES)
         poller = select.epoll()
@@ -105,6 +152,8 @@ class SoftSwitchServer:
         for port, sock in socks.items():
             poller.register(sock.fileno(), select.EPOLLIN)
             by_fd[sock.fileno()] = (port, sock)
+        if control is not None:
+            poller.register(control[0], select.EPOLLIN)
         try:
             while not self._stop.is_set():
                 try:
@@ -112,6 +161,9 @@ class SoftSwitchServer:
                 except InterruptedError:
                     continue
                 for fd, _ in ready:
+                    if control is not None and fd == control[0]:
+                        control[1]()
+                        continue
                     port, sock = by_fd[fd]
                     # Drain the port (a bounded number of runs, so no port starves the
                     # others): one wait per burst, not one per run.
@@ -189,7 +241,22 @@ class SoftSwitchServer:
                     break
                 select.select([], [sock], [], deadline - now)
 
+    def _watch_shards(self) -> None:
+        """A sharded server's thread: the shards serve; this one ends when one of them
+        does (or on stop)."""
+        while not self._stop.wait(0.2):
+            dead = [k for k, p in enumerate(self._procs) if not p.is_alive()]
+            if dead:
+                log.error("software aggregator shard %d ended (exit status %s): stopping",
+                          dead[0], self._procs[dead[0]].exitcode)
+                return
+
     def start(self) -> SoftSwitchServer:
+        if self.shards > 1:
+            from homagg.targets.soft import shards
+
+            self._procs = shards.start(self.switch, self.shard_socks,  # type: ignore[arg-type]
+                                       self.faults)
         self._thread = threading.Thread(target=self.serve, name="softswitch", daemon=True)
         self._thread.start()
         return self
@@ -210,8 +277,16 @@ class SoftSwitchServer:
         self._stop.set()
         if self._thread:
             self._thread.join(2)
+        if self._procs:
+            from homagg.targets.soft import shards
+
+            shards.stop(self.switch, self._procs)  # type: ignore[arg-type]
+            self._procs = []
         for sock in self.socks.values():
             sock.close()
+        for socks in self.shard_socks:
+            for raw in socks.values():
+                raw.close()
 
     def __enter__(self):
         return self.start()

@@ -189,8 +189,18 @@ class SoftSwitch:
             return {g: list(r) for g, r in sorted(self.groups.items())}
 
     # -- counters -------------------------------------------------------------------------------
+    def _counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The data plane's packet counters: (stats, job_stats), under the lock. Here the
+        model's own; a sharded switch's are every shard's summed (``shards``)."""
+        return self.model.stats, self.model.job_stats
+
+    def _counter_written(self, name: str, index: int | None, packets: int) -> None:
+        """After ``write_counter`` set a cell, under the lock (a sharded switch passes it on
+        to its shards)."""
+
     def _packets(self, name: str) -> np.ndarray:
-        arrays = {P4.COUNTER_STATS: self.model.stats, P4.COUNTER_JOB_STATS: self.model.job_stats,
+        stats, job_stats = self._counts()
+        arrays = {P4.COUNTER_STATS: stats, P4.COUNTER_JOB_STATS: job_stats,
                   P4.COUNTER_FWD_STATS: self.fwd_stats}
         if name not in arrays:
             raise TableError(INVALID_ARGUMENT, f"no counter {name!r} in homagg's P4Info")
@@ -213,6 +223,7 @@ class SoftSwitch:
                 raise TableError(OUT_OF_RANGE, f"counter {name}: value beyond 2**63 - 1")
             where = slice(None) if index is None else index
             cells[where], cbytes[where] = packets, nbytes
+            self._counter_written(name, index, packets)
 
     # -- the job table drives the model -----------------------------------------------------------
     def _job_rows(self) -> dict[int, list[tuple[Key, Entry]]]:
@@ -280,12 +291,12 @@ class SoftSwitch:
 
     def read_stats(self) -> dict:
         with self.lock:
-            m = self.model
-            out: dict = {"switch": {name: int(m.stats[i]) for i, name in wire.STATS.items()},
+            stats, job_stats = self._counts()
+            out: dict = {"switch": {name: int(stats[i]) for i, name in wire.STATS.items()},
                          "jobs": {}}
-            for j in m.jobs:
+            for j in self.model.jobs:
                 base = j * wire.JOB_STATS_PER_JOB
-                out["jobs"][j] = {name: {"packets": int(m.job_stats[base + k])}
+                out["jobs"][j] = {name: {"packets": int(job_stats[base + k])}
                                   for k, name in wire.JOB_STATS.items()}
             return out
 
