@@ -380,11 +380,11 @@ def test_rule(target, case):
         p = salted(p, n)
         send_in_order(target, p.host, p.payload(job))
     hosts = range(WORKERS + 1)
-    target.recv_all(0 if target.synchronous else 0.3, hosts)
+    target.recv_all(0 if target.synchronous else 0.3, hosts, expect=0)  # the setup's replies
     before = target.stats()["switch"]
     probe = salted(case.probe, n)
     send_in_order(target, probe.host, probe.payload(job))
-    got = target.recv_all(0 if target.synchronous else 0.5, hosts)
+    got = target.recv_all(0 if target.synchronous else 0.5, hosts, expect=len(case.replies))
     moved = {"STAT_RX", case.counter, *case.also}
     after = settled_stats(target, before, moved)
 

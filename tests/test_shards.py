@@ -22,6 +22,8 @@ from tests import test_tree
 from tests.staging import agent_addresses
 from tests.test_agent import assert_exact, run_agents, sparse_tensors
 
+pytestmark = pytest.mark.slow  # (conftest.py) aggregator processes, one per shard
+
 PORT = wire.HOMAGG_UDP_PORT_MIN
 _ips = itertools.count(2)
 

@@ -24,6 +24,8 @@ from tests.test_p4runtime_server import (  # noqa: E402,F401 - collected here, o
     test_write_errors_are_p4runtimes,
 )
 
+pytestmark = pytest.mark.slow  # (conftest.py) aggregator processes, one per shard
+
 
 @pytest.fixture
 def agg():
