@@ -20,8 +20,8 @@ from homagg.targets.testbed import homagg_frame, host_ip, is_homagg, result_of
 class SoftTarget:
     name = "soft"
 
-    def __init__(self):
-        self.sw = SoftSwitch()
+    def __init__(self, words: int = wire.WORDS_PER_PACKET):
+        self.sw = SoftSwitch(words=words)
         self.conn = LocalSwitch(self.sw)  # the controller's writes, in process
         self.inbox = collections.defaultdict(collections.deque)
 
