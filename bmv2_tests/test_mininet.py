@@ -86,6 +86,17 @@ def test_a_k_the_mtu_cannot_carry_is_refused_before_the_topology_starts():
         HomaggNet(NetOptions(target="soft", words=2240))
 
 
+def test_the_bmv2_window_holds_fewer_packets_when_they_are_jumbo():
+    from bmv2_tests.conftest import bmv2_skip_reason
+    from homagg.launcher.net import HomaggNet, NetOptions
+
+    if bmv2_skip_reason():
+        pytest.skip(bmv2_skip_reason())
+    assert HomaggNet(NetOptions(target="bmv2")).slots == 16
+    assert HomaggNet(NetOptions(target="bmv2", words=2240, mtu=9000)).slots == 8
+    assert HomaggNet(NetOptions(target="soft", words=2240, mtu=9000)).slots == 64
+
+
 def test_exec_runs_a_command_on_every_worker_with_its_settings(target, capsys):
     """homagg-net exec: each worker host gets its job's settings; output is prefixed per worker
     and logged; the exit status is the worst of the workers'."""

@@ -60,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--inject-reorder", type=float, metavar="PCT")
     common.add_argument("--slots", type=int,
                         help="the job's slot region, i.e. each agent's window (default: 16 on "
-                             "bmv2, whose queues drop deeper bursts; 64 on the soft target)")
+                             "bmv2, whose queues drop deeper bursts, 8 at K above 256; 64 on "
+                             "the soft target)")
     common.add_argument("--switch-slots", type=int, metavar="N",
                         help="the slots homagg may use on the switch (default: all); jobs "
                              "past them fall back to the software aggregator on host fb")
