@@ -14,9 +14,11 @@ value through the switch). A step is rank 0's wall time for zero_grad + forward 
     sudo python -m bench.ddp_step --targets soft --rates 0 --steps 15
     sudo python -m bench.ddp_step --words 64,256      # homagg at K = 64 and 256 side by side
     sudo python -m bench.ddp_step --topo leafspine    # 2 leaves of 2 workers under a spine
+    sudo python -m bench.ddp_step --mtu 9000 --words 2240   # jumbo frames (gloo's too)
 
 ``--words``: the switch's words per packet (K); with several, each K gets its own topology
 (gloo runs in the first), so a change of K is measured against gloo in the same run.
+``--mtu``: every link's MTU (homagg-net --mtu), for gloo as for homagg; 9000 for K above 365.
 ``--topo leafspine --leaves L --workers-per-leaf N``: the same on a tree of switches
 (launcher.tree: homagg aggregates at the leaves and the spine; gloo's ring crosses the tree,
 routed by the switches on bmv2); figures go to ddp_step_leafspine.json (.png).
@@ -89,6 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--words", default="", help="K values, e.g. 64,256 (default: the P4 "
                                                  "default only)")
+    ap.add_argument("--mtu", type=int, default=1500,
+                    help="every link's MTU, gloo's included (9000: jumbo frames, K up to 2240)")
     ap.add_argument("--topo", default="star", choices=["star", "leafspine"])
     ap.add_argument("--leaves", type=int, default=2, help="leafspine: leaf switches")
     ap.add_argument("--workers-per-leaf", type=int, default=2, help="leafspine: workers a leaf")
@@ -105,7 +109,7 @@ def main(argv=None) -> int:
             med: dict[str, float] = {}
             for i, k in enumerate(words):
                 opts = NetOptions(target=target, workers=4, bw=rate or None, words=k,
-                                  topo=a.topo, leaves=a.leaves,
+                                  mtu=a.mtu, topo=a.topo, leaves=a.leaves,
                                   workers_per_leaf=a.workers_per_leaf)
                 opts.log_dir = LOG_DIR / a.topo / f"{target}-{int(rate)}" / f"k{k or 'default'}"
                 opts.log_dir.mkdir(parents=True, exist_ok=True)
@@ -127,7 +131,8 @@ def main(argv=None) -> int:
                              "vs_gloo": med["gloo"] / m if "gloo" in med else None})
     name = "ddp_step" if a.topo == "star" else f"ddp_step_{a.topo}"
     print(f"\ntopology: {a.topo}" + (f", {a.leaves} leaves of {a.workers_per_leaf} workers"
-                                     if a.topo != "star" else ", 4 workers"))
+                                     if a.topo != "star" else ", 4 workers")
+          + f", MTU {a.mtu}")
     print(f"\n{'target':7} {'links':>9} {'variant':19} {'ms/step':>8} {'speedup vs gloo':>16}")
     for r in rows:
         link = links(r["rate_mbit"])

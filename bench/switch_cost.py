@@ -3,12 +3,16 @@ with a minimal L2 program (bench/p4/l2fwd.p4), same bmv2 build, same machine, sa
 
     sudo python -m bench.switch_cost            # 3 alternating rounds, ~1.5 min
     sudo python -m bench.switch_cost --quick    # 1 round, ~30 s
+    sudo python -m bench.switch_cost --words 256,2240   # K = 256 against jumbo frames (~3 min)
 
 How: one simple_switch_grpc on two veth pairs (homagg/targets/testbed.py), whose pipeline is swapped
 over P4Runtime between the two programs, alternately (l2fwd, homagg, l2fwd, homagg, ...) so both
 see the same machine state. The frames are identical homagg ADD packets (Ethernet / IPv4 / UDP /
-12-byte header / K int32 words: 1078 bytes at the default K = 256, 310 at ``--words 64``),
-written from Python to an AF_PACKET socket.
+12-byte header / K int32 words: 1078 bytes at the default K = 256, 310 at ``--words 64``,
+9014 at ``--words 2240``, the largest K, whose frames need a 9000-byte MTU: the testbed's veths
+run at 9000), written from Python to an AF_PACKET socket. Several K (``--words 256,2240``) are
+measured in the same run, each against l2fwd at its own frames, rounds alternating over them,
+and the elements/s of the W-worker job at each K is compared with the first K's.
 
 - homagg: a W-worker job (default 4; installed with homagg.controller.jobs.add_job)
   whose workers all sit on port 1 (UDP ports 50000 + w). Packets cycle through the workers, so
@@ -58,6 +62,7 @@ L2_SRC = ROOT / "bench" / "p4" / "l2fwd.p4"
 SOL_PACKET = 263  # linux/socket.h
 PACKET_IGNORE_OUTGOING = 23  # linux/if_packet.h, Linux >= 4.20
 STALL = 0.05
+RECV_BYTES = 16384  # a jumbo frame (9014 bytes at K = 2240) and then some
 _MIN_FRAME = 14 + 20 + 8 + wire.packet_bytes(wire.MIN_WORDS_PER_PACKET)
 
 
@@ -155,7 +160,7 @@ def drain(rx, check=None, checked=[0]) -> int:  # noqa: B006 - a deliberate call
     n = 0
     while True:
         try:
-            data = rx.recv(2048)
+            data = rx.recv(RECV_BYTES)
         except BlockingIOError:
             return n
         if len(data) < _MIN_FRAME:  # not ours: shorter than any homagg frame
@@ -283,29 +288,99 @@ def measure(bed, program: str, pipelines, frames: Frames, a, window: int | None 
     return {"window": win, "blast": flat, "switch": stats}
 
 
-def plot(rows, path: Path) -> None:
+def plot(rows, ks, path: Path) -> None:
+    """Median packets/s out of bmv2 per K: l2fwd and homagg's 1-worker job (window, blast)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, axes = plt.subplots(1, len(ks), figsize=(6 * len(ks), 3.5), squeeze=False)
     modes = ["window", "blast"]
     x = np.arange(len(modes))
-    for i, prog in enumerate(["l2fwd", "homagg"]):
-        med = [np.median([r[prog][m]["pps"] for r in rows]) / 1e3 for m in modes]
-        ax.bar(x + (i - 0.5) * 0.38, med, 0.38, label=prog)
-        for xi, v in zip(x, med):
-            ax.text(xi + (i - 0.5) * 0.38, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
-    ratio = {m: np.median([r["homagg"][m]["pps"] / r["l2fwd"][m]["pps"] for r in rows])
-             for m in modes}
-    ax.set_xticks(x, [f"{m} (homagg/l2 {ratio[m]:.0%})" for m in modes])
-    ax.set_ylabel("kpackets/s out of bmv2")
-    ax.set_title("bmv2: homagg.p4 (1-worker job) vs minimal L2 forwarding")
-    ax.legend()
+    for ax, k in zip(axes[0], ks):
+        for i, prog in enumerate(["l2fwd", "homagg"]):
+            med = [np.median([r[k][prog][m]["pps"] for r in rows]) / 1e3 for m in modes]
+            ax.bar(x + (i - 0.5) * 0.38, med, 0.38, label=prog)
+            for xi, v in zip(x, med):
+                ax.text(xi + (i - 0.5) * 0.38, v, f"{v:.1f}", ha="center", va="bottom",
+                        fontsize=8)
+        ratio = {m: np.median([r[k]["homagg"][m]["pps"] / r[k]["l2fwd"][m]["pps"]
+                               for r in rows]) for m in modes}
+        ax.set_xticks(x, [f"{m} (homagg/l2 {ratio[m]:.0%})" for m in modes])
+        ax.set_ylabel("kpackets/s out of bmv2")
+        ax.set_title(f"bmv2, K = {k}: homagg.p4 (1-worker job) vs minimal L2 forwarding",
+                     fontsize=9)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def words_list(text: str) -> list[int]:
+    try:
+        ks = [int(k) for k in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: K or K,K,... (integers)") from None
+    if not ks or len(set(ks)) != len(ks):
+        raise argparse.ArgumentTypeError(f"{text!r}: distinct values of K")
+    return ks
+
+
+def report(rows, k: int, frame_bytes: int, a, ver: str) -> tuple[float, float] | None:
+    """The table for one K (every round's row[k]); returns the W-worker job's elements/s and
+    l2fwd's payload elements/s at the same frames, or None if every round lost frames."""
+    import numpy as np
+
+    print(f"bmv2 switch cost: simple_switch_grpc {ver}, {os.cpu_count()} CPUs, {frame_bytes}-byte "
+          f"frames (K = {k} words), {a.rounds} round(s) alternating l2fwd/homagg, "
+          f"{a.seconds:.0f} s each run; "
+          f"window = {a.window} outstanding, blast = Python sends flat out")
+    hdr = (f"{'round':>5} {'mode':>6} {'l2fwd pps':>10} {'homagg pps':>11} {'homagg/l2':>9} "
+           f"{'l2 lost':>8} {'homagg lost':>11} {'offered pps':>11}")
+    print(hdr)
+    print("-" * len(hdr))
+    for i, row in enumerate(rows):
+        for m in ("window", "blast"):
+            l2, hg = row[k]["l2fwd"][m], row[k]["homagg"][m]
+            print(f"{i + 1:>5} {m:>6} {l2['pps']:>10.0f} {hg['pps']:>11.0f} "
+                  f"{hg['pps'] / l2['pps']:>9.1%} "
+                  f"{l2['lost'] / max(1, l2['sent']):>8.1%} "
+                  f"{hg['lost'] / max(1, hg['sent']):>11.1%} "
+                  f"{hg['offered_pps']:>11.0f}")
+    for m in ("window", "blast"):
+        ratios = [r[k]["homagg"][m]["pps"] / r[k]["l2fwd"][m]["pps"] for r in rows]
+        print(f"{'median':>5} {m:>6} "
+              f"{np.median([r[k]['l2fwd'][m]['pps'] for r in rows]):>10.0f} "
+              f"{np.median([r[k]['homagg'][m]['pps'] for r in rows]):>11.0f} "
+              f"{np.median(ratios):>9.1%}   (median of the rounds' ratios; target >= 80%)")
+    w_ratio = [r[k]["homagg_w"]["window"]["pps"] / r[k]["l2fwd"]["window"]["pps"] for r in rows]
+    w_lost = [r[k]["homagg_w"]["window"]["lost"] / max(1, r[k]["homagg_w"]["window"]["sent"])
+              for r in rows]
+    clean = [r for r, lost in zip(w_ratio, w_lost) if lost < 0.01]
+    print(f"{a.workers}-worker job (window {a.window_multi}, every round: 1 overwrite, "
+          f"{a.workers - 2} read-add-write, 1 add + result multicast to {a.workers}): "
+          + (f"{np.median(clean):.1%} of l2fwd's window rate (median of the {len(clean)} round(s) "
+             f"without loss)" if clean else "no round without loss")
+          + f"; per round {', '.join(f'{x:.1%}' for x in w_ratio)}, lost "
+          f"{', '.join(f'{x:.1%}' for x in w_lost)} (this sender does not retransmit: one lost "
+          f"frame stalls its slot for the rest of the round, so lossy rounds measure little)")
+    out = None
+    if clean:
+        el_w = np.median([r[k]["homagg_w"]["window"]["pps"] for r, lost in zip(rows, w_lost)
+                          if lost < 0.01]) * k
+        el_l2 = np.median([r[k]["l2fwd"]["window"]["pps"] for r in rows]) * k
+        print(f"elements/s: homagg {a.workers}-worker job {el_w:.3g} (pps x K, its rounds without "
+              f"loss) against l2fwd's payload elements/s {el_l2:.3g} at the same {frame_bytes}-"
+              f"byte frames (median pps x {k} words): {el_w / el_l2:.1%} (target >= 80%)")
+        out = (float(el_w), float(el_l2))
+    s = rows[-1][k]["homagg"]["switch"]
+    print(f"homagg switch counters (last round): {s['sent']} sent, STAT_RX {s['STAT_RX']}, "
+          f"STAT_COMPLETED {s['STAT_COMPLETED']} (sent - STAT_RX = dropped before the pipeline), "
+          f"pipeline drops: {s['drops'] or 'none'} (a frame lost before the pipeline makes the "
+          f"next round of its slot stale: one more drop, as for an agent); results checked: flag "
+          f"and words")
+    return out
 
 
 def main(argv=None) -> int:
@@ -322,11 +397,18 @@ def main(argv=None) -> int:
     ap.add_argument("--window-multi", type=int, default=32,
                     help="packets outstanding for the W-worker job: this sender does not "
                          "retransmit, so one frame lost at bmv2's input stalls its slot")
-    ap.add_argument("--words", type=int, default=wire.WORDS_PER_PACKET, metavar="K",
-                    help="words per packet: homagg is built for K, frames carry K words")
+    ap.add_argument("--words", type=words_list, default=[wire.WORDS_PER_PACKET],
+                    metavar="K[,K...]",
+                    help="words per packet: homagg is built for K, frames carry K words "
+                         f"(default {wire.WORDS_PER_PACKET}; up to 2240, jumbo frames). Several: "
+                         "each in the same run, the first the reference")
     a = ap.parse_args(argv)
     if a.quick:
         a.rounds, a.seconds = 1, 2.0
+    for k in a.words:
+        if wire.frame_bytes(k) > wire.JUMBO_MTU:
+            ap.error(f"--words {k}: {wire.frame_bytes(k)}-byte packets, more than the "
+                     f"testbed's {wire.JUMBO_MTU}-byte MTU")
     reason = skip_reason()
     if reason:
         print(f"switch_cost: skipped, {reason}")
@@ -335,81 +417,55 @@ def main(argv=None) -> int:
     from homagg.controller.build import build
     from homagg.targets.testbed import start_testbed, stop_testbed
 
-    pipelines = {"homagg": build(words=a.words), "l2fwd": build_l2fwd()}
-    frames = Frames(a.slots, 1, a.words)
-    frames_multi = Frames(a.slots, a.workers, a.words)
+    pipelines = {"l2fwd": build_l2fwd(), **{f"homagg-k{k}": build(words=k) for k in a.words}}
+    frames = {k: Frames(a.slots, 1, k) for k in a.words}
+    frames_multi = {k: Frames(a.slots, a.workers, k) for k in a.words}
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     bed = start_testbed(2, LOG_DIR)
     for port in bed.ports:  # the harness's capture sockets: unread copies cost kernel time
         port.close()
-    rows = []
+    rows: list[dict[int, dict]] = []
     try:
         for r in range(a.rounds):
-            row = {"homagg_w": measure(bed, "homagg", pipelines, frames_multi, a,
-                                       window=a.window_multi, blast=False)}
-            row.update({p: measure(bed, p, pipelines, frames, a) for p in ("l2fwd", "homagg")})
+            row: dict[int, dict] = {}
+            for k in a.words:
+                hg = f"homagg-k{k}"
+                row[k] = {"homagg_w": measure(bed, hg, pipelines, frames_multi[k], a,
+                                              window=a.window_multi, blast=False),
+                          "l2fwd": measure(bed, "l2fwd", pipelines, frames[k], a),
+                          "homagg": measure(bed, hg, pipelines, frames[k], a)}
+                print(f"round {r + 1}/{a.rounds}, K = {k}: " + ", ".join(
+                    f"{p} {m} {row[k][p][m]['pps']:.0f} pps" for p in ("l2fwd", "homagg")
+                    for m in ("window", "blast"))
+                    + f", homagg {a.workers}-worker window "
+                    f"{row[k]['homagg_w']['window']['pps']:.0f} pps",
+                    file=sys.stderr, flush=True)
             rows.append(row)
-            print(f"round {r + 1}/{a.rounds}: " + ", ".join(
-                f"{p} {m} {rows[-1][p][m]['pps']:.0f} pps" for p in ("l2fwd", "homagg")
-                for m in ("window", "blast"))
-                + f", homagg {a.workers}-worker window {row['homagg_w']['window']['pps']:.0f} pps",
-                file=sys.stderr, flush=True)
     finally:
         stop_testbed(bed)
 
-    import numpy as np
-
     ver = subprocess.run([str(bed.switch.command()[0]), "--version"], capture_output=True,
                          text=True).stdout.strip()
-    print(f"bmv2 switch cost: simple_switch_grpc {ver}, {os.cpu_count()} CPUs, {len(frames)}-byte "
-          f"frames (K = {a.words} words), {a.rounds} round(s) alternating l2fwd/homagg, "
-          f"{a.seconds:.0f} s each run; "
-          f"window = {a.window} outstanding, blast = Python sends flat out")
-    hdr = (f"{'round':>5} {'mode':>6} {'l2fwd pps':>10} {'homagg pps':>11} {'homagg/l2':>9} "
-           f"{'l2 lost':>8} {'homagg lost':>11} {'offered pps':>11}")
-    print(hdr)
-    print("-" * len(hdr))
-    for i, row in enumerate(rows):
-        for m in ("window", "blast"):
-            l2, hg = row["l2fwd"][m], row["homagg"][m]
-            print(f"{i + 1:>5} {m:>6} {l2['pps']:>10.0f} {hg['pps']:>11.0f} "
-                  f"{hg['pps'] / l2['pps']:>9.1%} "
-                  f"{l2['lost'] / max(1, l2['sent']):>8.1%} "
-                  f"{hg['lost'] / max(1, hg['sent']):>11.1%} "
-                  f"{hg['offered_pps']:>11.0f}")
-    for m in ("window", "blast"):
-        ratios = [r["homagg"][m]["pps"] / r["l2fwd"][m]["pps"] for r in rows]
-        print(f"{'median':>5} {m:>6} "
-              f"{np.median([r['l2fwd'][m]['pps'] for r in rows]):>10.0f} "
-              f"{np.median([r['homagg'][m]['pps'] for r in rows]):>11.0f} "
-              f"{np.median(ratios):>9.1%}   (median of the rounds' ratios; target >= 80%)")
-    [r["homagg_w"]["window"]["pps"] for r in rows]
-    w_ratio = [r["homagg_w"]["window"]["pps"] / r["l2fwd"]["window"]["pps"] for r in rows]
-    w_lost = [r["homagg_w"]["window"]["lost"] / max(1, r["homagg_w"]["window"]["sent"])
-              for r in rows]
-    clean = [r for r, lost in zip(w_ratio, w_lost) if lost < 0.01]
-    print(f"{a.workers}-worker job (window {a.window_multi}, every round: 1 overwrite, "
-          f"{a.workers - 2} read-add-write, 1 add + result multicast to {a.workers}): "
-          + (f"{np.median(clean):.1%} of l2fwd's window rate (median of the {len(clean)} round(s) "
-             f"without loss)" if clean else "no round without loss")
-          + f"; per round {', '.join(f'{x:.1%}' for x in w_ratio)}, lost "
-          f"{', '.join(f'{x:.1%}' for x in w_lost)} (this sender does not retransmit: one lost "
-          f"frame stalls its slot for the rest of the round, so lossy rounds measure little)")
-    if clean:
-        el_w = np.median([r["homagg_w"]["window"]["pps"] for r, lost in zip(rows, w_lost)
-                          if lost < 0.01]) * a.words
-        el_l2 = np.median([r["l2fwd"]["window"]["pps"] for r in rows]) * a.words
-        print(f"elements/s: homagg {a.workers}-worker job {el_w:.3g} (pps x K, its rounds without "
-              f"loss) against l2fwd's payload elements/s {el_l2:.3g} at the same {len(frames)}-"
-              f"byte frames (median pps x {a.words} words): {el_w / el_l2:.1%} (target >= 80%)")
-    s = rows[-1]["homagg"]["switch"]
-    print(f"homagg switch counters (last round): {s['sent']} sent, STAT_RX {s['STAT_RX']}, "
-          f"STAT_COMPLETED {s['STAT_COMPLETED']} (sent - STAT_RX = dropped before the pipeline), "
-          f"pipeline drops: {s['drops'] or 'none'} (a frame lost before the pipeline makes the "
-          f"next round of its slot stale: one more drop, as for an agent); results checked: flag "
-          f"and words")
+    elements = {}
+    for i, k in enumerate(a.words):
+        if i:
+            print()
+        elements[k] = report(rows, k, len(frames[k]), a, ver)
+    if len(a.words) > 1:
+        k0 = a.words[0]
+        print(f"\nelements/s by K, in this run ({a.workers}-worker job, window, its rounds "
+              f"without loss; l2fwd: payload elements/s at the same frames):")
+        for k in a.words:
+            e = elements[k]
+            if e is None:
+                print(f"  K = {k:>4} ({len(frames[k])}-byte frames): no round without loss")
+                continue
+            vs = (f", {e[0] / elements[k0][0]:.2f}x K = {k0}'s"
+                  if k != k0 and elements[k0] is not None else "")
+            print(f"  K = {k:>4} ({len(frames[k])}-byte frames): homagg {e[0]:.3g}, l2fwd "
+                  f"{e[1]:.3g}, homagg/l2fwd {e[0] / e[1]:.1%}{vs}")
     OUT.mkdir(parents=True, exist_ok=True)
-    plot(rows, OUT / "switch_cost.png")
+    plot(rows, a.words, OUT / "switch_cost.png")
     print(f"plot: {OUT / 'switch_cost.png'}")
     return 0
 

@@ -65,9 +65,9 @@ class ModelTarget(_Inbox):
     name = "model"
     synchronous = True  # a packet is handled when send returns
 
-    def __init__(self):
+    def __init__(self, words: int = wire.WORDS_PER_PACKET):
         super().__init__()
-        self.model = SwitchModel()
+        self.model = SwitchModel(words=words)
         self.epoch = 0
 
     def addr(self, host):
@@ -103,9 +103,9 @@ class SoftTarget(_Inbox):
     name = "soft"
     synchronous = True
 
-    def __init__(self):
+    def __init__(self, words: int = wire.WORDS_PER_PACKET):
         super().__init__()
-        self.sw = SoftSwitch()
+        self.sw = SoftSwitch(words=words)
         self.conn = LocalSwitch(self.sw)  # the controller's writes, in process
 
     def addr(self, host):

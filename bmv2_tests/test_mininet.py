@@ -61,6 +61,42 @@ def test_agents_stay_exact_with_lossy_links(target, capsys):
     assert summary["retransmissions"] > 0
 
 
+def test_jumbo_frames_carry_the_largest_k_exactly(target, capsys):
+    """--mtu 9000 --words 2240: every link at 9000 bytes, the switch built (bmv2) or started
+    (soft) for 2240 words, the agents learn it and every packet is 8972 bytes of UDP payload
+    (9014-byte frames), and every aggregate is exact."""
+    from homagg import wire
+
+    k = wire.MAX_WORDS_PER_PACKET
+    log_dir = LOG_DIR / f"mn-jumbo-{target}"
+    rc = _run(["run", "--target", target, "--mtu", str(wire.JUMBO_MTU), "--words", str(k),
+               "--log-dir", str(log_dir), "--", "bench", "--size", "200000", "--density",
+               "0.5", "--iterations", "2", "--check"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "every aggregate exact" in out
+    s = json.loads((log_dir / "worker0.json").read_text())
+    assert s["bytes_on_wire"] == s["packets"] * wire.packet_bytes(k)  # (the join's not counted)
+
+
+def test_a_k_the_mtu_cannot_carry_is_refused_before_the_topology_starts():
+    from homagg.launcher.net import HomaggNet, NetError, NetOptions
+
+    with pytest.raises(NetError, match="--words 2240 with --mtu 1500: .* raise the MTU"):
+        HomaggNet(NetOptions(target="soft", words=2240))
+
+
+def test_the_bmv2_window_holds_fewer_packets_when_they_are_jumbo():
+    from bmv2_tests.conftest import bmv2_skip_reason
+    from homagg.launcher.net import HomaggNet, NetOptions
+
+    if bmv2_skip_reason():
+        pytest.skip(bmv2_skip_reason())
+    assert HomaggNet(NetOptions(target="bmv2")).slots == 16
+    assert HomaggNet(NetOptions(target="bmv2", words=2240, mtu=9000)).slots == 8
+    assert HomaggNet(NetOptions(target="soft", words=2240, mtu=9000)).slots == 64
+
+
 def test_exec_runs_a_command_on_every_worker_with_its_settings(target, capsys):
     """homagg-net exec: each worker host gets its job's settings; output is prefixed per worker
     and logged; the exit status is the worst of the workers'."""

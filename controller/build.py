@@ -5,7 +5,9 @@
 Rebuilds only when a source under p4/ is newer than the outputs. ``--words K`` sets the words
 per packet (-DWORDS_PER_PACKET=K; the P4 default, 256, otherwise) and builds into its own
 directory (``build/p4-k64``), so builds for several K live side by side; agents learn K from
-the switch. The generated constants and the shipped P4Info are always the default build's.
+the switch. K up to 320 fits the default 1500-byte MTU, up to 2240 a 9000-byte one (jumbo
+frames: ``homagg-net --mtu 9000``). The generated constants and the shipped P4Info are
+always the default build's.
 """
 
 from __future__ import annotations
@@ -88,10 +90,12 @@ def build(out: Path = DEFAULT_OUT, force: bool = False, regenerate: bool = True,
 
     default = words is None or words == wire.WORDS_PER_PACKET
     if words is not None and not default:
-        if words % wire.CHUNK_WORDS or not wire.CHUNK_WORDS <= words <= 5 * wire.CHUNK_WORDS:
+        top = wire.MAX_WORDS_PER_PACKET // wire.CHUNK_WORDS * wire.CHUNK_WORDS
+        if words % wire.CHUNK_WORDS or not wire.CHUNK_WORDS <= words <= top:
             raise BuildError(f"--words {words}: the P4 program takes a multiple of "
-                             f"{wire.CHUNK_WORDS} from {wire.CHUNK_WORDS} to "
-                             f"{5 * wire.CHUNK_WORDS} (p4c's widest type is 64 words)")
+                             f"{wire.CHUNK_WORDS} from {wire.CHUNK_WORDS} to {top} (p4c's "
+                             f"widest type is 64 words; {top} fill a {wire.JUMBO_MTU}-byte "
+                             f"MTU, {wire.mtu_words()} words a {wire.DEFAULT_MTU}-byte one)")
         out = out.with_name(f"{out.name}-k{words}")
     p = Pipeline.in_dir(out)
     if not force and up_to_date(p):

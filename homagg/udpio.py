@@ -28,6 +28,8 @@ from collections.abc import Iterator
 # linux/udp.h: not in Python's socket module
 UDP_SEGMENT = 103
 UDP_GRO = 104
+# linux/in.h
+IP_MTU = getattr(socket, "IP_MTU", 14)
 #: Segments per GSO send: the kernel's UDP_MAX_SEGMENTS (64 before Linux 6.x raised it).
 MAX_SEGMENTS = 64
 #: A GSO send is one UDP datagram to the kernel: its payload stays under 64 KiB.
@@ -138,6 +140,17 @@ class BatchSocket:
         self.recv_calls += 1
         self.received += -(-nb // seg) if seg else 1
         return nb, seg, src
+
+
+def path_mtu(addr) -> int | None:
+    """The MTU of this host's route to ``addr`` (IP_MTU of a connected UDP socket: the
+    outgoing interface's, or a smaller path MTU the kernel learned); None if unknown."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return s.getsockopt(socket.IPPROTO_IP, IP_MTU)
+    except (OSError, TypeError, ValueError):
+        return None
 
 
 def io_counts(sock) -> dict[str, int]:

@@ -23,6 +23,7 @@ import numpy as np
 
 from homagg._p4consts import *  # noqa: F403 - the protocol's constants, generated from P4
 from homagg._p4consts import (
+    DEFAULT_MTU,
     ENUMS,
     FLAG_OVERFLOW,
     FLAG_PHASE,
@@ -34,6 +35,7 @@ from homagg._p4consts import (
     HOMAGG_UDP_PORT_MIN,
     HOMAGG_VERSION,
     JOIN_WORDS,
+    JUMBO_MTU,
     MAX_WORDS_PER_PACKET,
     MIN_WORDS_PER_PACKET,
     OP_ADD,
@@ -62,11 +64,33 @@ def words_in(nbytes: int) -> int | None:
     return k if rest == 0 and MIN_WORDS_PER_PACKET <= k <= MAX_WORDS_PER_PACKET else None
 
 
-def check_words(k: int) -> int:
+#: IPv4 (no options) and UDP around a homagg datagram
+IP_UDP_BYTES = 20 + 8
+
+
+def frame_bytes(k: int = WORDS_PER_PACKET) -> int:
+    """The IPv4 packet of k words: what has to fit an interface's MTU."""
+    return IP_UDP_BYTES + packet_bytes(k)
+
+
+def mtu_words(mtu: int = DEFAULT_MTU) -> int:
+    """The largest K whose packets fit ``mtu`` (365 at 1500, 2240 at 9000), at most
+    MAX_WORDS_PER_PACKET."""
+    return min(MAX_WORDS_PER_PACKET, (mtu - IP_UDP_BYTES - HOMAGG_HDR_BYTES) // 4)
+
+
+def check_words(k: int, mtu: int | None = None) -> int:
+    """k, if it is a K the wire takes (and, with ``mtu``, one whose packets fit that MTU)."""
     if not MIN_WORDS_PER_PACKET <= k <= MAX_WORDS_PER_PACKET:
         raise WireError(f"{k} words per packet: {MIN_WORDS_PER_PACKET} to "
-                        f"{MAX_WORDS_PER_PACKET} (what a 1500-byte MTU holds)")
+                        f"{MAX_WORDS_PER_PACKET} (what a {JUMBO_MTU}-byte MTU holds)")
+    if mtu is not None and frame_bytes(k) > mtu:
+        raise WireError(f"{k} words per packet make {frame_bytes(k)}-byte IPv4 packets, more "
+                        f"than a {mtu}-byte MTU holds ({mtu_words(mtu)} words at most): "
+                        f"raise the MTU (--mtu {JUMBO_MTU}) or use a smaller K")
     return k
+
+
 STAT_INDEX = {v: k for k, v in STATS.items()}
 VERDICTS: dict[str, int] = ENUMS["Verdict"]
 

@@ -119,4 +119,11 @@ class Transport:
             raise AgentError(f"{self.who}: the switch {self.switch[0]}:{self.switch[1]} "
                              f"answered the join with {k} words per packet, which no homagg "
                              "switch has: is it an older homagg?")
+        try:  # a K for jumbo frames on a 1500-byte link would be fragmented (bmv2 drops those)
+            wire.check_words(k, udpio.path_mtu(self.switch))
+        except wire.WireError as e:
+            self.broken = "words per packet"
+            raise AgentError(f"{self.who}: the switch {self.switch[0]}:{self.switch[1]} was "
+                             f"built for {k} words per packet, too many for this host's "
+                             f"link: {e}") from None
         self.k, self.packet_bytes = k, wire.packet_bytes(k)

@@ -60,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--inject-reorder", type=float, metavar="PCT")
     common.add_argument("--slots", type=int,
                         help="the job's slot region, i.e. each agent's window (default: 16 on "
-                             "bmv2, whose queues drop deeper bursts; 64 on the soft target)")
+                             "bmv2, whose queues drop deeper bursts, 8 at K above 256; 64 on "
+                             "the soft target)")
     common.add_argument("--switch-slots", type=int, metavar="N",
                         help="the slots homagg may use on the switch (default: all); jobs "
                              "past them fall back to the software aggregator on host fb")
@@ -68,7 +69,12 @@ def parser() -> argparse.ArgumentParser:
                         help="no fallback aggregator: a job that does not fit is an error")
     common.add_argument("--words", type=int, metavar="K",
                         help="words per packet the switch is built (bmv2) or started (soft) "
-                             "with; default 256; the agents learn it from the switch")
+                             "with; default 256; the agents learn it from the switch. Up to "
+                             "365 (soft; bmv2: 320, a multiple of 64) at the default MTU, 2240 "
+                             "with --mtu 9000")
+    common.add_argument("--mtu", type=int, default=wire.DEFAULT_MTU,
+                        help="every link's MTU (default %(default)s); 9000: jumbo frames, for "
+                             "K above 365 (bench.switch_cost: bmv2's cost is per packet)")
     common.add_argument("--log-dir", type=Path, help="default build/logs/net")
     common.add_argument("--topo", default="star", choices=["star", "leafspine"],
                         help="one switch, or leaf switches under a spine (a tree)")
@@ -112,7 +118,7 @@ def _options(a) -> NetOptions:
     o = NetOptions(workers=a.workers, target=a.target, bw=a.bw, delay=a.delay, loss=a.loss,
                    dup=a.dup, reorder=a.reorder, jitter=a.jitter, jobs=a.jobs, slots=a.slots,
                    switch_slots=a.switch_slots, fallback=not a.no_fallback, words=a.words,
-                   topo=a.topo, leaves=a.leaves, workers_per_leaf=a.workers_per_leaf)
+                   mtu=a.mtu, topo=a.topo, leaves=a.leaves, workers_per_leaf=a.workers_per_leaf)
     for flag in ("inject_loss", "inject_dup", "inject_reorder"):
         if getattr(a, flag):
             o.agent_args += (f"--{flag.replace('_', '-')}", str(getattr(a, flag)))

@@ -10,6 +10,8 @@ Host ``fb`` runs a second software aggregator, the fallback: jobs the switch has
 (``--switch-slots`` caps its pool) are placed there by the controller, and their agents are
 told to send to it (``--switch`` / $HOMAGG_SWITCH). The switch routes their packets to it.
 
+Every link runs at one MTU: 1500 bytes, or jumbo frames (``--mtu 9000``, both ends of every
+link, the bridges and bmv2's ports), which hold packets of up to 2240 words (``--words``).
 Each worker link can be shaped with netem on both of its ends: rate (Mbit/s), delay, jitter,
 loss, duplication and reordering. Workers may be split into several concurrent jobs.
 Everything is torn down on exit or Ctrl-C: processes, bmv2, veths, namespaces.
@@ -91,10 +93,21 @@ class HomaggNet:
         self.target, self.why = choose_target(opts.target)
         if opts.slots is None:
             # Measured (bench, 4 workers, 1M at 1%): window 64 on bmv2 retransmits ~30% of
-            # packets (its queues drop bursts); 16 retransmits <1% and finishes sooner.
-            opts.slots = 16 if self.target == "bmv2" else 64
+            # packets (its queues drop bursts); 16 retransmits <1% and finishes sooner. With
+            # larger packets bmv2 takes longer per packet: at K = 2240 a window of 16 had 40%
+            # of its packets resent (their results came late, not lost), 8 under 1%. So about
+            # 16 x 256 words in flight, and at least 8 packets.
+            k = opts.words or wire.WORDS_PER_PACKET
+            opts.slots = max(8, min(16, 16 * 256 // k)) if self.target == "bmv2" else 64
         if opts.workers % opts.jobs:
             raise NetError(f"{opts.workers} workers do not split into {opts.jobs} equal jobs")
+        if not 576 <= opts.mtu <= wire.JUMBO_MTU:
+            raise NetError(f"--mtu {opts.mtu}: an MTU from 576 to {wire.JUMBO_MTU} bytes")
+        k = opts.words or wire.WORDS_PER_PACKET
+        try:
+            wire.check_words(k, opts.mtu)
+        except wire.WireError as e:
+            raise NetError(f"--words {k} with --mtu {opts.mtu}: {e}") from None
         self.slots: int = opts.slots
         self.net: Any = None  # mininet.net.Mininet once started
         self.procs: list[subprocess.Popen] = []
@@ -149,6 +162,7 @@ class HomaggNet:
                 net.addLink(h, s1, port2=ctl.port)
             net.build()
             net.start()
+            self._set_mtu()
             for h in net.hosts:
                 if h.inNamespace:  # (not ctl's: the root namespace is the machine's)
                     h.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
@@ -172,6 +186,17 @@ class HomaggNet:
             self.stop()
             raise
         return self
+
+    def _set_mtu(self) -> None:
+        """Both ends of every link at the MTU (a Linux bridge follows its ports; bmv2 reads
+        whole frames from its ports, whatever their size)."""
+        if self.opts.mtu == wire.DEFAULT_MTU:
+            return
+        for link in self.net.links:
+            for intf in (link.intf1, link.intf2):
+                out = intf.node.cmd(f"ip link set dev {intf.name} mtu {self.opts.mtu}").strip()
+                if out:
+                    raise NetError(f"{intf.name}: MTU {self.opts.mtu}: {out}")
 
     def _ctl_host(self) -> Host:
         """Host ctl (--service): cabled after the workers, the aggregator and the fallback."""
@@ -261,7 +286,7 @@ class HomaggNet:
                     rate = f"{self.opts.bw}mbit"
                     cmds += [f"tc qdisc replace dev {dev} root handle 1: htb default 1",
                              f"tc class add dev {dev} parent 1: classid 1:1 htb rate {rate} "
-                             f"ceil {rate} quantum 1514"]
+                             f"ceil {rate} quantum {self.opts.mtu + 14}"]
                     parent = "parent 1:1 handle 10:"
                 if netem:
                     cmds.append(f"tc qdisc replace dev {dev} {parent} netem limit 10000 "
@@ -357,6 +382,7 @@ class HomaggNet:
         sock.unlink(missing_ok=True)
         out = open(self.opts.log_dir / f"{host}-aggregator.out", "w")
         words = ["--words", str(self.opts.words)] if self.opts.words else []
+        words += ["--mtu", str(self.opts.mtu)]
         p = node.popen([sys.executable, "-m", "homagg.targets.soft", "--bind", node.IP(),
                         "--grpc", grpc, "--log-level", "warning", *words],
                        stdout=out, stderr=subprocess.STDOUT)

@@ -205,6 +205,7 @@ class TreeNet(HomaggNet):
                     net.addLink(h, leaf, port2=k - i * self.per_leaf + 1)
             net.build()
             net.start()
+            self._set_mtu()
             for h in net.hosts:
                 h.cmd("sysctl -q -w net.ipv6.conf.all.disable_ipv6=1")
                 if not soft:  # bmv2 reads and writes whole frames (net.py says why)

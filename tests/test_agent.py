@@ -664,7 +664,7 @@ def test_packets_the_switch_holds_stale_are_named_in_the_error(make_job):
     assert all("DROP_STALE" in str(e) for e in err)
 
 
-@pytest.mark.parametrize("k", [64, 100, wire.MAX_WORDS_PER_PACKET])
+@pytest.mark.parametrize("k", [64, 100, wire.mtu_words(), wire.MAX_WORDS_PER_PACKET])
 def test_agents_learn_k_from_the_switch_and_stay_exact(make_job, k):
     """A switch built for another K: the agents learn it from the join's reply (every
     packet after it has K words), and every mode stays exact."""
@@ -679,6 +679,22 @@ def test_agents_learn_k_from_the_switch_and_stay_exact(make_job, k):
         assert a.transport.k == k
         c = a.counters
         assert c.bytes_sent == c.packets_sent * wire.packet_bytes(k)
+
+
+def test_an_agent_whose_mtu_cannot_carry_the_switchs_k_fails_at_the_join(make_job,
+                                                                          monkeypatch):
+    """A switch built for jumbo frames, an agent on a 1500-byte link: its packets would be
+    fragmented (bmv2 drops fragments), so it stops at the join's reply, saying why."""
+    from homagg import udpio
+
+    monkeypatch.setattr(udpio, "path_mtu", lambda addr: wire.DEFAULT_MTU)
+    job = make_job(2, switch_words=wire.MAX_WORDS_PER_PACKET, deadline=5.0)
+    t0 = time.monotonic()
+    res, err = job.run(lambda a, w: a.allreduce(np.ones(1000, np.float32)))
+    assert all(isinstance(e, AgentError) and not isinstance(e, AggregationTimeout)
+               for e in err), err
+    assert "more than a 1500-byte MTU holds (365 words at most)" in str(err[0])
+    assert time.monotonic() - t0 < 2.0
 
 
 def test_an_agent_told_another_k_fails_at_the_join_naming_both(make_job):

@@ -72,9 +72,18 @@ def test_lengths_are_consistent():
     assert wire.STATUS_WORD + 3 == wire.WORDS_PER_PACKET
     assert wire.HOMAGG_JOIN_UDP_LEN == 8 + wire.JOIN_BYTES
     assert wire.HOMAGG_JOIN_IPV4_LEN == 20 + wire.HOMAGG_JOIN_UDP_LEN
-    # K: what a 1500-byte MTU holds at most
-    assert 20 + 8 + wire.packet_bytes(wire.MAX_WORDS_PER_PACKET) <= 1500
-    assert 20 + 8 + wire.packet_bytes(wire.MAX_WORDS_PER_PACKET + 1) > 1500
+    # K: what a jumbo (9000-byte) MTU holds at most; the default MTU, 1500, holds 365
+    assert (wire.DEFAULT_MTU, wire.JUMBO_MTU) == (1500, 9000)
+    for mtu, most in ((wire.DEFAULT_MTU, 365), (wire.JUMBO_MTU, wire.MAX_WORDS_PER_PACKET)):
+        assert wire.mtu_words(mtu) == most
+        assert wire.frame_bytes(most) == 20 + 8 + wire.packet_bytes(most) <= mtu
+        assert wire.frame_bytes(most + 1) > mtu
+    assert wire.mtu_words(65536) == wire.MAX_WORDS_PER_PACKET == 2240
+    # the default K fits the default MTU, and the largest build (35 chunks) a jumbo one
+    assert wire.check_words(wire.WORDS_PER_PACKET, wire.DEFAULT_MTU)
+    assert wire.check_words(35 * wire.CHUNK_WORDS, wire.JUMBO_MTU) == 2240
+    with pytest.raises(wire.WireError, match="more than a 1500-byte MTU holds .365 words"):
+        wire.check_words(366, wire.DEFAULT_MTU)
     assert wire.HOMAGG_PAYLOAD_BYTES == 4 * wire.WORDS_PER_PACKET
     assert wire.HOMAGG_UDP_LEN == 8 + wire.HOMAGG_HDR_BYTES + wire.HOMAGG_PAYLOAD_BYTES
     assert wire.HOMAGG_IPV4_LEN == 20 + wire.HOMAGG_UDP_LEN

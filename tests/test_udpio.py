@@ -168,3 +168,9 @@ def test_agents_and_aggregator_batch_for_real_and_sums_stay_exact():
         assert srv.received > 2 * srv.recv_calls and srv.sent > 2 * srv.send_calls
     finally:
         job.close()
+
+
+def test_path_mtu_is_the_routes_interface_mtu():
+    lo = int(open("/sys/class/net/lo/mtu").read())
+    assert udpio.path_mtu(("127.0.0.1", 9)) == min(lo, 65535)  # (IPv4's own limit)
+    assert udpio.path_mtu(("not an address", 9)) is None

@@ -64,9 +64,11 @@ def tree() -> Path:
 
 
 def switch_cost() -> Path:
+    import matplotlib.ticker
+
     sec = _data()["switch_cost"]
     rows = _rows(sec)
-    fig, ax = plt.subplots(figsize=(5.5, 2.8))
+    fig, (ax, jx) = plt.subplots(1, 2, figsize=(8.5, 2.8), width_ratios=[1.4, 1])
     modes = ["window", "blast"]
     for i, prog in enumerate(["l2fwd", "homagg"]):
         med = [sorted(r[f"{prog}_pps"] for r in rows if r["mode"] == m)[1] / 1e3
@@ -82,6 +84,27 @@ def switch_cost() -> Path:
     ax.set_title("bmv2, K = 256: homagg.p4 (1-worker job) vs minimal L2 forwarding",
                  fontsize=8)
     ax.legend(fontsize=7)
+    # jumbo frames, another run: elements/s of a 4-worker job at K = 256 and 2240
+    j = sec["jumbo"]["four_worker_job"]
+    ks = ["256", "2240"]
+    frames = sec["jumbo"]["frame_bytes"]
+    for i, (name, key) in enumerate([("l2fwd payload", "l2fwd_k{}_eps"),
+                                     ("homagg 4 workers", "k{}_eps")]):
+        vals = [j[key.format(k)] / 1e6 for k in ks]
+        xs = [n + (i - 0.5) * 0.38 for n in range(len(ks))]
+        jx.bar(xs, vals, 0.38, label=name, color="grey" if i == 0 else "tab:blue")
+        for x, v in zip(xs, vals):
+            jx.text(x, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
+    jx.set_yscale("log")
+    jx.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    jx.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    jx.set_ylim(1, 200)
+    jx.set_xticks(range(len(ks)), [f"K = {k} ({frames[k]} B frames)\nhomagg/l2fwd "
+                                   f"{j[f'k{k}_pct_of_l2fwd']:.1f}%" for k in ks])
+    jx.set_ylabel("M elements/s (log)")
+    jx.set_title(f"jumbo frames (one run): K = 2240 moves {j['k2240_over_k256']:.2f}x\n"
+                 "the elements/s of K = 256", fontsize=8)
+    jx.legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, "switch_cost")
 

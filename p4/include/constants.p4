@@ -41,14 +41,17 @@ const bit<8>  FLAG_UPSTREAM  = 0x02;   /* a status or refusal that a tree's pare
  * -DWORDS_PER_PACKET=K. 64 x 32 bit (256 B of payload, 310 B frames) is SwitchML's choice and
  * suits Tofino; on bmv2 the per-packet cost (parse, queue, thread hand-offs) dominates the
  * per-word cost, so the default is 256 (1024 B of payload, 1078 B frames). A multiple of 64
- * (the words are 64-word chunks: types.p4), so 64 to 320 within a 1500-byte MTU. Everything
- * below derives from it: the words fields, the registers, the lengths. Agents learn K from the
- * join's reply. (MAX_WORDS_PER_PACKET is the wire's limit, for any target: what the MTU
- * holds.) */
+ * (the words are 64-word chunks: types.p4): 64 to 320 within the default 1500-byte MTU, up to
+ * 2240 within a 9000-byte (jumbo) one. Everything below derives from it: the words fields, the
+ * registers, the lengths. Agents learn K from the join's reply. (MAX_WORDS_PER_PACKET is the
+ * wire's limit, for any target: what a jumbo frame holds. What an MTU holds, 365 words at
+ * 1500, is Python's check, against the MTU in use: wire.mtu_words.) */
 #ifndef WORDS_PER_PACKET
 #define WORDS_PER_PACKET 256
 #endif
-#define MAX_WORDS_PER_PACKET 365   /* (1500 - 20 IPv4 - 8 UDP - 12 homagg) / 4 */
+#define DEFAULT_MTU 1500
+#define JUMBO_MTU 9000
+#define MAX_WORDS_PER_PACKET 2240  /* (JUMBO_MTU - 20 IPv4 - 8 UDP - 12 homagg) / 4 */
 #define MIN_WORDS_PER_PACKET 16    /* room for a status reply and the scale negotiation */
 /* A status reply (FLAG_STATUS) carries the contributors bitmap (high, low) and their count in
  * its last three words, from STATUS_WORD on: the low end of the words field, because bmv2

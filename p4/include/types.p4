@@ -38,8 +38,146 @@ typedef bit<CHUNK_BITS> chunk_t;
 #elif WORD_CHUNKS == 5
 #define FOR_CHUNKS(X) X(0) X(1) X(2) X(3) X(4)
 #define LAST_CHUNK w4
+#elif WORD_CHUNKS == 6
+#define FOR_CHUNKS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define LAST_CHUNK w5
+#elif WORD_CHUNKS == 7
+#define FOR_CHUNKS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6)
+#define LAST_CHUNK w6
+#elif WORD_CHUNKS == 8
+#define FOR_CHUNKS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define LAST_CHUNK w7
+#elif WORD_CHUNKS == 9
+#define FOR_CHUNKS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+#define LAST_CHUNK w8
+#elif WORD_CHUNKS == 10
+#define FOR_CHUNKS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9)
+#define LAST_CHUNK w9
+#elif WORD_CHUNKS == 11
+#define FOR_CHUNKS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10)
+#define LAST_CHUNK w10
+#elif WORD_CHUNKS == 12
+#define FOR_CHUNKS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define LAST_CHUNK w11
+#elif WORD_CHUNKS == 13
+#define FOR_CHUNKS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12)
+#define LAST_CHUNK w12
+#elif WORD_CHUNKS == 14
+#define FOR_CHUNKS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
+#define LAST_CHUNK w13
+#elif WORD_CHUNKS == 15
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14)
+#define LAST_CHUNK w14
+#elif WORD_CHUNKS == 16
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15)
+#define LAST_CHUNK w15
+#elif WORD_CHUNKS == 17
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16)
+#define LAST_CHUNK w16
+#elif WORD_CHUNKS == 18
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17)
+#define LAST_CHUNK w17
+#elif WORD_CHUNKS == 19
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18)
+#define LAST_CHUNK w18
+#elif WORD_CHUNKS == 20
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19)
+#define LAST_CHUNK w19
+#elif WORD_CHUNKS == 21
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20)
+#define LAST_CHUNK w20
+#elif WORD_CHUNKS == 22
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21)
+#define LAST_CHUNK w21
+#elif WORD_CHUNKS == 23
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22)
+#define LAST_CHUNK w22
+#elif WORD_CHUNKS == 24
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+#define LAST_CHUNK w23
+#elif WORD_CHUNKS == 25
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24)
+#define LAST_CHUNK w24
+#elif WORD_CHUNKS == 26
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25)
+#define LAST_CHUNK w25
+#elif WORD_CHUNKS == 27
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26)
+#define LAST_CHUNK w26
+#elif WORD_CHUNKS == 28
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27)
+#define LAST_CHUNK w27
+#elif WORD_CHUNKS == 29
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) \
+    X(28)
+#define LAST_CHUNK w28
+#elif WORD_CHUNKS == 30
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) \
+    X(28) X(29)
+#define LAST_CHUNK w29
+#elif WORD_CHUNKS == 31
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) \
+    X(28) X(29) X(30)
+#define LAST_CHUNK w30
+#elif WORD_CHUNKS == 32
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) \
+    X(28) X(29) X(30) X(31)
+#define LAST_CHUNK w31
+#elif WORD_CHUNKS == 33
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) \
+    X(28) X(29) X(30) X(31) X(32)
+#define LAST_CHUNK w32
+#elif WORD_CHUNKS == 34
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) \
+    X(28) X(29) X(30) X(31) X(32) X(33)
+#define LAST_CHUNK w33
+#elif WORD_CHUNKS == 35
+#define FOR_CHUNKS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
+    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) \
+    X(28) X(29) X(30) X(31) X(32) X(33) X(34)
+#define LAST_CHUNK w34
 #else
-#error "WORDS_PER_PACKET: 64, 128, 192, 256 or 320"
+#error "WORDS_PER_PACKET: a multiple of 64, from 64 to 2240 (35 chunks: what a 9000-byte MTU holds)"
 #endif
 
 /* A slot copy's bookkeeping, packed (slot_state.p4): seen ++ count ++ tag ++ op ++ epoch ++ gen

@@ -86,7 +86,12 @@ def parser() -> argparse.ArgumentParser:
                     help="P4Runtime device id (default: the config's, else 1)")
     ap.add_argument("--words", type=int, default=wire.WORDS_PER_PACKET, metavar="K",
                     help=f"words per packet (default {wire.WORDS_PER_PACKET}, as the P4 "
-                         "program's default build; agents learn it from the join)")
+                         "program's default build; agents learn it from the join); up to "
+                         f"{wire.mtu_words()} at the default MTU, {wire.MAX_WORDS_PER_PACKET} "
+                         f"with --mtu {wire.JUMBO_MTU}")
+    ap.add_argument("--mtu", type=int, default=wire.DEFAULT_MTU,
+                    help="the MTU of the network it serves (default %(default)s; "
+                         f"{wire.JUMBO_MTU}: jumbo frames): --words must fit it")
     ap.add_argument("--stats-file", type=Path, help="write counters as JSON here every 0.2 s")
     ap.add_argument("--ready-file", type=Path,
                     help="once serving, write here as JSON the addresses served ({\"udp\": "
@@ -105,12 +110,13 @@ def main(argv=None) -> int:
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     try:
         cfg = load(a.config) if a.config else None
+        words = wire.check_words(a.words, a.mtu)
         if a.shards == 1:
-            sw = SoftSwitch(words=a.words)
+            sw = SoftSwitch(words=words)
         else:
             from homagg.targets.soft.shards import ShardedSwitch
 
-            sw = ShardedSwitch(words=a.words, shards=a.shards)
+            sw = ShardedSwitch(words=words, shards=a.shards)
         local = LocalSwitch(sw, "softswitch")
         for j in cfg.jobs if cfg else ():
             job = jobs.add_job(local, j, pool=sw.slots)

@@ -4,6 +4,12 @@
  * or read-or-write; only the completing packet copies the result into its header; a
  * retransmission of a finished round reads it back. Each action is one read-modify-write of
  * the slot copy, atomic in bmv2. Each 64 words are one 2048-bit value (lanes.p4: SWAR adds).
+ *
+ * An add ORs every chunk's overflow bits into one value (ov) and tests it once. A test per
+ * chunk (if (...) { meta.overflow = 1; }) costs more than it seems: p4c turns each into
+ * meta.overflow = cond ? 1 : <the previous value>, substituting the previous chunk's whole
+ * expression, so chunk i's assignment re-evaluates the conditions of chunks 0..i - quadratic
+ * in the chunks (35 at K = 2240: a 4.7 MB action in the bmv2 JSON, 630 tests per packet).
  */
 #ifndef HOMAGG_WORDS_P4
 #define HOMAGG_WORDS_P4
@@ -18,14 +24,14 @@
         chunk_t r; \
         slot_words##i.read(r, meta.idx); \
         chunk_t s = LANE_ADD(r, hdr.words.w##i); \
-        if (((r ^ s) & (hdr.words.w##i ^ s) & LANE_SIGN) != 0) { meta.overflow = 1; } \
+        ov = ov | ((r ^ s) & (hdr.words.w##i ^ s)); \
         slot_words##i.write(meta.idx, s); \
     }
 #define ADD_CHUNK_EMIT(i) { \
         chunk_t r; \
         slot_words##i.read(r, meta.idx); \
         chunk_t s = LANE_ADD(r, hdr.words.w##i); \
-        if (((r ^ s) & (hdr.words.w##i ^ s) & LANE_SIGN) != 0) { meta.overflow = 1; } \
+        ov = ov | ((r ^ s) & (hdr.words.w##i ^ s)); \
         slot_words##i.write(meta.idx, s); \
         hdr.words.w##i = s; \
     }
@@ -68,13 +74,15 @@ control Words(inout headers_t hdr, inout metadata_t meta) {
     /* Separate actions for the completing packet: bmv2 pays for every primitive, and only
      * that packet needs the result in its header. */
     action add_words() {
-        meta.overflow = 0;
+        chunk_t ov = 0;
         FOR_CHUNKS(ADD_CHUNK)
+        meta.overflow = ((ov & LANE_SIGN) != 0) ? 1w1 : 1w0;
     }
 
     action add_words_emit() {
-        meta.overflow = 0;
+        chunk_t ov = 0;
         FOR_CHUNKS(ADD_CHUNK_EMIT)
+        meta.overflow = ((ov & LANE_SIGN) != 0) ? 1w1 : 1w0;
     }
 
     action or_words() {
