@@ -44,17 +44,14 @@ class HomaggProcessGroup(dist.ProcessGroup):
                  make_agent: Callable[[], Agent | None]):
         super().__init__(rank, size)  # type: ignore[call-arg]  # (the stub knows the 3-arg form)
         self.agent: Agent | None = None
-        # The registered cpu backend: what C++ reaches without going through Python.
-        self._cpp: Any = dist.ProcessGroupGloo(dist.PrefixStore("homagg-cpp/", store), rank,
-                                               size, timeout)
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM,
-                               self._cpp)
-        # What this group's own thread issues; a gloo context of its own (torch_backend's doc)
+        self._cpp: Any = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        # What this group's own thread issues; a gloo context of its own (torch_backend's doc).
+        # It carries the start-up agreement too, so it comes first: a group that fails to
+        # start has made nothing else to tear down.
         self._gloo: Any = dist.ProcessGroupGloo(dist.PrefixStore("homagg-py/", store), rank,
                                                 size, timeout)
-        self._thread: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            1, thread_name_prefix="homagg-agent")
-        self._lock = threading.Lock()
         # reduce_scatter SUM/AVG of floats and integers: gloo (the default), or "switch": an
         # all_reduce through the switch of which each rank keeps its part (FSDP's gradients)
         self.scatter_via = os.environ.get("HOMAGG_TORCH_REDUCE_SCATTER") or "gloo"
@@ -65,6 +62,12 @@ class HomaggProcessGroup(dist.ProcessGroup):
         # sends straight to the registered backend is not seen here)
         self.counts: Counter[str] = Counter()
         self._start(make_agent)
+        # The registered cpu backend: what C++ reaches without going through Python.
+        self._cpp = dist.ProcessGroupGloo(dist.PrefixStore("homagg-cpp/", store), rank, size,
+                                          timeout)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM,
+                               self._cpp)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="homagg-agent")
 
     def _start(self, make_agent: Callable[[], Agent | None]) -> None:
         failure: BaseException | None = None
@@ -78,6 +81,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
         with_agent, without, failed = (int(v) for v in state)
         if failed or (with_agent and without):
             self.shutdown()
+            self._gloo = None  # torn down now, not when the interpreter exits
             if failure is not None:
                 raise failure
             raise AgentError(f"homagg: {failed} rank(s) of this process group could not start "
@@ -125,6 +129,8 @@ class HomaggProcessGroup(dist.ProcessGroup):
         if self.agent is not None:
             self.agent.close()
         for g in (self._gloo, self._cpp):
+            if g is None:
+                continue
             try:
                 g.shutdown()
             except Exception:  # noqa: BLE001 - best effort at teardown
