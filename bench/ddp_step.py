@@ -1,18 +1,21 @@
 """DDP training step time: homagg's hook against plain DDP over gloo (issue 12, item 5a).
 
 examples/ddp_train.py (EmbeddingBag(20000, 32) + MLP, 642k parameters, batches of 64 x 8
-indices) on 4 workers of the Mininet star, started on every worker host at once as
+indices) on 4 workers (``--workers``) of the Mininet star, started on every worker host at once as
 ``homagg-net exec`` does (launcher.net.HomaggNet, worker_env). Per (target, link rate) one
 topology, and in it, one after the other: plain DDP over gloo (ring all-reduce between the
 hosts, through the same switch: a Linux bridge on the soft target, bmv2 forwarding on bmv2),
 homagg's hook (mode auto, overlapped: HookState) and homagg dense (SwitchML-style, every
 value through the switch). A step is rank 0's wall time for zero_grad + forward + backward
 (the all-reduce) + the optimizer step; the table gives the median over steps after the first
-3 (warm-up), and gloo's median over each row's: the speedup (>1: faster than gloo).
+3 (warm-up), and gloo's median over each row's: the speedup (>1: faster than gloo). Beside it,
+rank 0's CPU per step (every thread of its process, after the warm-up): on a machine with
+fewer cores than processes, the step is as fast as the sum of that over the workers allows.
 
     sudo python -m bench.ddp_step                     # soft and bmv2, unshaped and 100 Mbit/s
     sudo python -m bench.ddp_step --targets soft --rates 0 --steps 15
     sudo python -m bench.ddp_step --words 64,256      # homagg at K = 64 and 256 side by side
+    sudo python -m bench.ddp_step --workers 2         # 2 workers (default 4)
     sudo python -m bench.ddp_step --topo leafspine    # 2 leaves of 2 workers under a spine
     sudo python -m bench.ddp_step --mtu 9000 --words 2240   # jumbo frames (gloo's too)
 
@@ -49,8 +52,9 @@ VARIANTS = [("gloo", ["--backend", "gloo"]), ("homagg", ["--backend", "hook"]),
 WARMUP = 3
 
 
-def run_variant(net, args: list[str], steps: int, tag: str) -> list[float]:
-    """The example on every worker host at once; rank 0's step times (ms)."""
+def run_variant(net, args: list[str], steps: int, tag: str) -> tuple[list[float], float]:
+    """The example on every worker host at once; rank 0's step times (ms), and its CPU
+    (every thread's) per step after the example's warm-up (ms)."""
     procs = []
     for w, h in enumerate(net.worker_hosts()):
         env = {**os.environ, **net.worker_env(w), "OMP_NUM_THREADS": "1"}
@@ -62,7 +66,9 @@ def run_variant(net, args: list[str], steps: int, tag: str) -> list[float]:
         tail = (net.opts.log_dir / f"{tag}-w{failed[0]}.out").read_text()[-800:]
         raise RuntimeError(f"{tag}: workers {failed} failed:\n{tail}")
     out = (net.opts.log_dir / f"{tag}-w0.out").read_text()
-    return [float(ms) for ms in re.findall(r"loss \S+ ms (\S+)", out)]
+    cpu = re.search(r"cpu ms/step (\S+)", out)
+    return [float(ms) for ms in re.findall(r"loss \S+ ms (\S+)", out)], (
+        float(cpu.group(1)) if cpu else float("nan"))
 
 
 def links(rate_mbit: float) -> str:
@@ -93,6 +99,7 @@ def main(argv=None) -> int:
                                                  "default only)")
     ap.add_argument("--mtu", type=int, default=1500,
                     help="every link's MTU, gloo's included (9000: jumbo frames, K up to 2240)")
+    ap.add_argument("--workers", type=int, default=4, help="star: worker hosts")
     ap.add_argument("--topo", default="star", choices=["star", "leafspine"])
     ap.add_argument("--leaves", type=int, default=2, help="leafspine: leaf switches")
     ap.add_argument("--workers-per-leaf", type=int, default=2, help="leafspine: workers a leaf")
@@ -107,8 +114,9 @@ def main(argv=None) -> int:
             continue
         for rate in (float(r) for r in a.rates.split(",")):
             med: dict[str, float] = {}
+            cpu: dict[str, float] = {}
             for i, k in enumerate(words):
-                opts = NetOptions(target=target, workers=4, bw=rate or None, words=k,
+                opts = NetOptions(target=target, workers=a.workers, bw=rate or None, words=k,
                                   mtu=a.mtu, topo=a.topo, leaves=a.leaves,
                                   workers_per_leaf=a.workers_per_leaf)
                 opts.log_dir = LOG_DIR / a.topo / f"{target}-{int(rate)}" / f"k{k or 'default'}"
@@ -124,23 +132,26 @@ def main(argv=None) -> int:
                 except (NetError, RuntimeError) as e:
                     print(f"{target} {rate or 'unshaped'}{label}: failed: {e}")
                     continue
-                med.update({n: statistics.median(t[WARMUP:]) for n, t in times.items()})
+                med.update({n: statistics.median(t[WARMUP:]) for n, (t, _) in times.items()})
+                cpu.update({n: c for n, (_, c) in times.items()})
             for n, m in med.items():
                 rows.append({"target": target, "rate_mbit": rate, "variant": n,
-                             "ms_per_step": m,
+                             "ms_per_step": m, "cpu_ms_per_step": cpu[n],
                              "vs_gloo": med["gloo"] / m if "gloo" in med else None})
     name = "ddp_step" if a.topo == "star" else f"ddp_step_{a.topo}"
     print(f"\ntopology: {a.topo}" + (f", {a.leaves} leaves of {a.workers_per_leaf} workers"
-                                     if a.topo != "star" else ", 4 workers")
+                                     if a.topo != "star" else f", {a.workers} workers")
           + f", MTU {a.mtu}")
-    print(f"\n{'target':7} {'links':>9} {'variant':19} {'ms/step':>8} {'speedup vs gloo':>16}")
+    print(f"\n{'target':7} {'links':>9} {'variant':19} {'ms/step':>8} {'speedup vs gloo':>16}"
+          f" {'rank 0 cpu ms/step':>19}")
     for r in rows:
         link = links(r["rate_mbit"])
         vs = f"{r['vs_gloo']:15.2f}x" if r["vs_gloo"] is not None else f"{'-':>16}"
-        print(f"{r['target']:7} {link:>9} {r['variant']:19} {r['ms_per_step']:8.1f} {vs}")
+        print(f"{r['target']:7} {link:>9} {r['variant']:19} {r['ms_per_step']:8.1f} {vs}"
+              f" {r['cpu_ms_per_step']:19.2f}")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{name}.json").write_text(json.dumps(rows, indent=1))
-    where = ("star, 4 workers" if a.topo == "star" else
+    where = (f"star, {a.workers} workers" if a.topo == "star" else
              f"leaf/spine, {a.leaves} x {a.workers_per_leaf}")
     plots.write_plot(name, plots.ddp_step, [(where, figure_rows(rows))])
     return 0

@@ -42,6 +42,9 @@ import torch.distributed as dist
 from homagg.host_agent import Agent, AgentConfig
 from homagg.host_agent.torch_hook import HookState, homagg_hook
 
+#: steps before the CPU count starts (imports, JIT, the first buckets' index choices)
+WARMUP = 3
+
 
 def make_model(rows: int, dim: int, sparse: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)  # identical replicas on every worker
@@ -126,7 +129,10 @@ def main() -> int:
         ddp.register_comm_hook(state=state, hook=homagg_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=a.lr)
     seen = 0
+    cpu0 = 0.0
     for step in range(a.steps):
+        if step == WARMUP:  # this process's CPU (every thread's) from here, per step
+            cpu0 = time.process_time()
         idx, y = batch(rank, step, a.rows)
         t0 = time.perf_counter()
         opt.zero_grad()
@@ -147,6 +153,9 @@ def main() -> int:
         raise SystemExit(f"rank {rank}: the job saw {seen} samples, not "
                          f"{world * idx.shape[0] * a.steps}")
     print(f"rank {rank}: samples seen {seen}", flush=True)
+    if a.steps > WARMUP:
+        cpu = 1e3 * (time.process_time() - cpu0) / (a.steps - WARMUP)
+        print(f"rank {rank}: cpu ms/step {cpu:.2f} (after {WARMUP} warm-up steps)", flush=True)
     print(f"rank {rank}: parameters {digest(model)}", flush=True)
     if agent is not None:
         c = agent.counters
