@@ -47,6 +47,7 @@ from homagg.host_agent import codec
 from homagg.host_agent.codec import AUTO, Mode
 from homagg.host_agent.config import AgentConfig, AgentError
 from homagg.host_agent.negotiation import (
+    HEAD_WORDS,
     Negotiation,
     exponent_words,
     index_rounds,
@@ -173,6 +174,9 @@ class Agent:
         self.seed = config.job if config.seed is None else config.seed
         self._last_mode: dict = {}
         self._last_union: dict = {}  # key -> union size u last time (codec.choose_index)
+        self._hier_saves: dict = {}  # key -> index words hier saved on that union
+        # the job's round cost in words, from the last round 1 (identical on every worker)
+        self._round_words: int | None = None
 
     @property
     def sock(self):
@@ -232,8 +236,7 @@ class Agent:
         stream = self.transport.stream
         mine = codec.Sparse(n_rows, rows, np.ones(rows.size, np.int32))
         rkey = ("rows", key) if key is not None else None
-        index = codec.choose_index(self.cfg.index, n_rows,
-                                   self._last_union.get(rkey) if rkey is not None else None)
+        index = self._index(n_rows, rkey)
         if index == codec.FLAT:
             union_words = stream(wire.OP_OR, codec.bitmap(mine)).view(np.uint32)
         else:
@@ -244,6 +247,7 @@ class Agent:
         union = codec.union_indices(union_words, n_rows)
         if rkey is not None:
             self._last_union[rkey] = union.size
+            self._hier_saves[rkey] = codec.hier_saving(union_words, n_rows)
         on_union = np.zeros((union.size,) + values.shape[1:], values.dtype)
         on_union[codec.ranks_in(union, rows)] = values
         try:
@@ -322,7 +326,11 @@ class Agent:
         finite = scan.finite()
         # A NaN or Inf: flag it in round 1 (every worker then returns NaN), no scales.
         e = scan.max_exponent() if finite else None
-        onehot = exponent_words(e, nonfinite=not finite)
+        cost = getattr(self.transport, "round_cost", None)  # (in-memory transports: none)
+        if cost is not None:
+            cost.tensor_starts()
+        onehot = exponent_words(e, nonfinite=not finite,
+                                cost=cost.word() if cost is not None else 0)
         blocks = codec.block_words(scan.idx, scan.raw, n, B, e)
         flags = codec.split_flags(scan.idx, scan.raw, n, B, cfg.split and finite)
         mode = codec.as_mode(cfg.mode, auto=True)
@@ -331,14 +339,24 @@ class Agent:
         if mode == Mode.DENSE:
             agg = self.transport.stream(wire.OP_OR, np.concatenate([onehot, blocks, flags])
                                         ).view(np.uint32)
-            return Negotiation(scan, e, mode, agg, None, None, {},
-                               agg[wire.EXP_WORDS:wire.EXP_WORDS + blocks.size],
-                               codec.split_blocks(agg[wire.EXP_WORDS + blocks.size:], n, B))
-        index = codec.choose_index(cfg.index, n, self._last_union.get(key)
-                                   if key is not None else None)
-        agg, union_words, sent, block_agg, split = index_rounds(
-            self.transport.stream, B, scan, onehot, blocks, flags, index)
-        return Negotiation(scan, e, mode, agg, union_words, index, sent, block_agg, split)
+            neg = Negotiation(scan, e, mode, agg, None, None, {},
+                              agg[HEAD_WORDS:HEAD_WORDS + blocks.size],
+                              codec.split_blocks(agg[HEAD_WORDS + blocks.size:], n, B))
+        else:
+            index = self._index(n, key)
+            agg, union_words, sent, block_agg, split = index_rounds(
+                self.transport.stream, B, scan, onehot, blocks, flags, index)
+            neg = Negotiation(scan, e, mode, agg, union_words, index, sent, block_agg, split)
+        self._round_words = neg.round_words  # what every worker read in this round 1
+        return neg
+
+    def _index(self, n: int, key) -> str:
+        """The index for tensor ``key`` (``codec.choose_index``), from what every worker
+        shares: the job's round cost and the tensor's last union."""
+        if key is None:
+            return codec.choose_index(self.cfg.index, n)
+        return codec.choose_index(self.cfg.index, n, self._last_union.get(key),
+                                  self._hier_saves.get(key), self._round_words)
 
     def _choose(self, neg: Negotiation, key) -> tuple[str, np.ndarray | None,
                                                       np.ndarray | None]:
@@ -352,6 +370,7 @@ class Agent:
             u = codec.union_size(union_words, n)
             if key is not None:
                 self._last_union[key] = u
+                self._hier_saves[key] = codec.hier_saving(union_words, n)
             if mode == AUTO:
                 mode = codec.choose_mode(n, u, self.cfg.ratio,
                                          index_words=sum(neg.index_rounds.values()))

@@ -2,7 +2,8 @@
 negotiate the tensor's scale, and what the ORed words settle (``Negotiation``).
 
 The words of round 1: the exponent one-hot (a worker's max exponent as one bit; the OR gives
-the job's max) with the non-finite flag in bit 0, the block words and split flags
+the job's max) with the non-finite flag in bit 0, the round-cost word (``round_cost``: what a
+round trip costs each worker, which the index choice weighs), the block words and split flags
 (``codec.blocks``), and the index of the non-zeros, flat or the hierarchical index's top level,
 whose mid round carries the block words of the scale blocks the union touches
 (``codec.index``). ``Agent`` (``allreduce.py``) decides what to send (the mode, the index, what
@@ -20,17 +21,23 @@ import numpy as np
 from homagg import wire
 from homagg.host_agent import codec
 from homagg.host_agent.codec.index import BLOCK as INDEX_BLOCK
+from homagg.host_agent.round_cost import agreed_words
 
 #: Bit 0 of the exponent words (e = -EXP_BIAS, below any float32 exponent): "I have a NaN or
 #: an Inf". The OR tells every worker in round 1.
 NONFINITE_BIT = 0
+#: Round 1's head: the exponent words, then the round-cost word (``round_cost``).
+HEAD_WORDS = wire.EXP_WORDS + 1
 
 
-def exponent_words(e: int | None, nonfinite: bool = False) -> np.ndarray:
-    """A worker's max exponent e as one bit (e + EXP_BIAS) of EXP_WORDS words; the OR of every
-    worker's gives the job's max (``max_exponent``). Bit 0 is the non-finite flag (an e that
+def exponent_words(e: int | None, nonfinite: bool = False,
+                   cost: int = 0) -> np.ndarray:
+    """Round 1's head (HEAD_WORDS): a worker's max exponent e as one bit (e + EXP_BIAS) of
+    EXP_WORDS words, whose OR over the workers gives the job's max (``max_exponent``), then
+    its round-cost word ``cost`` (``RoundCost.word``). Bit 0 is the non-finite flag (an e that
     low is raised to -EXP_BIAS + 1: a coarser scale, never a finer one)."""
-    onehot = np.zeros(wire.EXP_WORDS, np.uint32)
+    onehot = np.zeros(HEAD_WORDS, np.uint32)
+    onehot[wire.EXP_WORDS] = cost
     bits = [NONFINITE_BIT] if nonfinite else []
     if e is not None:
         bits.append(max(e + wire.EXP_BIAS, NONFINITE_BIT + 1))
@@ -83,16 +90,21 @@ class Negotiation:
         """Some worker had a NaN or an Inf (round 1's flag)."""
         return _nonfinite(self.ored[:wire.EXP_WORDS])
 
+    @property
+    def round_words(self) -> int | None:
+        """The job's round cost in words (``round_cost.agreed_words``), None: no estimate."""
+        return agreed_words(self.ored[wire.EXP_WORDS])
+
 
 def index_rounds(stream: Callable[[int, np.ndarray], np.ndarray], block: int, scan,
                  onehot, blocks, flags, index):
-    """Round 1 (exponent words, and the flat bitmap after the block words and split flags,
+    """Round 1 (its head, and the flat bitmap after the block words and split flags,
     or the top level) and, for ``hier``, the mid round (with the block words and split
     flags of the scale blocks the union's blocks touch) and the leaf round: (round 1's
     ORed words, the flat union bitmap, words per index round, the ORed block words, the
     split blocks). Round 1 flagging a non-finite value anywhere ends it there (union
     bitmap None)."""
-    E = wire.EXP_WORDS
+    E = HEAD_WORDS
     n, B = scan.n, block
     if index == codec.FLAT:
         agg = stream(wire.OP_OR, np.concatenate([onehot, blocks, flags, scan.words])

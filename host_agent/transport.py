@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import secrets
 import socket
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,6 +39,7 @@ from homagg import udpio, wire
 from homagg.faults import ImpairedSocket
 from homagg.host_agent.config import AgentConfig, AgentError
 from homagg.host_agent.round import Round, SwitchOverflow
+from homagg.host_agent.round_cost import RoundCost
 from homagg.host_agent.rto import RtoEstimator
 
 if TYPE_CHECKING:
@@ -79,6 +81,8 @@ class Transport:
         # Retransmission timeout from measured round trips (RFC 6298, Karn: samples only from
         # chunks sent once). A fixed timeout resends half of everything on a queueing bmv2.
         self.rtt = RtoEstimator(cfg.timeout, cfg.min_timeout, cfg.max_timeout)
+        # what a round trip costs in words, for the index choice (agreed in round 1)
+        self.round_cost = RoundCost()
 
     def close(self) -> None:
         self.sock.close()
@@ -91,7 +95,10 @@ class Transport:
                              f"({self.broken}); reset the job and start a new agent")
         if self.gen is None:
             self.gen = self.join()
-        return Round(self, op, words).run()
+        r = Round(self, op, words)
+        out = r.run()
+        self.round_cost.sample(r.nchunks, r.k, time.monotonic() - r.t_start)
+        return out
 
     def join(self) -> int:
         """The job's barrier at the start of this agent's run: the generation the switch hands

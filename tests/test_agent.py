@@ -25,6 +25,7 @@ from homagg.host_agent import (
     simulate_ints,
 )
 from homagg.host_agent.loss import PROBE_SAMPLES
+from homagg.host_agent.round_cost import RoundCost
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
 from tests.staging import agent_address, agent_addresses, wait_for
 
@@ -109,6 +110,29 @@ def closing_factory(cls):
 @pytest.fixture
 def make_job():
     yield from closing_factory(Job)
+
+
+class FrozenCost(RoundCost):
+    """A round cost that measures nothing: ``words`` as given (None: no estimate), so the
+    index choice does not follow the loaded host's timing."""
+
+    def __init__(self, words=None):
+        super().__init__()
+        self.fixed_words = words
+
+    def sample(self, packets, k, seconds):
+        pass
+
+    @property
+    def words(self):
+        return self.fixed_words
+
+
+def freeze_round_cost(job, words=None):
+    """Every agent of ``job`` reports ``words`` (a list: per worker) as its round cost."""
+    per = words if isinstance(words, list) else [words] * len(job.agents)
+    for a, w in zip(job.agents, per):
+        a.transport.round_cost = FrozenCost(w)
 
 
 def fresh_bytes(agent):
@@ -439,6 +463,7 @@ def test_hierarchical_index_is_exact_in_every_value_mode(make_job, mode, index):
 @pytest.mark.parametrize("index", ["hier", "auto"])
 def test_hierarchical_index_on_a_lossy_duplicating_reordering_network(make_job, index):
     job = make_job(4, index=index, faults=FaultSpec(loss=0.05, dup=0.05, reorder=0.1, seed=13))
+    freeze_round_cost(job)  # auto by the union's size alone (test_round_cost: by round cost)
     rng = np.random.default_rng(13)
     for density in (0.01, 0.001, 0.0001):
         xs = sparse_tensors(rng, 4, 100_003, density)
@@ -493,6 +518,7 @@ def test_all_zero_everywhere_sends_only_the_top_level(make_job, index):
 
 def test_auto_index_learns_from_the_previous_union(make_job):
     job = make_job(2)
+    freeze_round_cost(job)  # no round cost known: the union-size rule
     rng = np.random.default_rng(16)
     sparse = sparse_tensors(rng, 2, 10_000, 0.01)
     busy = sparse_tensors(rng, 2, 10_000, 0.4)  # union ~64%: flat from the second call on

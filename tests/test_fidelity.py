@@ -11,6 +11,7 @@ import pytest
 
 from homagg import wire
 from homagg.host_agent import AgentError, codec, simulate_allreduce
+from homagg.host_agent.negotiation import HEAD_WORDS
 
 WORKERS = 4
 LAYER = 20_000
@@ -83,7 +84,7 @@ def test_block_words_cost_under_1_percent_of_dense():
     K = wire.WORDS_PER_PACKET
     dense_packets = -(-n // K)
     nb = codec.block_count(n, codec.DEFAULT_BLOCK)
-    round1 = -(-(wire.EXP_WORDS + nb + -(-nb // 32)) // K)  # exponent, blocks, split flags
+    round1 = -(-(HEAD_WORDS + nb + -(-nb // 32)) // K)  # head, blocks, split flags
     split = sim.results[0].rounds.get("split", 0)  # blocks that straddle two layers, if any
     split_packets = -(-split // K)
     assert sim.wire_bytes[0] == (dense_packets + round1 + split_packets) * wire.PACKET_BYTES

@@ -25,9 +25,14 @@ positions come from what the switch returned, identical on every worker. With c1
 all-zero union) every worker skips the mid and leaf rounds together.
 
 Which index (``choose_index``), per tensor, from integers every worker shares:
-``flat`` or ``hier`` when asked; ``auto`` uses the previous union size u of the same tensor
-(the agent's ``key``) when there is one: ``flat`` if 5u > n, else ``hier``; without history,
-``hier`` from n = 4096 elements on, else ``flat``. Why, in the simulator's bytes (8 workers,
+``flat`` or ``hier`` when asked; ``auto``, once the job's round cost is known (R words: what a
+round trip costs, measured by every worker and agreed in round 1, ``host_agent.round_cost``)
+and the same tensor (the agent's ``key``) has been seen: ``flat`` unless the hierarchy saved
+more than 2R index words on its previous union (``hier_saving``), since ``hier`` costs two
+more round trips; without the round cost, the previous union size u: ``flat`` if 5u > n, else
+``hier``; without history, ``hier`` from n = 4096 elements on, else ``flat``. Round trips are
+dear where the agents are CPU-bound on fast links (R of tens of thousands of words) and cheap
+behind a slow link (a few thousand). Why the byte rule, in the simulator's bytes (8 workers,
 N = 10M, independent random supports; wire bytes per worker / dense fp32):
 
     density per worker   union     flat      hier
@@ -89,14 +94,32 @@ def as_index(index: str) -> str:
     return index
 
 
-def choose_index(index: str, n: int, last_u: int | None = None) -> str:
+def choose_index(index: str, n: int, last_u: int | None = None, saves: int | None = None,
+                 round_words: int | None = None) -> str:
     """``flat`` or ``hier`` for an n-element tensor (module docstring): ``index`` itself unless
-    it is ``auto``; then from the tensor's previous union size ``last_u`` if known, else n."""
+    it is ``auto``; then, when the job's round cost (``round_words``) and the words the
+    hierarchy saved on the tensor's previous union (``saves``, ``hier_saving``) are known,
+    flat unless the hierarchy saves more than its two extra round trips cost; else from the
+    previous union size ``last_u`` if known; else from n."""
     if as_index(index) != AUTO:
         return index
+    if saves is not None and round_words is not None:
+        return FLAT if saves <= 2 * round_words else HIER
     if last_u is not None:
         return FLAT if 5 * last_u > n else HIER
     return HIER if n >= HIER_MIN_N else FLAT
+
+
+def hier_saving(union_words: np.ndarray, n: int) -> int:
+    """Index words the hierarchy sends fewer than the flat bitmap for this union (negative:
+    more): the flat bitmap against the top, mid and leaf levels of the union's blocks (c1)
+    and sub-blocks (c2), which every worker's levels have (``level_words``)."""
+    raw = checked_words(union_words, n).view(np.uint8)[:-(-n // SUB)]
+    nonzero = raw != 0  # a byte of the flat bitmap is a sub-block
+    c2 = int(nonzero.sum())
+    pad = (-nonzero.size) % SUBS
+    c1 = int(np.concatenate([nonzero, np.zeros(pad, bool)]).reshape(-1, SUBS).any(1).sum())
+    return bitmap_words(n) - sum(level_words(n, c1, c2))
 
 
 # --------------------------------------------------------------------------------------------
