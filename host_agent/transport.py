@@ -37,6 +37,7 @@ import numpy as np
 from homagg import udpio, wire
 from homagg.faults import ImpairedSocket
 from homagg.host_agent.config import AgentConfig, AgentError
+from homagg.host_agent.congestion import Congestion
 from homagg.host_agent.round import Round, SwitchOverflow
 from homagg.host_agent.rto import RtoEstimator
 
@@ -79,6 +80,8 @@ class Transport:
         # Retransmission timeout from measured round trips (RFC 6298, Karn: samples only from
         # chunks sent once). A fixed timeout resends half of everything on a queueing bmv2.
         self.rtt = RtoEstimator(cfg.timeout, cfg.min_timeout, cfg.max_timeout)
+        # The window in slots and the pacing, across this agent's rounds (None: off)
+        self.cc = Congestion(cfg.slots, self.rtt) if cfg.congestion else None
 
     def close(self) -> None:
         self.sock.close()
