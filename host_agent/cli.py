@@ -65,8 +65,10 @@ def parser() -> argparse.ArgumentParser:
                    help="cap of the retransmission timeout's backoff (s)")
     p.add_argument("--deadline", type=float, default=10.0, help="error after this long stuck")
     p.add_argument("--rate", type=float, help="pace sends to this many packets/s")
-    p.add_argument("--no-congestion", dest="congestion", action="store_false",
-                   help="no congestion control: the whole slot window, unpaced (or at --rate)")
+    p.add_argument("--congestion", action="store_true",
+                   help="congestion control (host_agent.congestion): an AIMD window in slots, "
+                        "halved on a timeout, and pacing from the measured round trip; "
+                        "default off: the whole slot window, unpaced (or at --rate)")
     p.add_argument("--mode", default=codec.AUTO, choices=[codec.AUTO, *codec.MODES])
     p.add_argument("--index", default=codec.AUTO, choices=codec.INDEXES,
                    help="the non-zeros' index: flat bitmap (1 round), hierarchical bitmap "

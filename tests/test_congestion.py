@@ -89,7 +89,7 @@ def test_pacing_is_gain_times_window_over_srtt():
 def test_rounds_stay_exact_with_congestion_control_under_loss(make_job):
     """Loss at every socket: timeouts cut the windows, every sum is exact, and the windows
     stay within 1 .. slots."""
-    job = make_job(4, slots=32, deadline=10,
+    job = make_job(4, slots=32, deadline=10, congestion=True,
                    per_worker=lambda w: {"faults": FaultSpec(0.08, 0.02, 0.05, seed=40 + w)})
     assert all(a.transport.cc is not None for a in job.agents)
     rng = np.random.default_rng(41)
@@ -113,7 +113,7 @@ def test_a_window_of_one_slot_completes_exactly(make_job, monkeypatch):
         send_run(self, c0, end)
 
     monkeypatch.setattr(Round, "send_run", checked)
-    job = make_job(3, mode="dense")
+    job = make_job(3, mode="dense", congestion=True)
     for a in job.agents:
         a.transport.cc.cwnd = 1.0
         a.transport.cc.hold = math.inf  # no growth: stays at one slot
@@ -125,10 +125,23 @@ def test_a_window_of_one_slot_completes_exactly(make_job, monkeypatch):
     assert runs and all(r == (1, 0) for r in runs)
 
 
-def test_off_leaves_no_controller(make_job):
-    job = make_job(2, congestion=False)
+def test_off_by_default_leaves_no_controller(make_job):
+    job = make_job(2)
     assert all(a.transport.cc is None for a in job.agents)
     x = np.arange(3000, dtype=np.float32)
     res, err = job.run(lambda a, w: a.allreduce_detailed(x))
     assert not any(err), err
     assert_exact(res, [x, x])
+
+
+def test_fairness_bench_arithmetic():
+    """bench.fairness: goodput prorates the iterations at a window's edges; Jain's index."""
+    from bench.fairness import goodput, jain
+
+    log = [(0.0, 1.0), (1.0, 2.0), (2.0, 4.0)]
+    assert goodput(log, 100, 0.0, 2.0) == pytest.approx(2 * 400 / 2)
+    assert goodput(log, 100, 0.5, 3.0) == pytest.approx((0.5 + 1 + 0.5) * 400 / 2.5)
+    assert goodput(log, 100, 3.0, 3.0) == 0.0
+    assert jain([1.0, 1.0]) == 1.0
+    assert jain([1.0, 0.0]) == 0.5
+    assert jain([3.0, 1.0]) == pytest.approx(16 / 20)
