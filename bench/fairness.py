@@ -105,16 +105,19 @@ def jain(xs: list[float]) -> float:
     return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 0.0
 
 
-def shape(net, mbit: float) -> None:
+def shape(net, mbit: float, queue: int | None = None) -> None:
     """Both ends of the aggregator's link at ``mbit`` Mbit/s, as ``homagg-net --bw`` shapes a
-    worker's link (HTB, its default queue)."""
+    worker's link (HTB, its default queue: the device's 1000 packets); ``queue``: a FIFO of
+    that many packets instead (a switch port's shallow buffer)."""
     from homagg.launcher.net import NetError
 
     agg = net.net.get("agg")
     for intf in (agg.defaultIntf(), agg.defaultIntf().link.intf2):
+        fifo = ([f"tc qdisc add dev {intf.name} parent 1:1 handle 10: pfifo limit {queue}"]
+                if queue else [])
         for c in (f"tc qdisc replace dev {intf.name} root handle 1: htb default 1",
                   f"tc class add dev {intf.name} parent 1: classid 1:1 htb rate {mbit}mbit "
-                  f"ceil {mbit}mbit quantum {net.opts.mtu + 14}"):
+                  f"ceil {mbit}mbit quantum {net.opts.mtu + 14}", *fifo):
             out = intf.node.cmd(c).strip()
             if "rror" in out or "nknown" in out:
                 raise NetError(f"{c}: {out}")
@@ -177,6 +180,8 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, default=1 << 18, help="words per all-reduce")
     ap.add_argument("--alone", type=float, default=4.0, help="seconds job 1 runs alone first")
     ap.add_argument("--both", type=float, default=12.0, help="seconds both jobs run")
+    ap.add_argument("--queue", type=int, metavar="PACKETS",
+                    help="the shared link's queue (default: HTB's, the device's 1000 packets)")
     ap.add_argument("--slots2", type=int,
                     help="job 2's agents use this many of its slots (default: all, as job 1)")
     a = ap.parse_args(argv)
@@ -193,7 +198,7 @@ def main(argv=None) -> int:
     load = os.getloadavg()[0]
     opts = NetOptions(workers=4, jobs=2, target="soft", log_dir=LOG_DIR, fallback=False)
     with HomaggNet(opts) as net:
-        shape(net, MBIT)
+        shape(net, MBIT, a.queue)
         for r in range(a.rounds):
             for cc in (False, True):
                 row = phase(net, a, cc, f"r{r}-{'on' if cc else 'off'}")
@@ -203,8 +208,10 @@ def main(argv=None) -> int:
                       file=sys.stderr, flush=True)
     print(f"homagg fairness: two jobs of 2 workers (soft target, {opts.slots} slots each, "
           f"dense all-reduce of {a.size} int32 words in a loop, every sum exact) sharing the "
-          f"aggregator's {MBIT} Mbit/s link (HTB); job 2 runs {a.both:.0f} s inside job 1's "
-          f"run; {os.cpu_count()} CPUs, load {load:.1f} at the start")
+          f"aggregator's {MBIT} Mbit/s link (HTB, queue "
+          f"{f'{a.queue} packets' if a.queue else 'its default'}); "
+          f"{f'job 2 uses {a.slots2} slots; ' if a.slots2 else ''}job 2 runs {a.both:.0f} s "
+          f"inside job 1's run; {os.cpu_count()} CPUs, load {load:.1f} at the start")
     hdr = (f"{'cc':>3} {'job 1 Mbit/s':>12} {'job 2 Mbit/s':>12} {'share 1':>7} {'share 2':>7} "
            f"{'Jain':>5} {'job 1 alone':>11} {'low 1 s: 1':>10} {'2':>5} {'retx':>6} "
            f"{'cuts':>5}")
