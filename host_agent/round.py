@@ -166,13 +166,17 @@ class Round(LossRecovery):
 
     def congestion(self, pending: np.ndarray, now: float) -> None:
         """Tell the congestion window what came back since the last call, and whether a
-        chunk's timeout ran out (before ``retransmit`` resends it). A chunk the switch said it
-        holds is not counted: its timeout waits for a peer, not for this agent's path."""
+        chunk's timeout ran out (before ``retransmit`` resends it) with no result at all for a
+        timeout's length, as TCP's timer runs from the last acknowledgement: while results
+        still come, a chunk out longer than its timeout is lost (RACK's and the probe's
+        business) or waits for a peer that sends it later (a peer's smaller window), and a
+        cut for that would halve a window for another's. A chunk the switch said it holds is
+        not counted either: its timeout waits for a peer, not for this agent's path."""
         cc = self.cc
         assert cc is not None
         cc.on_time(self.ndone - self.cc_done, now)
         self.cc_done = self.ndone
-        if pending.size:
+        if pending.size and now - self.last_progress >= self.t.rtt.rto:
             p = pending[~self.done[pending] & ~self.held[pending]]
             if p.size and bool((self.sent_at[p] + self.rto[p] <= now).any()):
                 cc.timeout(now)

@@ -145,3 +145,28 @@ def test_fairness_bench_arithmetic():
     assert jain([1.0, 1.0]) == 1.0
     assert jain([1.0, 0.0]) == 0.5
     assert jain([3.0, 1.0]) == pytest.approx(16 / 20)
+
+
+def test_a_cut_needs_silence_for_a_timeout():
+    """Round.congestion cuts on an overdue chunk only when no result has come back for a
+    timeout's length (a chunk that waits for a peer's smaller window, while results flow, is
+    no congestion), and never for a chunk the switch holds."""
+    from types import SimpleNamespace
+
+    cc = controller(64, srtt=0.01)
+    rto = cc.rtt.rto
+    r = SimpleNamespace(cc=cc, ndone=0, cc_done=0, t=SimpleNamespace(rtt=cc.rtt),
+                        done=np.zeros(4, bool), held=np.zeros(4, bool),
+                        sent_at=np.zeros(4), rto=np.full(4, rto), last_progress=0.0)
+    pending = np.arange(4)
+    now = 2 * rto
+    r.last_progress = now - rto / 2  # overdue chunks, but a result came back lately
+    Round.congestion(r, pending, now)
+    assert cc.cuts == 0
+    r.last_progress = 0.0
+    r.held[:] = True  # silent, but every overdue chunk is held at the switch
+    Round.congestion(r, pending, now)
+    assert cc.cuts == 0
+    r.held[2] = False
+    Round.congestion(r, pending, now)
+    assert cc.cuts == 1 and cc.window == 32
