@@ -7,15 +7,18 @@ resends with it: docs/performance.md, "Fairness".)
 AIMD on a window counted in slots (chunks sent and not yet done), as TCP's congestion avoidance
 (RFC 5681) but for slots: the window starts at the job's slots (its cap: a job alone on its
 links runs as it did without the control), grows by one slot per window of chunks that come back
-outside a cut's hold, and halves on a timeout, down to one slot. A timeout here is TCP's: a
-chunk out longer than its timeout with no result at all for a timeout's length (``Round.
-congestion``); while results still come, a chunk out that long was lost (RACK's and the probe's
-business) or waits for a peer that sent it later (a peer's smaller window: a cut for that halves
-one window for another's). After a cut, the chunks already in flight were sent under the old
-window: their timeouts are the same congestion event, so neither a second cut nor growth comes
-before a retransmission timeout has passed (``hold``). A window is no fairer than its signal: a
-queue deep enough to hold every job's window never drops, so the windows stay at their caps and
-the jobs share the link by their windows' ratio (equal slots: equally).
+outside a cut's hold, and halves on a timeout, down to one slot. A timeout here is TCP's: chunks
+out and no result at all for a timeout's length (``Round.congestion``), after the round's first
+(before it, the round waits for its peers to start it). While results still come, a chunk out
+past its timeout was lost (RACK's and the probe's business) or waits for a peer that sent it
+later. Silence is what every worker of a job sees alike, so their windows are cut together and
+stay alike: a worker whose window were cut alone would hold back chunks its peers have sent and
+wait on, whose timeouts would resend them (bench/fairness.py, with cuts per worker on its own
+chunks: 2.6-15x the resends of no control). After a cut, the chunks already in flight were sent
+under the old window: their timeouts are the same congestion event, so neither a second cut nor
+growth comes before a retransmission timeout has passed (``hold``). A window is no fairer than
+its signal: a queue deep enough to hold every job's window never drops, so the windows stay at
+their caps and the jobs share the link by their windows' ratio (equal slots: equally).
 
 What counts as congestion: a timeout, not a resend on RACK's evidence alone. RACK resends a
 chunk when a chunk sent after it has come back: the path delivers, and the evidence is as much

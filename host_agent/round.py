@@ -165,21 +165,20 @@ class Round(LossRecovery):
                                  time.monotonic() - 4 * self.interval)
 
     def congestion(self, pending: np.ndarray, now: float) -> None:
-        """Tell the congestion window what came back since the last call, and whether a
-        chunk's timeout ran out (before ``retransmit`` resends it) with no result at all for a
-        timeout's length, as TCP's timer runs from the last acknowledgement: while results
-        still come, a chunk out longer than its timeout is lost (RACK's and the probe's
-        business) or waits for a peer that sends it later (a peer's smaller window), and a
-        cut for that would halve a window for another's. A chunk the switch said it holds is
-        not counted either: its timeout waits for a peer, not for this agent's path."""
+        """Tell the congestion window what came back since the last call, and whether the
+        round has gone silent: chunks out, and no result for a timeout's length since this
+        round's last (TCP's timer runs from the last acknowledgement). Silence is what every
+        worker of the job sees alike (a chunk's result comes back to all of them), so their
+        windows are cut together and stay alike: a worker whose window were cut alone would
+        hold back chunks its peers have sent, whose timeouts would then resend them. Not
+        before the round's first result: until then the round waits for its peers to start
+        it (a DDP step's workers reach a bucket apart), which no window changes."""
         cc = self.cc
         assert cc is not None
         cc.on_time(self.ndone - self.cc_done, now)
         self.cc_done = self.ndone
-        if pending.size and now - self.last_progress >= self.t.rtt.rto:
-            p = pending[~self.done[pending] & ~self.held[pending]]
-            if p.size and bool((self.sent_at[p] + self.rto[p] <= now).any()):
-                cc.timeout(now)
+        if pending.size and self.ndone and now - self.last_progress >= self.t.rtt.rto:
+            cc.timeout(now)
 
     def send_new(self, now: float) -> None:
         """New chunks, as the window (slot reuse, and the congestion window if on) and pacing

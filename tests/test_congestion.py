@@ -148,25 +148,24 @@ def test_fairness_bench_arithmetic():
 
 
 def test_a_cut_needs_silence_for_a_timeout():
-    """Round.congestion cuts on an overdue chunk only when no result has come back for a
-    timeout's length (a chunk that waits for a peer's smaller window, while results flow, is
-    no congestion), and never for a chunk the switch holds."""
+    """Round.congestion cuts only when chunks are out and no result has come back for a
+    timeout's length since the round's last (overdue chunks while results flow: no cut), and
+    not before the round's first result (its peers may not have started it)."""
     from types import SimpleNamespace
 
     cc = controller(64, srtt=0.01)
     rto = cc.rtt.rto
     r = SimpleNamespace(cc=cc, ndone=0, cc_done=0, t=SimpleNamespace(rtt=cc.rtt),
-                        done=np.zeros(4, bool), held=np.zeros(4, bool),
-                        sent_at=np.zeros(4), rto=np.full(4, rto), last_progress=0.0)
+                        last_progress=0.0)
     pending = np.arange(4)
     now = 2 * rto
-    r.last_progress = now - rto / 2  # overdue chunks, but a result came back lately
+    Round.congestion(r, pending, now)  # silent, but no result yet in this round
+    assert cc.cuts == 0
+    r.ndone = 1
+    r.last_progress = now - rto / 2  # a result came back lately
     Round.congestion(r, pending, now)
     assert cc.cuts == 0
-    r.last_progress = 0.0
-    r.held[:] = True  # silent, but every overdue chunk is held at the switch
-    Round.congestion(r, pending, now)
+    Round.congestion(r, pending[:0], now + rto)  # nothing out
     assert cc.cuts == 0
-    r.held[2] = False
-    Round.congestion(r, pending, now)
+    Round.congestion(r, pending, now + rto)
     assert cc.cuts == 1 and cc.window == 32
