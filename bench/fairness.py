@@ -3,6 +3,8 @@ control (host_agent.congestion) on and off, measured in the same run.
 
     sudo python -m bench.fairness               # soft target, off/on twice, ~3 min
     sudo python -m bench.fairness --rounds 1    # off and on once
+    sudo python -m bench.fairness --slots2 16   # job 2's agents use 16 slots: unequal windows
+    sudo python -m bench.fairness --queue 64    # the shared link's queue: 64 packets
 
 How: launcher.net.HomaggNet starts the star topology with 4 worker hosts in two jobs of 2
 (h1, h2: job 1; h3, h4: job 2) and the software aggregator on host ``agg``, whose link (both
