@@ -65,6 +65,10 @@ def parser() -> argparse.ArgumentParser:
                    help="cap of the retransmission timeout's backoff (s)")
     p.add_argument("--deadline", type=float, default=10.0, help="error after this long stuck")
     p.add_argument("--rate", type=float, help="pace sends to this many packets/s")
+    p.add_argument("--congestion", action="store_true",
+                   help="congestion control (host_agent.congestion): an AIMD window in slots, "
+                        "halved on a timeout, and pacing from the measured round trip; "
+                        "default off: the whole slot window, unpaced (or at --rate)")
     p.add_argument("--mode", default=codec.AUTO, choices=[codec.AUTO, *codec.MODES])
     p.add_argument("--index", default=codec.AUTO, choices=codec.INDEXES,
                    help="the non-zeros' index: flat bitmap (1 round), hierarchical bitmap "
@@ -207,7 +211,8 @@ def main(argv=None) -> int:
         cfg = AgentConfig(a.job, a.worker, a.workers, _addr(a.switch, wire.HOMAGG_UDP_PORT_MIN),
                           _addr(a.bind, wire.DEFAULT_AGENT_PORT), a.slots, timeout=a.timeout,
                           deadline=a.deadline, max_timeout=a.max_timeout,
-                          rate_pps=a.rate, mode=a.mode, index=a.index,
+                          rate_pps=a.rate, congestion=a.congestion, mode=a.mode,
+                          index=a.index,
                           shift_bias=a.shift_bias, words=a.words,
                           local_workers=a.local_workers,
                           siblings=tuple(s for s in a.siblings.split(",") if s),

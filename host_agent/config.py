@@ -57,6 +57,10 @@ class AgentConfig:
     backoff: float = 2.0
     deadline: float = 10.0       # no progress for this long: AggregationTimeout
     rate_pps: float | None = None  # pacing (bmv2 drops bursts); None: window-limited only
+    congestion: bool = False     # AIMD window in slots and pacing (host_agent.congestion);
+                                 # off: the whole slot window, unpaced (or at rate_pps). Off
+                                 # by default: measured no fairer, and more resends (see
+                                 # docs/performance.md, "Fairness")
     mode: str = AUTO             # auto | dense | union | sketch (a codec.Mode or its name)
     index: str = AUTO            # auto | flat | hier: the non-zeros' index (codec.index)
     ratio: float = DEFAULT_RATIO  # sketch counters per union element (codec.sketch_size) and

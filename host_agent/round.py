@@ -105,6 +105,10 @@ class Round(LossRecovery):
         self.ndone = 0
         self.next_c = 0
         self.interval = 1.0 / cfg.rate_pps if cfg.rate_pps else 0.0
+        # the transport's congestion window and pacing (a fixed rate_pps paces instead; a join
+        # is one packet)
+        self.cc = None if self.join or cfg.rate_pps else t.cc
+        self.cc_done = 0  # results the window has been told of
         self.next_send = time.monotonic()
         self.last_progress = time.monotonic()  # the last result (or the round's start)
         self.last_new = -np.inf  # the last send of new chunks (or of RACK's resends)
@@ -124,6 +128,8 @@ class Round(LossRecovery):
             pending = self.in_flight()
             self.receive(self.wake_at(pending, now))
             now = time.monotonic()
+            if self.cc is not None:
+                self.congestion(pending, now)
             pending = self.retransmit(pending, now)
             if now - self.last_progress > self.cfg.deadline:
                 t.chunk = t.chunk if self.join else end
@@ -158,12 +164,32 @@ class Round(LossRecovery):
             self.next_send = max(self.next_send + self.interval,
                                  time.monotonic() - 4 * self.interval)
 
+    def congestion(self, pending: np.ndarray, now: float) -> None:
+        """Tell the congestion window what came back since the last call, and whether the
+        round has gone silent: chunks out, and no result for a timeout's length since this
+        round's last (TCP's timer runs from the last acknowledgement). Silence is what every
+        worker of the job sees alike (a chunk's result comes back to all of them), so their
+        windows are cut together and stay alike: a worker whose window were cut alone would
+        hold back chunks its peers have sent, whose timeouts would then resend them. Not
+        before the round's first result: until then the round waits for its peers to start
+        it (a DDP step's workers reach a bucket apart), which no window changes."""
+        cc = self.cc
+        assert cc is not None
+        cc.on_time(self.ndone - self.cc_done, now)
+        self.cc_done = self.ndone
+        if pending.size and self.ndone and now - self.last_progress >= self.t.rtt.rto:
+            cc.timeout(now)
+
     def send_new(self, now: float) -> None:
-        """New chunks, as the window (slot reuse) and pacing allow: unpaced, every chunk the
-        window opens, in one run (their bytes are consecutive in ``buf``)."""
+        """New chunks, as the window (slot reuse, and the congestion window if on) and pacing
+        allow: unpaced, every chunk the window opens, in one run (their bytes are consecutive
+        in ``buf``)."""
         S, c0 = self.cfg.slots, self.next_c
-        if self.interval:
-            if c0 < self.nchunks and (c0 < S or self.done[c0 - S]) and now >= self.next_send:
+        window = self.cc.window if self.cc is not None else S
+        room = window - (c0 - self.ndone)  # every chunk before next_c was sent, done or not
+        if self.interval and self.cc is None:  # a fixed rate (rate_pps), a chunk at a time
+            if (c0 < self.nchunks and (c0 < S or self.done[c0 - S]) and room > 0
+                    and now >= self.next_send):
                 self.send(c0)
                 self.sent_at[c0] = now
                 self.next_c += 1
@@ -175,12 +201,29 @@ class Round(LossRecovery):
         if end < self.nchunks:
             waiting = np.flatnonzero(~self.done[end - S:self.nchunks - S])
             end = self.nchunks if not waiting.size else end + int(waiting[0])
+        if self.cc is not None:
+            end = self.paced_end(c0, min(end, c0 + room), now)
         if end <= c0:
             return
         self.send_run(c0, end)
         self.sent_at[c0:end] = now
         self.next_c = end
         self.last_new = now
+
+    def paced_end(self, c0: int, end: int, now: float) -> int:
+        """``end`` cut to what the congestion control's pacing allows now; sets when to wake
+        for the next (``next_send``, which ``wake_at`` reads while ``interval`` is set)."""
+        cc = self.cc
+        assert cc is not None
+        self.interval, self.next_send = 0.0, np.inf
+        if end <= c0:  # the window (or a slot) is closed: a result opens it
+            return end
+        paced = min(end, c0 + cc.allowance(now))
+        cc.spend(paced - c0)
+        if paced < end:
+            self.next_send = cc.ready_at(now)
+            self.interval = 1.0 / cc.rate()
+        return paced
 
     def send_run(self, c0: int, end: int) -> None:
         """Chunks c0 .. end - 1, as few system calls as the socket allows. What a full socket

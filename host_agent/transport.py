@@ -38,6 +38,7 @@ import numpy as np
 from homagg import udpio, wire
 from homagg.faults import ImpairedSocket
 from homagg.host_agent.config import AgentConfig, AgentError
+from homagg.host_agent.congestion import Congestion
 from homagg.host_agent.round import Round, SwitchOverflow
 from homagg.host_agent.round_cost import RoundCost
 from homagg.host_agent.rto import RtoEstimator
@@ -83,6 +84,8 @@ class Transport:
         self.rtt = RtoEstimator(cfg.timeout, cfg.min_timeout, cfg.max_timeout)
         # what a round trip costs in words, for the index choice (agreed in round 1)
         self.round_cost = RoundCost()
+        # The window in slots and the pacing, across this agent's rounds (None: off)
+        self.cc = Congestion(cfg.slots, self.rtt) if cfg.congestion else None
 
     def close(self) -> None:
         self.sock.close()

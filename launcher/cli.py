@@ -57,6 +57,8 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--inject-loss", type=float, metavar="PCT",
                         help="agents drop this percent of datagrams each way (no netem needed)")
     common.add_argument("--inject-dup", type=float, metavar="PCT")
+    common.add_argument("--congestion", action="store_true",
+                        help="agents with congestion control (homagg-agent --congestion)")
     common.add_argument("--inject-reorder", type=float, metavar="PCT")
     common.add_argument("--slots", type=int,
                         help="the job's slot region, i.e. each agent's window (default: 16 on "
@@ -122,6 +124,8 @@ def _options(a) -> NetOptions:
     for flag in ("inject_loss", "inject_dup", "inject_reorder"):
         if getattr(a, flag):
             o.agent_args += (f"--{flag.replace('_', '-')}", str(getattr(a, flag)))
+    if getattr(a, "congestion", False):
+        o.agent_args += ("--congestion",)
     if a.log_dir:
         o.log_dir = a.log_dir
     if getattr(a, "service", False):

@@ -1,0 +1,171 @@
+"""The per-agent congestion control (host_agent.congestion): the window's AIMD arithmetic and
+pacing, and rounds that stay exact with it on, under injected loss and a window of one slot."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from homagg.faults import FaultSpec
+from homagg.host_agent.congestion import BETA, GAIN, MIN_BURST, Congestion
+from homagg.host_agent.round import Round
+from homagg.host_agent.rto import RtoEstimator
+from tests.test_agent import Job, assert_exact, closing_factory, sparse_tensors
+
+
+@pytest.fixture
+def make_job():
+    yield from closing_factory(Job)
+
+
+def controller(cap=64, srtt=None):
+    rtt = RtoEstimator(0.05, 0.02, 0.1)
+    if srtt is not None:
+        rtt.sample(srtt)
+    return Congestion(cap, rtt)
+
+
+def test_window_starts_at_the_cap_and_halves_on_a_timeout():
+    cc = controller(64, srtt=0.01)
+    assert cc.window == 64
+    cc.timeout(1.0)
+    assert cc.window == 64 * BETA == 32 and cc.cuts == 1
+
+
+def test_one_cut_per_timeout_period():
+    cc = controller(64, srtt=0.01)
+    cc.timeout(1.0)
+    cc.timeout(1.0 + cc.rtt.rto / 2)  # the same window's timeouts: one event
+    assert cc.window == 32 and cc.cuts == 1
+    cc.timeout(1.0 + cc.rtt.rto)       # still timing out a timeout later: cut again
+    assert cc.window == 16 and cc.cuts == 2
+
+
+def test_floor_is_one_slot():
+    cc = controller(8, srtt=0.01)
+    for i in range(10):
+        cc.timeout(float(i))
+    assert cc.cwnd == 1.0 and cc.window == 1
+
+
+def test_additive_increase_one_slot_per_window_and_capped():
+    cc = controller(64, srtt=0.01)
+    cc.timeout(0.0)
+    assert cc.window == 32
+    cc.on_time(32, 0.001)  # inside the cut's hold: no growth
+    assert cc.window == 32
+    t = cc.hold
+    cc.on_time(32, t)      # a window of results on time: one slot
+    assert cc.window == 33
+    for _ in range(1000):
+        cc.on_time(64, t)
+    assert cc.cwnd == 64.0 and cc.window == 64
+
+
+def test_cap_must_be_a_slot():
+    with pytest.raises(ValueError, match="at least one slot"):
+        controller(0)
+
+
+def test_pacing_is_gain_times_window_over_srtt():
+    cc = controller(64)
+    assert math.isinf(cc.rate())
+    assert cc.allowance(0.0) == 64  # no round trip yet: not paced
+    cc.rtt.sample(0.01)
+    assert cc.rate() == pytest.approx(GAIN * 64 / cc.rtt.srtt)
+    cc = controller(64, srtt=0.01)
+    assert cc.allowance(0.0) == 32  # a full bucket: half the window
+    cc.spend(32)
+    assert cc.allowance(0.0) == 0
+    assert cc.ready_at(0.0) == pytest.approx(1 / cc.rate())
+    assert cc.allowance(0.001) == int(0.001 * cc.rate())
+    assert cc.allowance(10.0) == 32  # the bucket holds no more than its burst
+    cc.cwnd = 1.0
+    assert cc.burst() == MIN_BURST
+
+
+def test_rounds_stay_exact_with_congestion_control_under_loss(make_job):
+    """Loss at every socket: timeouts cut the windows, every sum is exact, and the windows
+    stay within 1 .. slots."""
+    job = make_job(4, slots=32, deadline=10, congestion=True,
+                   per_worker=lambda w: {"faults": FaultSpec(0.08, 0.02, 0.05, seed=40 + w)})
+    assert all(a.transport.cc is not None for a in job.agents)
+    rng = np.random.default_rng(41)
+    for _ in range(3):
+        xs = sparse_tensors(rng, 4, 100_000, 0.01)
+        res, err = job.run(lambda a, w, xs=xs: a.allreduce_detailed(xs[w]))
+        assert not any(err), err
+        assert_exact(res, xs)
+    ccs = [a.transport.cc for a in job.agents]
+    assert sum(cc.cuts for cc in ccs) > 0
+    assert all(1 <= cc.window <= 32 for cc in ccs)
+
+
+def test_a_window_of_one_slot_completes_exactly(make_job, monkeypatch):
+    """The window at its floor: one chunk in flight at a time, still exact."""
+    runs = []
+    send_run = Round.send_run
+
+    def checked(self, c0, end):
+        runs.append((end - c0, self.next_c - self.ndone))  # chunks sent, chunks out before
+        send_run(self, c0, end)
+
+    monkeypatch.setattr(Round, "send_run", checked)
+    job = make_job(3, mode="dense", congestion=True)
+    for a in job.agents:
+        a.transport.cc.cwnd = 1.0
+        a.transport.cc.hold = math.inf  # no growth: stays at one slot
+    xs = sparse_tensors(np.random.default_rng(42), 3, 20_000, 0.05)
+    res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+    assert not any(err), err
+    assert_exact(res, xs)
+    assert all(a.transport.cc.window == 1 for a in job.agents)
+    assert runs and all(r == (1, 0) for r in runs)
+
+
+def test_off_by_default_leaves_no_controller(make_job):
+    job = make_job(2)
+    assert all(a.transport.cc is None for a in job.agents)
+    x = np.arange(3000, dtype=np.float32)
+    res, err = job.run(lambda a, w: a.allreduce_detailed(x))
+    assert not any(err), err
+    assert_exact(res, [x, x])
+
+
+def test_fairness_bench_arithmetic():
+    """bench.fairness: goodput prorates the iterations at a window's edges; Jain's index."""
+    from bench.fairness import goodput, jain
+
+    log = [(0.0, 1.0), (1.0, 2.0), (2.0, 4.0)]
+    assert goodput(log, 100, 0.0, 2.0) == pytest.approx(2 * 400 / 2)
+    assert goodput(log, 100, 0.5, 3.0) == pytest.approx((0.5 + 1 + 0.5) * 400 / 2.5)
+    assert goodput(log, 100, 3.0, 3.0) == 0.0
+    assert jain([1.0, 1.0]) == 1.0
+    assert jain([1.0, 0.0]) == 0.5
+    assert jain([3.0, 1.0]) == pytest.approx(16 / 20)
+
+
+def test_a_cut_needs_silence_for_a_timeout():
+    """Round.congestion cuts only when chunks are out and no result has come back for a
+    timeout's length since the round's last (overdue chunks while results flow: no cut), and
+    not before the round's first result (its peers may not have started it)."""
+    from types import SimpleNamespace
+
+    cc = controller(64, srtt=0.01)
+    rto = cc.rtt.rto
+    r = SimpleNamespace(cc=cc, ndone=0, cc_done=0, t=SimpleNamespace(rtt=cc.rtt),
+                        last_progress=0.0)
+    pending = np.arange(4)
+    now = 2 * rto
+    Round.congestion(r, pending, now)  # silent, but no result yet in this round
+    assert cc.cuts == 0
+    r.ndone = 1
+    r.last_progress = now - rto / 2  # a result came back lately
+    Round.congestion(r, pending, now)
+    assert cc.cuts == 0
+    Round.congestion(r, pending[:0], now + rto)  # nothing out
+    assert cc.cuts == 0
+    Round.congestion(r, pending, now + rto)
+    assert cc.cuts == 1 and cc.window == 32
