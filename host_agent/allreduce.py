@@ -66,6 +66,11 @@ class Counters:
     early_resends: int = 0    # of those, resent on RACK's evidence before the timeout
     probes: int = 0           # of those, tail-loss probes (a round's tail, after silence)
     probes_held: int = 0      # probes the switch answered "held": the chunk was there
+    # Where recovery's time goes: per cause of a resend (timeout, RACK, probe), the seconds the
+    # resent copy had been out when it was resent, summed (``loss.LossRecovery``)
+    waited_timeout: float = 0.0
+    waited_rack: float = 0.0
+    waited_probe: float = 0.0
     results: int = 0
     ignored: int = 0          # late duplicates, foreign or malformed datagrams
     rounds: int = 0

@@ -233,6 +233,11 @@ def main(argv=None) -> int:
                    "rounds": c.rounds, "retransmissions": c.retransmissions,
                    "rescales": c.rescales, "ignored": c.ignored, "results": c.results,
                    "join_packets": c.join_packets,
+                   "recovery": {"early_resends": c.early_resends, "probes": c.probes,
+                                "probes_held": c.probes_held,
+                                "waited_timeout": round(c.waited_timeout, 3),
+                                "waited_rack": round(c.waited_rack, 3),
+                                "waited_probe": round(c.waited_probe, 3)},
                    "injected": agent_faults, "io": io,
                    "seconds": round(time.monotonic() - t0, 3), "checked": a.check, **extra}
     except AgentError as e:

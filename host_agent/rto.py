@@ -19,6 +19,9 @@ class RtoEstimator:
         self.rto = initial  # until the first sample
         self.min_rto = min_rto
         self.max_rto = max_rto
+        # the round (``Counters.rounds``) in which RACK last found a loss: the tail-loss probe
+        # times out sooner for a while after one (``loss.LossRecovery.pto``)
+        self.loss_round = -(1 << 30)
 
     def sample(self, rtt: float) -> float:
         """Take one measured round trip (s); returns the new timeout."""

@@ -214,6 +214,18 @@ def demo(a) -> int:
           f"({digests.pop()}), "
           f"{'every aggregate bit-exact' if not a.no_check else 'not checked'}, "
           f"{time.monotonic() - t0:.1f} s", flush=True)
+    rec = [s.get("recovery", {}) for s in summaries]
+
+    def total(key: str) -> float:
+        return sum(r.get(key, 0) for r in rec)
+    resent = sum(s["retransmissions"] for s in summaries)
+    timeouts = resent - total("early_resends") - total("probes")
+    # what recovery cost: per cause, resends and the seconds their lost copies had been out
+    print(f"packets {sum(s['packets'] for s in summaries)}, resent {resent}: "
+          f"{timeouts:.0f} on timeouts ({total('waited_timeout'):.1f} s), "
+          f"{total('early_resends'):.0f} on RACK ({total('waited_rack'):.1f} s), "
+          f"{total('probes'):.0f} probes ({total('probes_held'):.0f} answered held, "
+          f"{total('waited_probe'):.1f} s)", flush=True)
     return 0
 
 
