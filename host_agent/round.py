@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from homagg import wire
+from homagg import udpio, wire
 from homagg.host_agent.config import AgentError, AggregationTimeout
 from homagg.host_agent.loss import PROBES, LossRecovery
 
@@ -49,6 +49,25 @@ _DROP_MEANING = {
     "DROP_STALE": "rounds the switch holds as already finished or older than its own",
     "DROP_SEQ_MISMATCH": "another round is in progress in the same slot",
 }
+
+
+#: ``take_run`` reads a datagram's first 8 header bytes as one little-endian word (all but
+#: the round tag, which follows them) and the round tag as another: native-order arrays.
+_SEQ_AT = wire.OFFSETS["seq"]
+assert _SEQ_AT == 8 and wire.HEADER.size == 12, "take_run's header words"
+
+
+def _head8(**fields: int) -> np.uint64:
+    """The first 8 bytes of a header with these fields (the rest zero), as ``take_run`` reads
+    them: a mask, or the value a plain result has under it."""
+    head = wire.HEADER.pack(*(fields.get(name, 0) for name in _FIELD_NAMES))
+    return np.uint64(int.from_bytes(head[:_SEQ_AT], "little"))
+
+
+#: What the common path checks: the op (not the version), the flags that need a closer look,
+#: the job and the generation.
+_H8_MASK = _head8(version_op=0x0F, flags=_PLAIN_MASK, job=0xFFFF, gen=0xFF)
+_H8_OVERFLOW = _head8(flags=wire.FLAG_OVERFLOW)
 
 
 class SwitchOverflow(Exception):
@@ -85,10 +104,16 @@ class Round(LossRecovery):
         batch["flags"] = np.where((g // S) % 2 == 1, wire.FLAG_PHASE, 0)
         batch["slot"] = g % S
         batch["seq"] = (g + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
-        padded = np.zeros(nchunks * K, np.int32)  # zero is neutral for ADD and OR
-        padded[:n] = words.view(np.int32) if words.dtype == np.uint32 else words
-        batch["words"] = padded.reshape(nchunks, K)  # (a reshape of the field would copy)
-        self.buf = memoryview(batch.tobytes())
+        # the words straight into the packets (big-endian), the last chunk's tail left zero
+        # (neutral for ADD and OR): no padded copy, and the batch's own bytes are sent
+        flat = words.view(np.int32) if words.dtype == np.uint32 else words
+        whole = n // K
+        field = batch["words"]
+        if whole:
+            field[:whole] = flat[:whole * K].reshape(whole, K)
+        if n > whole * K:
+            field[whole, :n - whole * K] = flat[whole * K:]
+        self.buf = batch.view(np.uint8).data
         assert len(self.buf) == nchunks * self.psize
 
         self.out = np.zeros(nchunks * K, np.int32)
@@ -115,6 +140,9 @@ class Round(LossRecovery):
         self.refused: dict[int, str] = {}  # chunk -> the DROP_* reason the switch gave
         self.t_start = time.monotonic()
         self.seq0 = (g0 + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
+        # a plain result's first 8 header bytes, under _H8_MASK (take_run)
+        self.h8_plain = _head8(version_op=op, flags=wire.FLAG_RESULT, job=cfg.job,
+                               gen=self.gen or 0)
 
     def run(self) -> np.ndarray:
         t, end = self.t, self.g0 + self.nchunks
@@ -200,63 +228,98 @@ class Round(LossRecovery):
             self.counters.bytes_sent += n * self.psize
 
     def receive(self, wake: float) -> None:
-        """Wait until ``wake`` for datagrams, then take every one queued (by the run)."""
-        sock, rbuf = self.t.sock, self.t.rbuf
+        """Wait until ``wake`` for datagrams, then take every one queued. Datagrams of the
+        round's size from the switch are gathered end to end in the transport's buffer (each
+        receive appends its run, or its one datagram) and matched together by ``take_run``
+        once the socket is empty (or the buffer full): one set of array operations for every
+        datagram a wake-up finds, whatever runs they came in. Others are taken at once."""
+        t = self.t
+        sock, view, psize = t.sock, t.rview, self.psize
         r, _, _ = select.select([sock], [], [], max(0.0, wake - time.monotonic()))
-        while r:
+        if not r:
+            return
+        switch_ip, join = t.switch[0], self.join
+        fill = 0  # bytes of whole datagrams of psize gathered in view[:fill]
+        room = len(view) - udpio.RECV_BYTES  # past this, match what is gathered first
+        while True:
             try:
-                nb, seg, src = sock.recv_many(rbuf)
+                nb, seg, src = sock.recv_many(view[fill:fill + udpio.RECV_BYTES])
             except BlockingIOError:
                 break
-            if (src[0] != self.t.switch[0]
+            if (src[0] != switch_ip
                     or not wire.HOMAGG_UDP_PORT_MIN <= src[1] <= wire.HOMAGG_UDP_PORT_MAX):
                 self.counters.ignored += -(-nb // seg) if seg else 1
                 continue
-            view = memoryview(rbuf)[:nb]
-            if seg == self.psize and nb >= 2 * seg and not self.join:
-                full = nb // seg
-                self.take_run(view[:full * seg], full)
-                view = view[full * seg:]
-                if not view:
-                    continue
-            for at in range(0, len(view), seg or 1):
-                self.take(view[at:at + seg])
+            if seg == psize and not join:
+                full = nb - nb % psize
+                at, fill = fill + full, fill + full
+                if full < nb:  # a shorter last datagram: now, before the next receive's bytes
+                    self.take(view[at:fill + nb - full])
+                if fill > room:
+                    self.take_run(view[:fill], fill // psize)
+                    fill = 0
+                continue
+            for at in range(fill, fill + nb, seg or 1):
+                self.take(view[at:min(at + seg, fill + nb)])
+        if fill:
+            self.take_run(view[:fill], fill // psize)
 
     def take_run(self, run: memoryview, count: int) -> None:
         """``count`` datagrams of a round's size from the switch, end to end: results on the
-        common path (this job and run, no status or refusal, a chunk of this round) are taken
-        with array operations; every other datagram goes through ``take``."""
-        rec = np.frombuffer(run, wire.packet_dtype(self.k), count)
-        flags = rec["flags"]
-        c = (rec["seq"].astype(np.int64) - self.seq0) & 0xFFFFFFFF
-        plain = ((flags & _PLAIN_MASK) == wire.FLAG_RESULT) & (rec["job"] == self.cfg.job) \
-            & (rec["gen"] == self.gen) & ((rec["version_op"] & 0xF) != wire.OP_JOIN) \
-            & (c < self.nchunks)
-        for row in np.flatnonzero(~plain):
-            self.take(run[row * self.psize:(row + 1) * self.psize])
-        rows = np.flatnonzero(plain)
-        if not rows.size:
+        common path (this job, run and op, no status or refusal, a chunk of this round) are
+        taken with array operations, a handful for the whole run, on native-order views of
+        the datagrams (the header's first 8 bytes as one word: one mask and compare for op,
+        flags, job and generation); every other datagram goes through ``take``, which
+        decides as for any single datagram."""
+        ps, K = self.psize, self.k
+        h8 = np.ndarray((count,), "<u8", run, 0, (ps,))
+        c = np.ndarray((count,), "<u4", run, _SEQ_AT, (ps,)).byteswap()  # the round tags
+        np.subtract(c, np.uint32(self.seq0), out=c)  # chunk numbers (mod 2**32)
+        plain = np.bitwise_and(h8, _H8_MASK) == self.h8_plain
+        plain &= c < self.nchunks
+        if plain.all():
+            rows: np.ndarray | None = None
+            c_rows = c
+        else:
+            for row in np.flatnonzero(~plain).tolist():
+                self.take(run[row * ps:(row + 1) * ps])
+            rows = np.flatnonzero(plain)
+            if not rows.size:
+                return
+            c_rows = c[rows]
+        nplain = c_rows.size
+        # only chunks not already done, and the first copy of each (later copies: ignored)
+        done = self.done
+        new = ~done[c_rows]
+        c_new = c_rows[new]
+        done[c_new] = True
+        added = int(np.count_nonzero(done)) - self.ndone
+        if added != c_new.size or c_new.size != nplain:
+            pos = np.flatnonzero(new)  # the rows of c_new, in the run
+            if added != c_new.size:  # a chunk twice in the run: its first copy
+                c_new, first = np.unique(c_new, return_index=True)
+                pos = pos[first]
+            rows = pos if rows is None else rows[pos]
+        self.counters.ignored += nplain - added
+        if not added:
             return
-        # first copy of each chunk, and only chunks not already done (later copies: ignored)
-        c_rows, first = np.unique(c[rows], return_index=True)
-        rows = rows[first]
-        new = ~self.done[c_rows]
-        self.counters.ignored += int(plain.sum()) - int(new.sum())
-        c_new, rows = c_rows[new], rows[new]
-        if not c_new.size:
-            return
-        K = self.k
-        self.out.reshape(-1, K)[c_new] = rec["words"][rows]
-        self.done[c_new] = True
-        self.ndone += c_new.size
+        words = np.ndarray((count, K), ">i4", run, _WORDS_AT, (ps, 4))
+        self.out.reshape(-1, K)[c_new] = words if rows is None else words[rows]
+        self.ndone += added
         now = time.monotonic()
-        self.delivered(int(c_new[np.lexsort((c_new, self.sent_at[c_new]))[-1]]), now)
-        rtts = now - self.sent_at[c_new[~self.resent[c_new]]]
-        if rtts.size:  # one sample per run (its mean), as TCP takes one per window
-            self.t.rtt.sample(float(rtts.mean()))
+        sent = self.sent_at[c_new]
+        last = sent.max()
+        self.delivered(int(c_new[sent == last].max()), now)  # latest sent, highest numbered
+        resent = self.resent[c_new]
+        if not resent.any():  # one sample per run (its mean), as TCP takes one per window
+            self.t.rtt.sample(now - float(sent.mean()))
             self.rto[self.next_c:] = self.t.rtt.rto
-        self.counters.results += int(c_new.size)
-        self.overflow |= bool((flags[rows] & wire.FLAG_OVERFLOW).any())
+        elif not resent.all():
+            self.t.rtt.sample(now - float(sent[~resent].mean()))
+            self.rto[self.next_c:] = self.t.rtt.rto
+        self.counters.results += added
+        ovf = h8 if rows is None else h8[rows]
+        self.overflow |= bool(np.bitwise_and(ovf, _H8_OVERFLOW).any())
         self.last_progress = now
         self.nprobes = 0
         if self.status:
