@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from homagg import udpio, wire
+from homagg.host_agent import results
 from homagg.host_agent.config import AgentError, AggregationTimeout
 from homagg.host_agent.loss import PROBES, LossRecovery
 
@@ -49,25 +50,6 @@ _DROP_MEANING = {
     "DROP_STALE": "rounds the switch holds as already finished or older than its own",
     "DROP_SEQ_MISMATCH": "another round is in progress in the same slot",
 }
-
-
-#: ``take_run`` reads a datagram's first 8 header bytes as one little-endian word (all but
-#: the round tag, which follows them) and the round tag as another: native-order arrays.
-_SEQ_AT = wire.OFFSETS["seq"]
-assert _SEQ_AT == 8 and wire.HEADER.size == 12, "take_run's header words"
-
-
-def _head8(**fields: int) -> np.uint64:
-    """The first 8 bytes of a header with these fields (the rest zero), as ``take_run`` reads
-    them: a mask, or the value a plain result has under it."""
-    head = wire.HEADER.pack(*(fields.get(name, 0) for name in _FIELD_NAMES))
-    return np.uint64(int.from_bytes(head[:_SEQ_AT], "little"))
-
-
-#: What the common path checks: the op (not the version), the flags that need a closer look,
-#: the job and the generation.
-_H8_MASK = _head8(version_op=0x0F, flags=_PLAIN_MASK, job=0xFFFF, gen=0xFF)
-_H8_OVERFLOW = _head8(flags=wire.FLAG_OVERFLOW)
 
 
 class SwitchOverflow(Exception):
@@ -140,9 +122,12 @@ class Round(LossRecovery):
         self.refused: dict[int, str] = {}  # chunk -> the DROP_* reason the switch gave
         self.t_start = time.monotonic()
         self.seq0 = (g0 + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
-        # a plain result's first 8 header bytes, under _H8_MASK (take_run)
-        self.h8_plain = _head8(version_op=op, flags=wire.FLAG_RESULT, job=cfg.job,
-                               gen=self.gen or 0)
+        # a plain result's first 8 header bytes, under results.MASK (take_run), and the
+        # matching's scratch: the chunks a run completed, and its rows off the common path
+        self.h8_plain = results.head8(version_op=op, flags=wire.FLAG_RESULT, job=cfg.job,
+                                      gen=self.gen or 0)
+        most = len(t.rbuf) // self.psize + 1
+        self.new_chunks, self.odd_rows = np.empty(most, np.int64), np.empty(most, np.int64)
 
     def run(self) -> np.ndarray:
         t, end = self.t, self.g0 + self.nchunks
@@ -267,63 +252,31 @@ class Round(LossRecovery):
     def take_run(self, run: memoryview, count: int) -> None:
         """``count`` datagrams of a round's size from the switch, end to end: results on the
         common path (this job, run and op, no status or refusal, a chunk of this round) are
-        taken with array operations, a handful for the whole run, on native-order views of
-        the datagrams (the header's first 8 bytes as one word: one mask and compare for op,
-        flags, job and generation); every other datagram goes through ``take``, which
-        decides as for any single datagram."""
-        ps, K = self.psize, self.k
-        h8 = np.ndarray((count,), "<u8", run, 0, (ps,))
-        c = np.ndarray((count,), "<u4", run, _SEQ_AT, (ps,)).byteswap()  # the round tags
-        np.subtract(c, np.uint32(self.seq0), out=c)  # chunk numbers (mod 2**32)
-        plain = np.bitwise_and(h8, _H8_MASK) == self.h8_plain
-        plain &= c < self.nchunks
-        if plain.all():
-            rows: np.ndarray | None = None
-            c_rows = c
-        else:
-            for row in np.flatnonzero(~plain).tolist():
+        matched and written in one pass (``results.take``: compiled, or numpy's); every
+        other datagram goes through ``take`` first, which decides as for any single one."""
+        ps = self.psize
+        args = (run, count, ps, self.k, self.seq0, self.nchunks, self.h8_plain, self.done,
+                self.out, self.sent_at, self.resent, self.new_chunks, self.odd_rows)
+        got = results.take(*args, False)
+        if got.odd:
+            for row in self.odd_rows[:got.odd].tolist():
                 self.take(run[row * ps:(row + 1) * ps])
-            rows = np.flatnonzero(plain)
-            if not rows.size:
-                return
-            c_rows = c[rows]
-        nplain = c_rows.size
-        # only chunks not already done, and the first copy of each (later copies: ignored)
-        done = self.done
-        new = ~done[c_rows]
-        c_new = c_rows[new]
-        done[c_new] = True
-        added = int(np.count_nonzero(done)) - self.ndone
-        if added != c_new.size or c_new.size != nplain:
-            pos = np.flatnonzero(new)  # the rows of c_new, in the run
-            if added != c_new.size:  # a chunk twice in the run: its first copy
-                c_new, first = np.unique(c_new, return_index=True)
-                pos = pos[first]
-            rows = pos if rows is None else rows[pos]
-        self.counters.ignored += nplain - added
-        if not added:
+            got = results.take(*args, True)
+        self.counters.ignored += got.plain - got.added
+        if not got.added:
             return
-        words = np.ndarray((count, K), ">i4", run, _WORDS_AT, (ps, 4))
-        self.out.reshape(-1, K)[c_new] = words if rows is None else words[rows]
-        self.ndone += added
+        self.ndone += got.added
         now = time.monotonic()
-        sent = self.sent_at[c_new]
-        last = sent.max()
-        self.delivered(int(c_new[sent == last].max()), now)  # latest sent, highest numbered
-        resent = self.resent[c_new]
-        if not resent.any():  # one sample per run (its mean), as TCP takes one per window
-            self.t.rtt.sample(now - float(sent.mean()))
+        self.delivered(got.last, now)
+        if got.fresh:  # one sample per run (its mean), as TCP takes one per window
+            self.t.rtt.sample(now - got.fresh_sum / got.fresh)
             self.rto[self.next_c:] = self.t.rtt.rto
-        elif not resent.all():
-            self.t.rtt.sample(now - float(sent[~resent].mean()))
-            self.rto[self.next_c:] = self.t.rtt.rto
-        self.counters.results += added
-        ovf = h8 if rows is None else h8[rows]
-        self.overflow |= bool(np.bitwise_and(ovf, _H8_OVERFLOW).any())
+        self.counters.results += got.added
+        self.overflow |= got.overflow
         self.last_progress = now
         self.nprobes = 0
         if self.status:
-            for cc in c_new.tolist():
+            for cc in self.new_chunks[:got.added].tolist():
                 self.status.pop(cc, None)
 
     def take(self, pkt: memoryview) -> None:
