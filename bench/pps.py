@@ -9,12 +9,21 @@ for each K. A process's datagrams are what it sent and received (the agent's pac
 results and ignored datagrams from its summary; the aggregator's STAT_RX and the replies it
 multicast, from its counters), its CPU time is user + system from the kernel (wait4 for the
 agents, /proc/<pid>/stat for the aggregator), so datagrams / CPU second is the rate one core
-sustains, whatever else the machine runs. The baseline, measured in the same run: a Python UDP
-echo server (recvfrom_into + sendto per datagram, nothing else) fed by a client that keeps a
-window of datagrams of the same size outstanding: what one datagram per system call allows any
-Python loop, to compare the agent's and the aggregator's per-packet work with. The agents and
-the aggregator batch datagrams through UDP GSO and GRO (``homagg.udpio``); the table says how
-many datagrams each system call carried (``dg/call``), from their sockets' own counters.
+sustains, whatever else the machine runs. The agents' rate comes twice: per CPU second of the
+whole process (wait4: its start, imports, numba's JIT and the join included), and in steady
+state (``steady``): each agent (``homagg-agent bench``) counts its datagrams and its own CPU
+(``time.process_time``) around each all-reduce call after the first iteration, so start-up,
+imports, JIT and the join (before or in the first call) are out, and so is the bench drawing
+its tensors between calls; the agent's codec (quantize, scan, decode) is in. ``path``: the
+same datagrams per CPU second of the transport's rounds alone (``Transport.stream``, timed
+the same way): the packet path without the codec.
+
+The baseline, measured in the same run: a Python UDP echo server (recvfrom_into + sendto per
+datagram, nothing else) fed by a client that keeps a window of datagrams of the same size
+outstanding: what one datagram per system call allows any Python loop, to compare the
+agent's and the aggregator's per-packet work with. The agents and the aggregator batch
+datagrams through UDP GSO and GRO (``homagg.udpio``); the table says how many datagrams each
+system call carried (``dg/call``), from their sockets' own counters.
 
     python -m bench.pps --shards 1,2 --repeat 8       # the aggregator on 1 core against 2
 
@@ -110,7 +119,15 @@ def run_homagg(k: int, workers: int, size: int, iterations: int, tmp: Path) -> d
     agg_out = (st["STAT_COMPLETED"] * workers + st["STAT_RETRANS_REPLY"]
                + st["STAT_DUP_PENDING"])
     agg_dgrams = st["STAT_RX"] + agg_out
+    steady = [s["steady"] for s in sums]
     return {"k": k, "agent_pps_core": sum(agent_dgrams) / sum(c for _, c in done),
+            # iterations after the first, the all-reduce calls only (homagg-agent bench)
+            "agent_steady_pps_core": sum(s["datagrams"] for s in steady)
+            / max(sum(s["cpu"] for s in steady), 1e-9),
+            "agent_steady_cpu": sum(s["cpu"] for s in steady),
+            # of those, the transport's rounds only (Transport.stream: no codec)
+            "agent_path_pps_core": sum(s["datagrams"] for s in steady)
+            / max(sum(s["stream_cpu"] for s in steady), 1e-9),
             "agg_pps_core": agg_dgrams / agg_cpu,
             "agent_el_s_core": size * iterations * workers / sum(c for _, c in done),
             "agg_el_s_core": size * iterations / agg_cpu,
@@ -318,21 +335,31 @@ def main(argv=None) -> int:
     print(f"datagrams per CPU second (one core), loopback, {a.workers} agents --mode dense, "
           f"{a.size} elements x {a.iterations} iterations, {os.cpu_count()} CPUs; baseline: a "
           "Python echo server (recvfrom_into + sendto, nothing else), same datagram size")
-    hdr = (f"{'K':>4} {'agent dgram/s':>14} {'aggregator dgram/s':>19} {'echo dgram/s':>13} "
-           f"{'agent/echo':>10} {'agg/echo':>9} {'agg el/s':>10} {'agent el/s':>11} "
-           f"{'agent dg/call':>13} {'agg dg/call':>11}")
+    hdr = (f"{'K':>4} {'agent dgram/s':>14} {'steady':>8} {'path':>8} "
+           f"{'aggregator dgram/s':>19} {'echo dgram/s':>13} {'agent/echo':>10} "
+           f"{'steady/echo':>11} {'path/echo':>9} {'agg/echo':>9} "
+           f"{'agg el/s':>10} {'agent el/s':>11} {'agent dg/call':>13} {'agg dg/call':>11}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['k']:>4} {r['agent_pps_core']:>14.0f} {r['agg_pps_core']:>19.0f} "
-              f"{r['echo_pps_core']:>13.0f} {r['agent_pps_core'] / r['echo_pps_core']:>10.0%} "
+        print(f"{r['k']:>4} {r['agent_pps_core']:>14.0f} {r['agent_steady_pps_core']:>8.0f} "
+              f"{r['agent_path_pps_core']:>8.0f} "
+              f"{r['agg_pps_core']:>19.0f} {r['echo_pps_core']:>13.0f} "
+              f"{r['agent_pps_core'] / r['echo_pps_core']:>10.0%} "
+              f"{r['agent_steady_pps_core'] / r['echo_pps_core']:>11.0%} "
+              f"{r['agent_path_pps_core'] / r['echo_pps_core']:>9.0%} "
               f"{r['agg_pps_core'] / r['echo_pps_core']:>9.0%} {r['agg_el_s_core']:>10.3g} "
               f"{r['agent_el_s_core']:>11.3g} {r['agent_per_call']:>13.1f} "
               f"{r['agg_per_call']:>11.1f}")
-    print("(el/s: elements all-reduced per CPU second of the aggregator, and per CPU second of "
-          "an agent; an agent's CPU includes its start, imports and JIT, and the codec's work, "
-          "so its datagram rate understates its packet path; dg/call: datagrams per system "
-          "call, sends and receives, with UDP GSO/GRO (homagg.udpio); the echo is at 1)")
+    print("(agent dgram/s: per CPU second of the whole agent process (wait4), its start, "
+          "imports, JIT and join included; steady: the all-reduce calls after the first "
+          "iteration only (the agent's own process_time around each call, so no start-up and "
+          "no drawing of the bench's tensors; the codec's work is in); path: the same datagrams "
+          "per CPU second in the transport's rounds alone (Transport.stream, no codec); "
+          "el/s: elements "
+          "all-reduced per CPU second of the aggregator, and of a whole agent; dg/call: "
+          "datagrams per system call, sends and receives, with UDP GSO/GRO (homagg.udpio); "
+          "the echo is at 1)")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "pps.json").write_text(json.dumps(rows, indent=1))
     return 0

@@ -82,7 +82,7 @@ class ImpairedSocket:
             self.sendto(view[at:at + size], addr)
         return -(-len(view) // size)
 
-    def recv_many(self, buf: bytearray) -> tuple[int, int, tuple]:
+    def recv_many(self, buf: bytearray | memoryview) -> tuple[int, int, tuple]:
         """``udpio.BatchSocket.recv_many`` (or one datagram, from a plain socket), each datagram
         of the run lost on its own; the survivors are moved together, end to end."""
         while True:

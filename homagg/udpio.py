@@ -125,7 +125,7 @@ class BatchSocket:
         self.sent += sent
         return sent
 
-    def recv_many(self, buf: bytearray) -> tuple[int, int, tuple]:
+    def recv_many(self, buf: bytearray | memoryview) -> tuple[int, int, tuple]:
         """One receive: ``(nbytes, segment size, source)``. ``buf[:nbytes]`` holds datagrams
         of ``segment size`` bytes end to end (the last may be shorter); one datagram when
         nothing was coalesced (segment size = nbytes). BlockingIOError when none is queued."""

@@ -143,14 +143,46 @@ def _progress(iterable, enabled: bool, desc: str):
     return tqdm(iterable, desc=desc, file=sys.stderr, leave=False)
 
 
+def datagrams(c) -> int:
+    """The datagrams an agent has sent and received: its packets (resends too), its join
+    packets, the results taken and the datagrams ignored."""
+    return c.packets_sent + c.join_packets + c.results + c.ignored
+
+
 def run_bench(agent: Agent, a) -> dict:
+    """The bench's iterations. Its ``steady`` entry: the datagrams of every all-reduce after the
+    first and the process's CPU seconds in them (user + system, ``time.process_time`` before
+    and after each call), so start-up, imports, numba's JIT and the join (all before or in
+    the first) are left out, and so is the bench's own work between calls (drawing the
+    tensors, ``--check``); the agent's codec is in. ``stream_cpu``: of that CPU, the part in
+    the transport's rounds (``Transport.stream``: the packet path, without the codec).
+    bench.pps takes its steady-state rates from it. None with one iteration."""
     W = a.workers
     seed = a.seed * 65536 + a.job  # a result that mixed two jobs' data cannot pass --check
     dense = 0
+    cpu = 0.0
+    mark = 0
+    in_stream = [0.0]
+    stream = agent.transport.stream
+
+    def timed_stream(op, words):  # the agent looks its transport's stream up at each round
+        t0 = time.process_time()
+        try:
+            return stream(op, words)
+        finally:
+            in_stream[0] += time.process_time() - t0
+
+    agent.transport.stream = timed_stream  # type: ignore[method-assign]
     for it in _progress(range(a.iterations), a.rank == 0 and sys.stderr.isatty(), "all-reduce"):
         src = (lambda w: 0) if a.same_tensor else (lambda w: w)
         x = bench_tensor(seed, it, src(a.rank), a.size, a.density)
+        t0 = time.process_time()
         res = agent.allreduce_detailed(x)
+        if it:
+            cpu += time.process_time() - t0
+        else:  # warm: what follows is the steady state
+            mark = datagrams(agent.counters)
+            in_stream[0] = 0.0
         dense += 4 * a.size
         if a.check:
             check_exact(res, [bench_tensor(seed, it, src(w), a.size, a.density)
@@ -158,7 +190,11 @@ def run_bench(agent: Agent, a) -> dict:
         if a.rank == 0 and not sys.stderr.isatty():
             print(f"iter {it:4d}  mode {res.mode:6s}  wire {res.wire_bytes / (4 * a.size):7.2%} "
                   f"of dense{'  exact' if a.check else ''}", flush=True)
-    return {"dense_bytes": dense}
+    steady = None
+    if a.iterations > 1:
+        steady = {"iterations": a.iterations - 1, "cpu": cpu, "stream_cpu": in_stream[0],
+                  "datagrams": datagrams(agent.counters) - mark}
+    return {"dense_bytes": dense, "steady": steady}
 
 
 def run_train(agent: Agent, a) -> dict:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from homagg import wire
+from homagg import udpio, wire
+from homagg.host_agent import results
 from homagg.host_agent.config import AgentError, AggregationTimeout
 from homagg.host_agent.loss import PROBES, LossRecovery
 
@@ -85,10 +86,16 @@ class Round(LossRecovery):
         batch["flags"] = np.where((g // S) % 2 == 1, wire.FLAG_PHASE, 0)
         batch["slot"] = g % S
         batch["seq"] = (g + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
-        padded = np.zeros(nchunks * K, np.int32)  # zero is neutral for ADD and OR
-        padded[:n] = words.view(np.int32) if words.dtype == np.uint32 else words
-        batch["words"] = padded.reshape(nchunks, K)  # (a reshape of the field would copy)
-        self.buf = memoryview(batch.tobytes())
+        # the words straight into the packets (big-endian), the last chunk's tail left zero
+        # (neutral for ADD and OR): no padded copy, and the batch's own bytes are sent
+        flat = words.view(np.int32) if words.dtype == np.uint32 else words
+        whole = n // K
+        field = batch["words"]
+        if whole:
+            field[:whole] = flat[:whole * K].reshape(whole, K)
+        if n > whole * K:
+            field[whole, :n - whole * K] = flat[whole * K:]
+        self.buf = batch.view(np.uint8).data
         assert len(self.buf) == nchunks * self.psize
 
         self.out = np.zeros(nchunks * K, np.int32)
@@ -119,6 +126,12 @@ class Round(LossRecovery):
         self.refused: dict[int, str] = {}  # chunk -> the DROP_* reason the switch gave
         self.t_start = time.monotonic()
         self.seq0 = (g0 + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
+        # a plain result's first 8 header bytes, under results.MASK (take_run), and the
+        # matching's scratch: the chunks a run completed, and its rows off the common path
+        self.h8_plain = results.head8(version_op=op, flags=wire.FLAG_RESULT, job=cfg.job,
+                                      gen=self.gen or 0)
+        most = len(t.rbuf) // self.psize + 1
+        self.new_chunks, self.odd_rows = np.empty(most, np.int64), np.empty(most, np.int64)
 
     def run(self) -> np.ndarray:
         t, end = self.t, self.g0 + self.nchunks
@@ -243,67 +256,70 @@ class Round(LossRecovery):
             self.counters.bytes_sent += n * self.psize
 
     def receive(self, wake: float) -> None:
-        """Wait until ``wake`` for datagrams, then take every one queued (by the run)."""
-        sock, rbuf = self.t.sock, self.t.rbuf
+        """Wait until ``wake`` for datagrams, then take every one queued. Datagrams of the
+        round's size from the switch are gathered end to end in the transport's buffer (each
+        receive appends its run, or its one datagram) and matched together by ``take_run``
+        once the socket is empty (or the buffer full): one set of array operations for every
+        datagram a wake-up finds, whatever runs they came in. Others are taken at once."""
+        t = self.t
+        sock, view, psize = t.sock, t.rview, self.psize
         r, _, _ = select.select([sock], [], [], max(0.0, wake - time.monotonic()))
-        while r:
+        if not r:
+            return
+        switch_ip, join = t.switch[0], self.join
+        fill = 0  # bytes of whole datagrams of psize gathered in view[:fill]
+        room = len(view) - udpio.RECV_BYTES  # past this, match what is gathered first
+        while True:
             try:
-                nb, seg, src = sock.recv_many(rbuf)
+                nb, seg, src = sock.recv_many(view[fill:fill + udpio.RECV_BYTES])
             except BlockingIOError:
                 break
-            if (src[0] != self.t.switch[0]
+            if (src[0] != switch_ip
                     or not wire.HOMAGG_UDP_PORT_MIN <= src[1] <= wire.HOMAGG_UDP_PORT_MAX):
                 self.counters.ignored += -(-nb // seg) if seg else 1
                 continue
-            view = memoryview(rbuf)[:nb]
-            if seg == self.psize and nb >= 2 * seg and not self.join:
-                full = nb // seg
-                self.take_run(view[:full * seg], full)
-                view = view[full * seg:]
-                if not view:
-                    continue
-            for at in range(0, len(view), seg or 1):
-                self.take(view[at:at + seg])
+            if seg == psize and not join:
+                full = nb - nb % psize
+                at, fill = fill + full, fill + full
+                if full < nb:  # a shorter last datagram: now, before the next receive's bytes
+                    self.take(view[at:fill + nb - full])
+                if fill > room:
+                    self.take_run(view[:fill], fill // psize)
+                    fill = 0
+                continue
+            for at in range(fill, fill + nb, seg or 1):
+                self.take(view[at:min(at + seg, fill + nb)])
+        if fill:
+            self.take_run(view[:fill], fill // psize)
 
     def take_run(self, run: memoryview, count: int) -> None:
         """``count`` datagrams of a round's size from the switch, end to end: results on the
-        common path (this job and run, no status or refusal, a chunk of this round) are taken
-        with array operations; every other datagram goes through ``take``."""
-        rec = np.frombuffer(run, wire.packet_dtype(self.k), count)
-        flags = rec["flags"]
-        c = (rec["seq"].astype(np.int64) - self.seq0) & 0xFFFFFFFF
-        plain = ((flags & _PLAIN_MASK) == wire.FLAG_RESULT) & (rec["job"] == self.cfg.job) \
-            & (rec["gen"] == self.gen) & ((rec["version_op"] & 0xF) != wire.OP_JOIN) \
-            & (c < self.nchunks)
-        for row in np.flatnonzero(~plain):
-            self.take(run[row * self.psize:(row + 1) * self.psize])
-        rows = np.flatnonzero(plain)
-        if not rows.size:
+        common path (this job, run and op, no status or refusal, a chunk of this round) are
+        matched and written in one pass (``results.take``: compiled, or numpy's); every
+        other datagram goes through ``take`` first, which decides as for any single one."""
+        ps = self.psize
+        args = (run, count, ps, self.k, self.seq0, self.nchunks, self.h8_plain, self.done,
+                self.out, self.sent_at, self.resent, self.new_chunks, self.odd_rows)
+        got = results.take(*args, False)
+        if got.odd:
+            for row in self.odd_rows[:got.odd].tolist():
+                self.take(run[row * ps:(row + 1) * ps])
+            got = results.take(*args, True)
+        self.counters.ignored += got.plain - got.added
+        if not got.added:
             return
-        # first copy of each chunk, and only chunks not already done (later copies: ignored)
-        c_rows, first = np.unique(c[rows], return_index=True)
-        rows = rows[first]
-        new = ~self.done[c_rows]
-        self.counters.ignored += int(plain.sum()) - int(new.sum())
-        c_new, rows = c_rows[new], rows[new]
-        if not c_new.size:
-            return
-        K = self.k
-        self.out.reshape(-1, K)[c_new] = rec["words"][rows]
-        self.done[c_new] = True
-        self.ndone += c_new.size
+        self.ndone += got.added
         now = time.monotonic()
-        self.delivered(int(c_new[np.lexsort((c_new, self.sent_at[c_new]))[-1]]), now)
-        rtts = now - self.sent_at[c_new[~self.resent[c_new]]]
-        if rtts.size:  # one sample per run (its mean), as TCP takes one per window
-            self.t.rtt.sample(float(rtts.mean()))
+        self.delivered(got.last, now)
+        if got.fresh:  # one sample per run (its mean), as TCP takes one per window
+            self.t.rtt.sample(now - got.fresh_sum / got.fresh)
             self.rto[self.next_c:] = self.t.rtt.rto
-        self.counters.results += int(c_new.size)
-        self.overflow |= bool((flags[rows] & wire.FLAG_OVERFLOW).any())
+        self.counters.results += got.added
+        self.overflow |= got.overflow
         self.last_progress = now
         self.nprobes = 0
         if self.status:
-            for cc in c_new.tolist():
+            for cc in self.new_chunks[:got.added].tolist():
                 self.status.pop(cc, None)
 
     def take(self, pkt: memoryview) -> None:

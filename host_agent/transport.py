@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 
 __all__ = ["SwitchOverflow", "Transport"]
 
+#: Receives' worth of datagrams gathered before matching (1 MiB with 64 KiB receives).
+RECV_BATCH = 16
+
 
 class Transport:
     """The agent's socket to the switch and its place in the job's chunk sequence."""
@@ -78,7 +81,10 @@ class Transport:
         self.packet_bytes = 0
         self.gen: int | None = None  # the run's generation, from the join (first stream)
         self.broken: str | None = None
-        self.rbuf = bytearray(udpio.RECV_BYTES)  # a coalesced run of results (GRO)
+        # the results a wake-up finds, gathered end to end (Round.receive): runs (GRO) and
+        # single datagrams, up to RECV_BATCH receives' worth before they are matched
+        self.rbuf = bytearray(RECV_BATCH * udpio.RECV_BYTES)
+        self.rview = memoryview(self.rbuf)
         # Retransmission timeout from measured round trips (RFC 6298, Karn: samples only from
         # chunks sent once). A fixed timeout resends half of everything on a queueing bmv2.
         self.rtt = RtoEstimator(cfg.timeout, cfg.min_timeout, cfg.max_timeout)
