@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -199,7 +200,10 @@ def run_shards(shards: int, jobs: int, workers: int, slots: int, k: int, seconds
             "dgram_s": sum(o["datagrams"] / o["seconds"] for o in out),
             "wall": wall, "agg_cpu": agg_cpu, "gen_cpu": sum(o["cpu"] for o in out),
             "other_cpu": max(0.0, busy - agg_cpu - sum(o["cpu"] for o in out)),
-            "rx": rx, "resends": sum(o["resends"] for o in out)}
+            "rx": rx, "resends": sum(o["resends"] for o in out),
+            # results checked: whole runs by memcmp with a run checked in full, and by numpy
+            "fast_checks": sum(o["fast_checks"] for o in out),
+            "slow_checks": sum(o["slow_checks"] for o in out)}
 
 
 def shards_main(a) -> int:
@@ -219,32 +223,52 @@ def shards_main(a) -> int:
           f"x {a.slots} slots, K = {k}, bench.loadgen (one process per job), {a.seconds:g} s "
           f"per run, {os.cpu_count()} CPUs, runs alternating")
     hdr = (f"{'rep':>3} {'shards':>6} {'dgram/s':>9} {'agg cores':>9} {'load cores':>10} "
-           f"{'other cores':>11} {'dgram/agg CPU s':>15} {'resends':>7}")
+           f"{'other cores':>11} {'load/agg':>8} {'dgram/agg CPU s':>15} {'resends':>7}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['rep']:>3} {r['shards']:>6} {r['dgram_s']:>9.0f} "
               f"{r['agg_cpu'] / r['wall']:>9.2f} {r['gen_cpu'] / r['wall']:>10.2f} "
-              f"{r['other_cpu'] / r['wall']:>11.2f} "
+              f"{r['other_cpu'] / r['wall']:>11.2f} {r['gen_cpu'] / max(r['agg_cpu'], 1e-9):>8.2f} "
               f"{r['dgram_s'] * r['wall'] / max(r['agg_cpu'], 1e-9):>15.0f} {r['resends']:>7}")
     base = counts[0]
     for n in counts[1:]:
-        pairs = [b["dgram_s"] / a_["dgram_s"] for a_, b in zip(
-            [r for r in rows if r["shards"] == base], [r for r in rows if r["shards"] == n])]
-        print(f"{n} shards / {base}: " + ", ".join(f"{x:.2f}x" for x in pairs)
-              + f" (run by run); median {sorted(pairs)[len(pairs) // 2]:.2f}x")
+        pairs = list(zip([r for r in rows if r["shards"] == base],
+                         [r for r in rows if r["shards"] == n]))
+        ratios = [b["dgram_s"] / a_["dgram_s"] for a_, b in pairs]
+        print(f"{n} shards / {base}: " + ", ".join(f"{x:.2f}x" for x in ratios)
+              + f" (run by run); median {_median(ratios):.2f}x")
+        # Another process's CPU biases a pair: it takes the idle core from the 1-shard run
+        # but only a share of the busy ones from the N-shard run. Quiet pairs: both runs
+        # with at most QUIET cores of everything else.
+        quiet = [x for x, (a_, b) in zip(ratios, pairs)
+                 if max(a_["other_cpu"] / a_["wall"], b["other_cpu"] / b["wall"]) <= QUIET]
+        print(f"  quiet pairs (other cores <= {QUIET:g} in both runs): {len(quiet)}"
+              + (f", median {_median(quiet):.2f}x" if quiet else ""))
         eff = [b["dgram_s"] * b["wall"] / b["agg_cpu"] / (a_["dgram_s"] * a_["wall"]
-                                                            / a_["agg_cpu"])
-               for a_, b in zip([r for r in rows if r["shards"] == base],
-                                [r for r in rows if r["shards"] == n])]
+                                                            / a_["agg_cpu"]) for a_, b in pairs]
         print(f"  datagrams per aggregator CPU second, {n} shards / {base}: median "
-              f"{sorted(eff)[len(eff) // 2]:.2f}x (the cost of sharding per datagram)")
+              f"{_median(eff):.2f}x (the cost of sharding per datagram)")
     print("(agg cores, load cores, other cores: CPU seconds per wall second of the "
           "aggregator's processes, of the load generators, and of everything else on the "
-          "machine (/proc/stat), in the load's window; they share the machine's cores)")
+          "machine (/proc/stat), in the load's window; they share the machine's cores. "
+          "load/agg: the load's CPU per datagram over the aggregator's: with the load on the "
+          "machine, N shards on N cores can give at most N / (1 + load/agg) of one shard)")
+    print(f"every result checked against the integer sum: "
+          f"{sum(r['fast_checks'] for r in rows)} runs by memcmp with a run checked in full, "
+          f"{sum(r['slow_checks'] for r in rows)} result by result (bench.loadgen)")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "pps-shards.json").write_text(json.dumps(rows, indent=1))
     return 0
+
+
+#: --shards: a pair of runs is quiet when everything else on the machine took at most this many
+#: cores in each
+QUIET = 0.1
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs)
 
 
 ECHO = """
