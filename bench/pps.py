@@ -245,6 +245,13 @@ def shards_main(a) -> int:
                  if max(a_["other_cpu"] / a_["wall"], b["other_cpu"] / b["wall"]) <= QUIET]
         print(f"  quiet pairs (other cores <= {QUIET:g} in both runs): {len(quiet)}"
               + (f", median {_median(quiet):.2f}x" if quiet else ""))
+        # What the pair's CPU per datagram allows a machine with nothing else on it: one
+        # shard bound by its core (1 / a1), N shards and the load by the N cores
+        # (N / (aN + lN)); a, l: CPU seconds per datagram of the aggregator, of the load
+        bound = [n * (a_["agg_cpu"] / _moved(a_)) / ((b["agg_cpu"] + b["gen_cpu"]) / _moved(b))
+                 for a_, b in pairs]
+        print("  bound by the cores, from the pairs' CPU per datagram (N x a1 / (aN + lN)): "
+              + ", ".join(f"{x:.2f}x" for x in bound) + f"; median {_median(bound):.2f}x")
         eff = [b["dgram_s"] * b["wall"] / b["agg_cpu"] / (a_["dgram_s"] * a_["wall"]
                                                             / a_["agg_cpu"]) for a_, b in pairs]
         print(f"  datagrams per aggregator CPU second, {n} shards / {base}: median "
@@ -265,6 +272,11 @@ def shards_main(a) -> int:
 #: --shards: a pair of runs is quiet when everything else on the machine took at most this many
 #: cores in each
 QUIET = 0.1
+
+
+def _moved(r: dict) -> float:
+    """The datagrams a --shards run moved."""
+    return r["dgram_s"] * r["wall"]
 
 
 def _median(xs: list[float]) -> float:
