@@ -95,7 +95,8 @@ def main(argv=None) -> int:
     while time.monotonic() < end:
         seq, phase = rounds + 1, rounds & 1
         for w, sock in enumerate(socks):
-            seqs[w][:], flags[w][:] = seq, wire.FLAG_PHASE if phase else 0
+            seqs[w].fill(seq)  # (fill: a fifth of a slice assignment's cost)
+            flags[w].fill(wire.FLAG_PHASE if phase else 0)
             for data, cmsg in calls[w]:
                 sock.sendmsg([data], cmsg, 0, a.switch)
         # the last worker's results first: the aggregator sends a round's results worker by
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
                 if nb == whole and seg == size and mine is not None:
                     # the common case: the round's results in one run, equal to the run
                     # checked in full but for seq
-                    mine[1][:] = seq
+                    mine[1].fill(seq)
                     if buf.startswith(mine[0]):
                         fast += 1
                         break
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
                     # the bytes are the same: the aggregator multicasts one result)
                     mine = None
                     for (_, p), other in kept.items():
-                        other[1][:] = seq
+                        other[1].fill(seq)
                         if p == phase and buf.startswith(other[0]):
                             mine = other
                             break
