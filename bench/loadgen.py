@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     k, n, workers = a.words, a.slots, len(a.bind)
     size = wire.packet_bytes(k)
-    socks = [_socket(addr) for addr in a.bind]
+    socks = [_socket(addr, a.switch) for addr in a.bind]
     dt = wire.packet_dtype(k)
     rng = np.random.default_rng(a.job)
     runs = [np.zeros(n * size, np.uint8) for _ in range(workers)]  # sent as they are
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
             seqs[w].fill(seq)  # (fill: a fifth of a slice assignment's cost)
             flags[w].fill(wire.FLAG_PHASE if phase else 0)
             for data, cmsg in calls[w]:
-                sock.sendmsg([data], cmsg, 0, a.switch)
+                sock.sendmsg([data], cmsg)
         # the last worker's results first: the aggregator sends a round's results worker by
         # worker, in order, so once the last worker's are here the others' are too, and
         # the round costs one wakeup, not one per worker
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
                 except BlockingIOError:  # a round lost (the receive timeout): send it again
                     resends += 1
                     for data, cmsg in calls[w]:
-                        sock.sendmsg([data], cmsg, 0, a.switch)
+                        sock.sendmsg([data], cmsg)
                     continue
                 seg = (struct.unpack("=i", anc[0][2])[0] if anc else 0) or nb
                 mine = kept.get((w, phase))
@@ -163,10 +163,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def _socket(addr: tuple[str, int]) -> socket.socket:
+def _socket(addr: tuple[str, int], switch: tuple[str, int]) -> socket.socket:
     """A worker's socket: blocking, with a kernel receive timeout (a receive raises
     BlockingIOError after RESEND_AFTER s; Python's own timeout would poll before every call),
-    and UDP GRO (a run of results in one receive)."""
+    UDP GRO (a run of results in one receive), connected to the aggregator (a send parses no
+    address and looks up no route; the aggregator answers from the port it was sent to)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     usec = int(RESEND_AFTER * 1e6)
@@ -177,6 +178,7 @@ def _socket(addr: tuple[str, int]) -> socket.socket:
     except OSError as e:
         raise SystemExit(f"bench.loadgen needs UDP GRO (Linux 5.0): {e}") from None
     s.bind(addr)
+    s.connect(switch)
     return s
 
 
