@@ -131,6 +131,19 @@ def busy_seconds() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
 
 
+def wait_quiet(limit: float, probe: float = 1.0) -> float | None:
+    """Wait until the machine is quiet: everything on it took at most QUIET cores over a
+    ``probe``-second window (/proc/stat). Seconds waited, or None after ``limit``."""
+    t0 = time.monotonic()
+    while True:
+        b0 = busy_seconds()
+        time.sleep(probe)
+        if (busy_seconds() - b0) / probe <= QUIET:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 >= limit:
+            return None
+
+
 def shard_pids(pid: int) -> list[int]:
     """The child processes of ``pid`` (an aggregator's shards)."""
     out = []
@@ -213,6 +226,11 @@ def shards_main(a) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="homagg-pps-") as d:
         for rep in range(a.repeat):
+            if a.wait_quiet:
+                waited = wait_quiet(a.wait_quiet)
+                print(f"run {rep}: " + (f"quiet after {waited:.0f} s" if waited is not None
+                                        else f"not quiet within {a.wait_quiet:g} s"),
+                      flush=True)
             for n in counts:
                 rows.append(run_shards(n, a.jobs, a.workers, a.slots, k, a.seconds, Path(d)))
                 rows[-1]["rep"] = rep
@@ -342,6 +360,10 @@ def main(argv=None) -> int:
                     help="--shards: slots per job (63: a round is one GSO run of K = 256)")
     ap.add_argument("--seconds", type=float, default=5.0, help="--shards: seconds per run")
     ap.add_argument("--repeat", type=int, default=3, help="--shards: runs of each")
+    ap.add_argument("--wait-quiet", type=float, metavar="S", default=0.0,
+                    help="--shards: before each pair, wait up to S seconds for a second in "
+                         f"which the machine's other work takes at most {QUIET:g} cores (a "
+                         "shared machine)")
     a = ap.parse_args(argv)
     if a.shards:
         return shards_main(a)
