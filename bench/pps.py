@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -147,6 +148,19 @@ def busy_seconds() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
 
 
+def wait_quiet(limit: float, probe: float = 1.0) -> float | None:
+    """Wait until the machine is quiet: everything on it took at most QUIET cores over a
+    ``probe``-second window (/proc/stat). Seconds waited, or None after ``limit``."""
+    t0 = time.monotonic()
+    while True:
+        b0 = busy_seconds()
+        time.sleep(probe)
+        if (busy_seconds() - b0) / probe <= QUIET:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 >= limit:
+            return None
+
+
 def shard_pids(pid: int) -> list[int]:
     """The child processes of ``pid`` (an aggregator's shards)."""
     out = []
@@ -216,7 +230,10 @@ def run_shards(shards: int, jobs: int, workers: int, slots: int, k: int, seconds
             "dgram_s": sum(o["datagrams"] / o["seconds"] for o in out),
             "wall": wall, "agg_cpu": agg_cpu, "gen_cpu": sum(o["cpu"] for o in out),
             "other_cpu": max(0.0, busy - agg_cpu - sum(o["cpu"] for o in out)),
-            "rx": rx, "resends": sum(o["resends"] for o in out)}
+            "rx": rx, "resends": sum(o["resends"] for o in out),
+            # results checked: whole runs by memcmp with a run checked in full, and by numpy
+            "fast_checks": sum(o["fast_checks"] for o in out),
+            "slow_checks": sum(o["slow_checks"] for o in out)}
 
 
 def shards_main(a) -> int:
@@ -226,6 +243,11 @@ def shards_main(a) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="homagg-pps-") as d:
         for rep in range(a.repeat):
+            if a.wait_quiet:
+                waited = wait_quiet(a.wait_quiet)
+                print(f"run {rep}: " + (f"quiet after {waited:.0f} s" if waited is not None
+                                        else f"not quiet within {a.wait_quiet:g} s"),
+                      flush=True)
             for n in counts:
                 rows.append(run_shards(n, a.jobs, a.workers, a.slots, k, a.seconds, Path(d)))
                 rows[-1]["rep"] = rep
@@ -236,32 +258,64 @@ def shards_main(a) -> int:
           f"x {a.slots} slots, K = {k}, bench.loadgen (one process per job), {a.seconds:g} s "
           f"per run, {os.cpu_count()} CPUs, runs alternating")
     hdr = (f"{'rep':>3} {'shards':>6} {'dgram/s':>9} {'agg cores':>9} {'load cores':>10} "
-           f"{'other cores':>11} {'dgram/agg CPU s':>15} {'resends':>7}")
+           f"{'other cores':>11} {'load/agg':>8} {'dgram/agg CPU s':>15} {'resends':>7}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['rep']:>3} {r['shards']:>6} {r['dgram_s']:>9.0f} "
               f"{r['agg_cpu'] / r['wall']:>9.2f} {r['gen_cpu'] / r['wall']:>10.2f} "
-              f"{r['other_cpu'] / r['wall']:>11.2f} "
+              f"{r['other_cpu'] / r['wall']:>11.2f} {r['gen_cpu'] / max(r['agg_cpu'], 1e-9):>8.2f} "
               f"{r['dgram_s'] * r['wall'] / max(r['agg_cpu'], 1e-9):>15.0f} {r['resends']:>7}")
     base = counts[0]
     for n in counts[1:]:
-        pairs = [b["dgram_s"] / a_["dgram_s"] for a_, b in zip(
-            [r for r in rows if r["shards"] == base], [r for r in rows if r["shards"] == n])]
-        print(f"{n} shards / {base}: " + ", ".join(f"{x:.2f}x" for x in pairs)
-              + f" (run by run); median {sorted(pairs)[len(pairs) // 2]:.2f}x")
+        pairs = list(zip([r for r in rows if r["shards"] == base],
+                         [r for r in rows if r["shards"] == n]))
+        ratios = [b["dgram_s"] / a_["dgram_s"] for a_, b in pairs]
+        print(f"{n} shards / {base}: " + ", ".join(f"{x:.2f}x" for x in ratios)
+              + f" (run by run); median {_median(ratios):.2f}x")
+        # Another process's CPU biases a pair: it takes the idle core from the 1-shard run
+        # but only a share of the busy ones from the N-shard run. Quiet pairs: both runs
+        # with at most QUIET cores of everything else.
+        quiet = [x for x, (a_, b) in zip(ratios, pairs)
+                 if max(a_["other_cpu"] / a_["wall"], b["other_cpu"] / b["wall"]) <= QUIET]
+        print(f"  quiet pairs (other cores <= {QUIET:g} in both runs): {len(quiet)}"
+              + (f", median {_median(quiet):.2f}x" if quiet else ""))
+        # What the pair's CPU per datagram allows a machine with nothing else on it: one
+        # shard bound by its core (1 / a1), N shards and the load by the N cores
+        # (N / (aN + lN)); a, l: CPU seconds per datagram of the aggregator, of the load
+        bound = [n * (a_["agg_cpu"] / _moved(a_)) / ((b["agg_cpu"] + b["gen_cpu"]) / _moved(b))
+                 for a_, b in pairs]
+        print("  bound by the cores, from the pairs' CPU per datagram (N x a1 / (aN + lN)): "
+              + ", ".join(f"{x:.2f}x" for x in bound) + f"; median {_median(bound):.2f}x")
         eff = [b["dgram_s"] * b["wall"] / b["agg_cpu"] / (a_["dgram_s"] * a_["wall"]
-                                                            / a_["agg_cpu"])
-               for a_, b in zip([r for r in rows if r["shards"] == base],
-                                [r for r in rows if r["shards"] == n])]
+                                                            / a_["agg_cpu"]) for a_, b in pairs]
         print(f"  datagrams per aggregator CPU second, {n} shards / {base}: median "
-              f"{sorted(eff)[len(eff) // 2]:.2f}x (the cost of sharding per datagram)")
+              f"{_median(eff):.2f}x (the cost of sharding per datagram)")
     print("(agg cores, load cores, other cores: CPU seconds per wall second of the "
           "aggregator's processes, of the load generators, and of everything else on the "
-          "machine (/proc/stat), in the load's window; they share the machine's cores)")
+          "machine (/proc/stat), in the load's window; they share the machine's cores. "
+          "load/agg: the load's CPU per datagram over the aggregator's: with the load on the "
+          "machine, N shards on N cores can give at most N / (1 + load/agg) of one shard)")
+    print(f"every result checked against the integer sum: "
+          f"{sum(r['fast_checks'] for r in rows)} runs by memcmp with a run checked in full, "
+          f"{sum(r['slow_checks'] for r in rows)} result by result (bench.loadgen)")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "pps-shards.json").write_text(json.dumps(rows, indent=1))
     return 0
+
+
+#: --shards: a pair of runs is quiet when everything else on the machine took at most this many
+#: cores in each
+QUIET = 0.1
+
+
+def _moved(r: dict) -> float:
+    """The datagrams a --shards run moved."""
+    return r["dgram_s"] * r["wall"]
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs)
 
 
 ECHO = """
@@ -323,6 +377,10 @@ def main(argv=None) -> int:
                     help="--shards: slots per job (63: a round is one GSO run of K = 256)")
     ap.add_argument("--seconds", type=float, default=5.0, help="--shards: seconds per run")
     ap.add_argument("--repeat", type=int, default=3, help="--shards: runs of each")
+    ap.add_argument("--wait-quiet", type=float, metavar="S", default=0.0,
+                    help="--shards: before each pair, wait up to S seconds for a second in "
+                         f"which the machine's other work takes at most {QUIET:g} cores (a "
+                         "shared machine)")
     a = ap.parse_args(argv)
     if a.shards:
         return shards_main(a)

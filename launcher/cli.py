@@ -35,6 +35,7 @@ from homagg import wire
 from homagg.errors import HomaggError
 from homagg.launcher.net import HomaggNet, NetError, NetOptions
 from homagg.launcher.tree import make_net
+from homagg.targets.soft.shards import MAX_SHARDS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -77,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--mtu", type=int, default=wire.DEFAULT_MTU,
                         help="every link's MTU (default %(default)s); 9000: jumbo frames, for "
                              "K above 365 (bench.switch_cost: bmv2's cost is per packet)")
+    common.add_argument("--shards", type=int, default=1, metavar="N",
+                        help="each software aggregator (the soft target's, the fallback's) on "
+                             "N processes, jobs spread over them (homagg-softswitch --shards)")
     common.add_argument("--log-dir", type=Path, help="default build/logs/net")
     common.add_argument("--topo", default="star", choices=["star", "leafspine"],
                         help="one switch, or leaf switches under a spine (a tree)")
@@ -120,7 +124,10 @@ def _options(a) -> NetOptions:
     o = NetOptions(workers=a.workers, target=a.target, bw=a.bw, delay=a.delay, loss=a.loss,
                    dup=a.dup, reorder=a.reorder, jitter=a.jitter, jobs=a.jobs, slots=a.slots,
                    switch_slots=a.switch_slots, fallback=not a.no_fallback, words=a.words,
-                   mtu=a.mtu, topo=a.topo, leaves=a.leaves, workers_per_leaf=a.workers_per_leaf)
+                   mtu=a.mtu, topo=a.topo, leaves=a.leaves, workers_per_leaf=a.workers_per_leaf,
+                   shards=a.shards)
+    if not 1 <= a.shards <= MAX_SHARDS:
+        raise NetError(f"--shards {a.shards}: 1 to {MAX_SHARDS}")
     for flag in ("inject_loss", "inject_dup", "inject_reorder"):
         if getattr(a, flag):
             o.agent_args += (f"--{flag.replace('_', '-')}", str(getattr(a, flag)))

@@ -382,7 +382,8 @@ class HomaggNet:
         sock.unlink(missing_ok=True)
         out = open(self.opts.log_dir / f"{host}-aggregator.out", "w")
         words = ["--words", str(self.opts.words)] if self.opts.words else []
-        words += ["--mtu", str(self.opts.mtu)]
+        words += ["--mtu", str(self.opts.mtu)] + (
+            ["--shards", str(self.opts.shards)] if self.opts.shards > 1 else [])
         p = node.popen([sys.executable, "-m", "homagg.targets.soft", "--bind", node.IP(),
                         "--grpc", grpc, "--log-level", "warning", *words],
                        stdout=out, stderr=subprocess.STDOUT)

@@ -69,3 +69,4 @@ class NetOptions:
     leaves: int = 2              # leafspine: leaf switches ...
     workers_per_leaf: int = 4    # ... and the workers under each (workers = their product)
     service: bool = False        # workers join through homagg-ctl serve (HOMAGG_CONTROLLER)
+    shards: int = 1              # processes per software aggregator (homagg-softswitch --shards)

@@ -188,6 +188,27 @@ def test_the_steering_program_sends_each_job_to_its_shard():
         ShardedSwitch(shards=0)
 
 
+def test_the_steering_program_is_attached_again_only_when_it_changes(monkeypatch):
+    from homagg.targets.soft import shards
+
+    attached = []
+    real = shards.attach_program
+    monkeypatch.setattr(shards, "attach_program",
+                        lambda sock, code: (attached.append(code), real(sock, code)))
+    ip = f"127.0.3.{next(_ips)}"
+    sw = ShardedSwitch(shards=2)
+    with SoftSwitchServer(sw, (ip, PORT), ports=()):
+        install(sw, 2, agent_addresses(2), 8)  # job 2 on shard 0 (2 % 2): the same program
+        install(sw, 4, agent_addresses(2), 8)  # job 4 on shard 1: a test for it
+        assert len(attached) == 2 and attached[-1] == steering_program({2: 0, 4: 1}, 2)
+        with sw.lock:
+            for _ in range(3):  # what every table write does: no job moves, no attach
+                sw._sync_jobs()
+        assert len(attached) == 2
+        sw.reset_pipeline()  # no jobs: the program without tests
+        assert attached[-1] == steering_program({}, 2) and len(attached) == 3
+
+
 def test_a_sharded_aggregator_does_not_share_a_port_in_use():
     ip = f"127.0.3.{next(_ips)}"
     with (SoftSwitchServer(ShardedSwitch(shards=2), (ip, PORT), ports=()),

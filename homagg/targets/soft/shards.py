@@ -98,6 +98,8 @@ class ShardedSwitch(SoftSwitch):
         self._steer_socks: list[socket.socket] = []
         #: job id (the header's job field) -> its shard, for the life of the pipeline
         self.owner: dict[int, int] = {}
+        #: the steering program the reuseport groups run (None: none attached yet)
+        self._steering: list[tuple[int, int, int, int]] | None = None
         self._last_io: dict[str, int] = {}
         super().__init__(slots, words)
         self.lock = threading.RLock()  # type: ignore[assignment]  # (hooks run under it)
@@ -107,7 +109,7 @@ class ShardedSwitch(SoftSwitch):
         """The shards are up (``conns``: their pipes, in shard order; ``steer``: a socket of
         each port's reuseport group): give them the jobs and the counters written so far."""
         with self.lock:
-            self._conns, self._steer_socks = conns, steer
+            self._conns, self._steer_socks, self._steering = conns, steer, None
             m = self.model
             self._call([("counts_set", m.stats, m.job_stats) if k == 0 else ("fresh",)
                         for k in range(self.shards)])
@@ -127,7 +129,7 @@ class ShardedSwitch(SoftSwitch):
                     conn.send(("stop",))
                 except OSError:
                     pass
-            self._conns, self._steer_socks = [], []
+            self._conns, self._steer_socks, self._steering = [], [], None
 
     def _call(self, msgs: list[tuple]) -> list[Any]:
         """msgs[k] to shard k, all at once; their answers, in shard order."""
@@ -203,8 +205,10 @@ class ShardedSwitch(SoftSwitch):
         self._call([("jobs", jobs[k], children[k], self.uplink_ports)
                     for k in range(self.shards)])
         code = steering_program(self.owner, self.shards)
-        for sock in self._steer_socks:
-            attach_program(sock, code)
+        if code != self._steering:  # (a table write seldom moves a job: most keep the program)
+            for sock in self._steer_socks:
+                attach_program(sock, code)
+            self._steering = code
 
     def reset_pipeline(self) -> None:
         with self.lock:
