@@ -250,9 +250,7 @@ class Agent:
             union_words, _ = codec.hier_rounds(
                 [levels], top, lambda words: stream(wire.OP_OR, words[0]).view(np.uint32))
         union = codec.union_indices(union_words, n_rows)
-        if rkey is not None:
-            self._last_union[rkey] = union.size
-            self._hier_saves[rkey] = codec.hier_saving(union_words, n_rows)
+        self._remember_union(rkey, union_words, n_rows, union.size)
         on_union = np.zeros((union.size,) + values.shape[1:], values.dtype)
         on_union[codec.ranks_in(union, rows)] = values
         try:
@@ -355,6 +353,15 @@ class Agent:
         self._round_words = neg.round_words  # what every worker read in this round 1
         return neg
 
+    def _remember_union(self, key, union_words: np.ndarray, n: int, u: int) -> None:
+        """What the next index choice for tensor ``key`` reads of this union: its size, and
+        (only ``auto`` weighs it) the words the hierarchy saves on it."""
+        if key is None:
+            return
+        self._last_union[key] = u
+        if codec.as_index(self.cfg.index) == codec.AUTO:
+            self._hier_saves[key] = codec.hier_saving(union_words, n)
+
     def _index(self, n: int, key) -> str:
         """The index for tensor ``key`` (``codec.choose_index``), from what every worker
         shares: the job's round cost and the tensor's last union."""
@@ -373,9 +380,7 @@ class Agent:
         if mode != Mode.DENSE:
             assert union_words is not None
             u = codec.union_size(union_words, n)
-            if key is not None:
-                self._last_union[key] = u
-                self._hier_saves[key] = codec.hier_saving(union_words, n)
+            self._remember_union(key, union_words, n, u)
             if mode == AUTO:
                 mode = codec.choose_mode(n, u, self.cfg.ratio,
                                          index_words=sum(neg.index_rounds.values()))

@@ -110,18 +110,29 @@ def take_ref(run, count: int, psize: int, k: int, seq0: int, nchunks: int,
                  bool(np.bitwise_and(ovf, OVERFLOW).any()))
 
 
+def _bswap32(w):
+    """A big-endian word read as native (little-endian) uint32, as the wire sent it."""
+    return ((w & 0xFF) << 24) | ((w >> 8) & 0xFF) << 16 | ((w >> 16) & 0xFF) << 8 | (w >> 24)
+
+
+def _head(run32, b):
+    """The first 8 header bytes of the row at word ``b``, as ``head8`` builds them."""
+    return np.uint64(run32[b]) | (np.uint64(run32[b + 1]) << np.uint64(32))
+
+
+def _plain_chunk(run32, b, seq0, nchunks, mask, expect):
+    """The chunk of the row at word ``b`` if it is on the common path, else -1."""
+    h = _head(run32, b)
+    c = (np.int64(_bswap32(run32[b + 2])) - seq0) & 0xFFFFFFFF
+    return c if (h & mask) == expect and c < nchunks else -1
+
+
 def _take_kernel(run32, count, psize4, k, seq0, nchunks, mask, expect, ovf_mask, done, out,
                  sent_at, resent, new, odd_rows, after_odd):
     """The compiled pass: ``run32`` the run as native uint32 words (a row is ``psize4``)."""
     nodd = 0
     for r in range(count):
-        b = r * psize4
-        h = np.uint64(run32[b]) | (np.uint64(run32[b + 1]) << np.uint64(32))
-        w = run32[b + 2]
-        seq = ((w & 0xFF) << 24) | ((w >> 8) & 0xFF) << 16 | ((w >> 16) & 0xFF) << 8 \
-            | (w >> 24)
-        c = (np.int64(seq) - seq0) & 0xFFFFFFFF
-        if (h & mask) != expect or c >= nchunks:
+        if _plain_chunk(run32, r * psize4, seq0, nchunks, mask, expect) < 0:
             odd_rows[nodd] = r
             nodd += 1
     if nodd and not after_odd:
@@ -130,12 +141,8 @@ def _take_kernel(run32, count, psize4, k, seq0, nchunks, mask, expect, ovf_mask,
     last, last_t, fresh_sum, overflow = -1, -np.inf, 0.0, False
     for r in range(count):
         b = r * psize4
-        h = np.uint64(run32[b]) | (np.uint64(run32[b + 1]) << np.uint64(32))
-        w = run32[b + 2]
-        seq = ((w & 0xFF) << 24) | ((w >> 8) & 0xFF) << 16 | ((w >> 16) & 0xFF) << 8 \
-            | (w >> 24)
-        c = (np.int64(seq) - seq0) & 0xFFFFFFFF
-        if (h & mask) != expect or c >= nchunks:
+        c = _plain_chunk(run32, b, seq0, nchunks, mask, expect)
+        if c < 0:
             continue
         nplain += 1
         if done[c]:
@@ -145,21 +152,22 @@ def _take_kernel(run32, count, psize4, k, seq0, nchunks, mask, expect, ovf_mask,
         added += 1
         o, src = c * k, b + 3
         for j in range(k):
-            w = run32[src + j]
-            out[o + j] = ((w & 0xFF) << 24) | ((w >> 8) & 0xFF) << 16 \
-                | ((w >> 16) & 0xFF) << 8 | (w >> 24)
+            out[o + j] = _bswap32(run32[src + j])
         t = sent_at[c]
         if t > last_t or (t == last_t and c > last):
             last, last_t = c, t
         if not resent[c]:
             fresh_sum += t
             fresh += 1
-        if h & ovf_mask:
+        if _head(run32, b) & ovf_mask:
             overflow = True
     return nodd, nplain, added, last, fresh_sum, fresh, overflow
 
 
-if numba is not None:
+if numba is not None:  # (the helpers first: the kernel finds them compiled, inlined)
+    _bswap32 = numba.njit(inline="always")(_bswap32)
+    _head = numba.njit(inline="always")(_head)
+    _plain_chunk = numba.njit(inline="always")(_plain_chunk)
     _compiled = numba.njit(cache=True, nogil=True)(_take_kernel)
 else:  # pragma: no cover
     _compiled = None
