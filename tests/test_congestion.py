@@ -4,6 +4,7 @@ pacing, and rounds that stay exact with it on, under injected loss and a window 
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -86,21 +87,86 @@ def test_pacing_is_gain_times_window_over_srtt():
     assert cc.burst() == MIN_BURST
 
 
+def stall_once(job, seconds, after=64):
+    """Arm the job's soft switch to go silent once for ``seconds``: once the runs it took
+    since ``arm()`` have sent ``after`` results to every worker (past a round's first chunks,
+    and past round 1's single chunk), the next run waits that long before it is taken. A
+    switch that pauses (a reprogrammed pipeline, an overrun queue) is what a timeout means:
+    chunks out and no result for a timeout's length, which every worker of the job sees.
+    Returns ``arm``, to call before the round to stall, with the state on ``arm.state``."""
+    sw = job.server.switch
+    handle_run = sw.handle_run
+    state = {"armed": False, "results": 0, "next": False, "stalls": 0}
+
+    def stalling(data, seg, src):
+        if state["next"]:
+            state["next"] = False
+            state["stalls"] += 1
+            time.sleep(seconds)
+        replies = handle_run(data, seg, src)
+        if state["armed"] and len(replies) == len(job.agents):  # results, multicast to all
+            state["results"] += min(len(out) for out in replies.values())
+            if state["results"] >= after:
+                state["armed"], state["next"] = False, True
+        return replies
+
+    sw.handle_run = stalling
+
+    def arm():
+        state["armed"], state["results"] = True, 0
+
+    arm.state = state  # type: ignore[attr-defined]
+    return arm
+
+
+def dense_tensors(rng, workers, n):
+    return [(rng.standard_normal(n) * 10).astype(np.float32) for _ in range(workers)]
+
+
 def test_rounds_stay_exact_with_congestion_control_under_loss(make_job):
-    """Loss at every socket: timeouts cut the windows, every sum is exact, and the windows
-    stay within 1 .. slots."""
+    """Loss at every socket, and the switch silent once mid-round for longer than any
+    timeout: the silence cuts the windows, every sum is exact, and the windows stay within
+    1 .. slots. (Random loss alone need not cut: RACK and the probe resend before a round
+    goes silent, as a window's worth of results keeps coming.)"""
     job = make_job(4, slots=32, deadline=10, congestion=True,
                    per_worker=lambda w: {"faults": FaultSpec(0.08, 0.02, 0.05, seed=40 + w)})
     assert all(a.transport.cc is not None for a in job.agents)
+    arm = stall_once(job, 0.3)  # past max_timeout (0.1 s): every worker times out
     rng = np.random.default_rng(41)
-    for _ in range(3):
-        xs = sparse_tensors(rng, 4, 100_000, 0.01)
+    for i in range(3):
+        if i == 1:  # a dense tensor: ~800 chunks in its value round, the stall mid-way
+            arm()
+            xs = dense_tensors(rng, 4, 200_000)
+        else:
+            xs = sparse_tensors(rng, 4, 100_000, 0.01)
         res, err = job.run(lambda a, w, xs=xs: a.allreduce_detailed(xs[w]))
         assert not any(err), err
         assert_exact(res, xs)
+    assert arm.state["stalls"] == 1
     ccs = [a.transport.cc for a in job.agents]
     assert sum(cc.cuts for cc in ccs) > 0
     assert all(1 <= cc.window <= 32 for cc in ccs)
+
+
+def test_a_silent_switch_cuts_every_window(make_job):
+    """No loss, one silence mid-round: every worker sees it, so every worker's window is cut
+    (a job's windows are cut together: none holds back chunks its peers have sent), and the
+    sum is exact. A window then grows on its own results' timing, so they need not stay
+    equal to the slot."""
+    job = make_job(4, slots=32, deadline=10, congestion=True)
+    arm = stall_once(job, 0.3)
+    rng = np.random.default_rng(43)
+    xs = dense_tensors(rng, 4, 200_000)
+    res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))  # joins, measures round trips
+    assert not any(err), err
+    assert all(a.transport.cc.cuts == 0 for a in job.agents)
+    arm()
+    res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+    assert not any(err), err
+    assert_exact(res, xs)
+    assert arm.state["stalls"] == 1
+    cuts = [a.transport.cc.cuts for a in job.agents]
+    assert all(c >= 1 for c in cuts), cuts
 
 
 def test_a_window_of_one_slot_completes_exactly(make_job, monkeypatch):
