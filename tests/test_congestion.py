@@ -87,40 +87,35 @@ def test_pacing_is_gain_times_window_over_srtt():
     assert cc.burst() == MIN_BURST
 
 
-def stall_once(job, seconds, after=64):
-    """Arm the job's soft switch to go silent once for ``seconds``: once the runs it took
-    since ``arm()`` have sent ``after`` results to every worker (past a round's first chunks,
-    and past round 1's single chunk), the next run waits that long before it is taken. A
-    switch that pauses (a reprogrammed pipeline, an overrun queue) is what a timeout means:
-    chunks out and no result for a timeout's length, which every worker of the job sees.
-    Returns ``arm``, to call before the round to stall, with the state on ``arm.state``."""
-    sw = job.server.switch
-    handle_run = sw.handle_run
-    state = {"armed": False, "results": 0, "next": False, "stalls": 0}
+class Stall:
+    """The job's soft switch, silent once for ``seconds`` after ``arm()``: once the runs it
+    took since have sent ``after`` results to every worker (past a round's first chunks, and
+    past round 1's single chunk), the next run waits that long before it is taken. A switch
+    that pauses (a reprogrammed pipeline, an overrun queue) is what a timeout means: chunks
+    out and no result for a timeout's length, which every worker of the job sees."""
 
-    def stalling(data, seg, src):
-        if state["next"]:
-            state["next"] = False
-            state["stalls"] += 1
-            time.sleep(seconds)
-        replies = handle_run(data, seg, src)
-        if state["armed"] and len(replies) == len(job.agents):  # results, multicast to all
-            state["results"] += min(len(out) for out in replies.values())
-            if state["results"] >= after:
-                state["armed"], state["next"] = False, True
+    def __init__(self, job, seconds, after=64):
+        self.seconds, self.after, self.workers = seconds, after, len(job.agents)
+        self.armed = self.due = False
+        self.results = self.stalls = 0
+        sw = job.server.switch
+        self.handle_run = sw.handle_run
+        sw.handle_run = self.handle
+
+    def arm(self):
+        self.armed, self.results = True, 0
+
+    def handle(self, data, seg, src):
+        if self.due:
+            self.due = False
+            self.stalls += 1
+            time.sleep(self.seconds)
+        replies = self.handle_run(data, seg, src)
+        if self.armed and len(replies) == self.workers:  # results, multicast to all
+            self.results += min(len(out) for out in replies.values())
+            if self.results >= self.after:
+                self.armed, self.due = False, True
         return replies
-
-    sw.handle_run = stalling
-
-    def arm():
-        state["armed"], state["results"] = True, 0
-
-    arm.state = state  # type: ignore[attr-defined]
-    return arm
-
-
-def dense_tensors(rng, workers, n):
-    return [(rng.standard_normal(n) * 10).astype(np.float32) for _ in range(workers)]
 
 
 def test_rounds_stay_exact_with_congestion_control_under_loss(make_job):
@@ -131,18 +126,18 @@ def test_rounds_stay_exact_with_congestion_control_under_loss(make_job):
     job = make_job(4, slots=32, deadline=10, congestion=True,
                    per_worker=lambda w: {"faults": FaultSpec(0.08, 0.02, 0.05, seed=40 + w)})
     assert all(a.transport.cc is not None for a in job.agents)
-    arm = stall_once(job, 0.5)  # past max_timeout (0.1 s): every worker times out
+    stall = Stall(job, 0.5)  # past max_timeout (0.1 s): every worker times out
     rng = np.random.default_rng(41)
     for i in range(3):
         if i == 1:  # a dense tensor: ~800 chunks in its value round, the stall mid-way
-            arm()
-            xs = dense_tensors(rng, 4, 200_000)
+            stall.arm()
+            xs = sparse_tensors(rng, 4, 200_000, 1.0)
         else:
             xs = sparse_tensors(rng, 4, 100_000, 0.01)
         res, err = job.run(lambda a, w, xs=xs: a.allreduce_detailed(xs[w]))
         assert not any(err), err
         assert_exact(res, xs)
-    assert arm.state["stalls"] == 1
+    assert stall.stalls == 1
     ccs = [a.transport.cc for a in job.agents]
     assert sum(cc.cuts for cc in ccs) > 0
     assert all(1 <= cc.window <= 32 for cc in ccs)
@@ -154,17 +149,17 @@ def test_a_silent_switch_cuts_every_window(make_job):
     sum is exact. A window then grows on its own results' timing, so they need not stay
     equal to the slot."""
     job = make_job(4, slots=32, deadline=10, congestion=True)
-    arm = stall_once(job, 0.5)
+    stall = Stall(job, 0.5)
     rng = np.random.default_rng(43)
-    xs = dense_tensors(rng, 4, 200_000)
+    xs = sparse_tensors(rng, 4, 200_000, 1.0)
     res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))  # joins, measures round trips
     assert not any(err), err
     assert all(a.transport.cc.cuts == 0 for a in job.agents)
-    arm()
+    stall.arm()
     res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
     assert not any(err), err
     assert_exact(res, xs)
-    assert arm.state["stalls"] == 1
+    assert stall.stalls == 1
     cuts = [a.transport.cc.cuts for a in job.agents]
     assert all(c >= 1 for c in cuts), cuts
 
