@@ -111,8 +111,11 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--tls-cert", type=Path, help="PEM certificate: serve gRPC over TLS")
     sv.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     sv.add_argument("--metrics-port", type=int, help="Prometheus metrics on this port (0: any)")
-    sv.add_argument("--metrics-addr", default="0.0.0.0", help="metrics address (default "
-                                                              "%(default)s)")
+    sv.add_argument("--metrics-addr", default=None, help="metrics address (default: the "
+                                                         "--listen address's)")
+    sv.add_argument("--metrics-job-names", action="store_true",
+                    help="label the metrics with job names too (off: ids only; a name is what "
+                         "a join asks for)")
     sv.add_argument("--lease", type=float, default=15.0, metavar="SECONDS",
                     help="a worker's lease; a job with a worker that stops renewing it is "
                          "removed (default %(default)s)")
@@ -121,6 +124,12 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--join-wait", type=float, default=120.0, metavar="SECONDS",
                     help="the longest a join waits for the job's other ranks (default "
                          "%(default)s)")
+    sv.add_argument("--max-joins", type=int, default=1024, metavar="N",
+                    help="joins waiting at once, at most; more are refused until some are "
+                         "answered (default %(default)s)")
+    sv.add_argument("--key-file", type=Path, metavar="FILE",
+                    help="the key of the jobs' secrets (created, 0600, if missing): with it, a "
+                         "restarted service checks the secrets of the jobs it reads back")
     sv.add_argument("--trust-worker-address", action="store_true",
                     help="NAT: register the address a worker claims, not the one it speaks "
                          "from (off: a worker registers only its own)")

@@ -15,8 +15,9 @@ one) through the service's own sessions, so the numbers are the data plane's, ne
     homagg_service_jobs_placed_total, homagg_service_refusals_total{code},
     homagg_service_removals_total{why}, homagg_service_jobs_held
 
-``job`` is the job id, ``name`` the job's name where the service placed it (empty for jobs
-installed with the CLI, or read back after a restart).
+``job`` is the job id, ``name`` the job's name where the service placed it and
+``--metrics-job-names`` asks for it (else empty, as for jobs installed with the CLI or read
+back after a restart): the page needs no token, and a name is what a join asks for.
 """
 
 from __future__ import annotations
@@ -61,8 +62,13 @@ class SwitchCollector:
                                       labels=["switch", "job", "name"])
         up = GaugeMetricFamily("homagg_switch_up", "1 if the place answered this scrape",
                                labels=["switch"])
-        with svc._cond:
-            names = {h.job_id: h.name or "" for h in svc.held.values()}
+        with svc._cond:  # the service's state, copied: never held across a switch read
+            names = {h.job_id: h.name or "" for h in svc.held.values()} \
+                if svc.opts.metrics_job_names else {}
+            held = len(svc.held)
+            placed_total, refusals = svc.joined, dict(svc.refusals)
+            removals = dict(svc.removals)
+        with svc._switch:
             try:
                 with svc.fabric() as f:
                     stats = f.stats()
@@ -73,9 +79,6 @@ class SwitchCollector:
                 log.warning("metrics: switch unreadable: %s", e)
                 stats, placed = {}, []
                 up.add_metric([svc.cfg.switch.name], 0)
-            held = len(svc.held)
-            placed_total, refusals = svc.joined, dict(svc.refusals)
-            removals = dict(svc.removals)
         for name, (place, st) in stats.items():
             up.add_metric([name], 1)
             for counter, v in list(st.switch.items()) + list(st.forwarding.items()):
@@ -118,7 +121,7 @@ class SwitchCollector:
 assert set(_JOB) == set(wire.JOB_STATS.values()), "a job counter without a metric"
 
 
-def serve_metrics(svc: JobService, port: int, addr: str = "0.0.0.0"):
+def serve_metrics(svc: JobService, port: int, addr: str = "127.0.0.1"):
     """An HTTP server for /metrics in a thread; its ``server_port`` is the port (0: any)."""
     registry = CollectorRegistry()
     registry.register(SwitchCollector(svc))

@@ -101,8 +101,15 @@ def _counter(name: str) -> P4Counter:
         raise SwitchError(str(e)) from None
 
 
+#: Seconds a P4Runtime call may take before it fails (a switch that accepts connections and
+#: then hangs must not hang its caller): every call but a pipeline push, which gets PUSH_TIMEOUT.
+CALL_TIMEOUT = 30.0
+PUSH_TIMEOUT = 300.0
+
+
 class _LoggingStub:
-    """Wraps the P4Runtime gRPC stub: every request (and error) goes to the request log."""
+    """Wraps the P4Runtime gRPC stub: every request (and error) goes to the request log, and
+    every call has a deadline."""
 
     def __init__(self, stub, path: Path | None, name: str):
         self._stub = stub
@@ -127,6 +134,8 @@ class _LoggingStub:
                 f"(pipeline: p4info {len(request.config.p4info.tables)} tables, " \
                 f"{len(request.config.p4_device_config)} bytes of bmv2 JSON)\n"
             self._log(f"### {stamp} {self._name} {method}\n{body}")
+            kwargs.setdefault("timeout", PUSH_TIMEOUT if method == "SetForwardingPipelineConfig"
+                              else CALL_TIMEOUT)
             try:
                 return target(request, *args, **kwargs)
             except Exception as e:

@@ -10,8 +10,10 @@ say where it serves (``--listen 127.0.0.1:0`` takes a port the kernel gives), fo
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import secrets
 import signal
 import threading
 from concurrent import futures
@@ -21,15 +23,16 @@ from typing import Any
 
 import grpc
 
-from homagg.controller.service import JobService, Refusal, ServeOptions
+from homagg.controller.service import JobService, Refusal, ServeOptions, positive_seconds
 from homagg.errors import ConfigError
 from homagg.membership import REFUSAL_KEY, pb2, rpc
 
 log = logging.getLogger("homagg.serve")
 
-#: Each waiting Join holds a server thread until its job completes: enough for many jobs of
-#: many ranks joining at once (threads are made as needed).
-MAX_THREADS = 512
+#: Each waiting Join holds a server thread until its job completes; at most ``max_joins`` do
+#: (the service refuses more), and these threads beyond them stay for renewals, leaves and
+#: refusals, so no number of waiting joins can keep a renewal from being answered.
+RESERVED_THREADS = 64
 
 
 class _Servicer(rpc.MembershipServicer):
@@ -37,45 +40,71 @@ class _Servicer(rpc.MembershipServicer):
         self.svc = svc
 
     def _refuse(self, context, e: Refusal):
-        self.svc.refusals[e.code] = self.svc.refusals.get(e.code, 0) + 1
+        with self.svc._cond:
+            self.svc.refusals[e.code] = self.svc.refusals.get(e.code, 0) + 1
         log.info("refused (%s): %s", e.code, e)
         context.set_trailing_metadata(((REFUSAL_KEY, e.code),))
         context.abort(getattr(grpc.StatusCode, e.code), str(e))
 
-    def Join(self, request, context):
+    def _answer(self, context, call):
+        """``call()``'s reply; a Refusal as its status, and anything else as INTERNAL with a
+        message (never gRPC's bare UNKNOWN)."""
         try:
+            return call()
+        except Refusal as e:
+            self._refuse(context, e)
+        except Exception as e:
+            log.exception("a request failed")
+            self._refuse(context, Refusal("INTERNAL", f"the service failed on this request: "
+                                                      f"{type(e).__name__}: {e}"))
+
+    def Join(self, request, context):
+        def call():
             self.svc.check_token(request.token)
             ip = self.svc.address_of(context.peer(), request.ip)
-            wait = request.wait_seconds or self.svc.opts.wait
+            wait = request.wait_seconds
             remaining = context.time_remaining()
-            if remaining is not None:  # answer before the caller's own deadline
-                wait = min(wait, max(remaining - 1.0, 0.1))
+            if remaining is not None and wait == wait:  # answer before the caller's deadline
+                wait = min(wait or self.svc.opts.wait, max(remaining - 1.0, 0.1))
             a = self.svc.join(request.job, request.rank, request.world_size, ip,
                               request.udp_port, request.slots, wait, context.is_active)
-        except Refusal as e:
-            self._refuse(context, e)
-        return pb2.JoinReply(send_to_ip=a.send_to[0], send_to_port=a.send_to[1],
-                             job_id=a.job_id, worker=a.worker, workers=a.workers, slots=a.slots,
-                             place=a.place, place_role=a.role, run=a.run,
-                             lease_seconds=a.lease, ip=a.ip)
+            return pb2.JoinReply(send_to_ip=a.send_to[0], send_to_port=a.send_to[1],
+                                 job_id=a.job_id, worker=a.worker, workers=a.workers,
+                                 slots=a.slots, place=a.place, place_role=a.role, run=a.run,
+                                 lease_seconds=a.lease, ip=a.ip, secret=a.secret)
+        return self._answer(context, call)
 
     def Renew(self, request, context):
-        try:
+        received = self.svc._clock()  # the lease counts from here, however long the rest takes
+
+        def call():
             self.svc.check_token(request.token)
             ip = self.svc.address_of(context.peer(), request.ip)
-            lease = self.svc.renew(request.job_id, request.worker, ip, request.udp_port)
-        except Refusal as e:
-            self._refuse(context, e)
-        return pb2.RenewReply(lease_seconds=lease)
+            lease = self.svc.renew(request.job_id, request.worker, ip, request.udp_port,
+                                   request.secret, received)
+            return pb2.RenewReply(lease_seconds=lease)
+        return self._answer(context, call)
 
     def Leave(self, request, context):
-        try:
+        def call():
             self.svc.check_token(request.token)
             ip = self.svc.address_of(context.peer(), request.ip)
-            removed = self.svc.leave(request.job_id, request.worker, ip, request.udp_port)
-        except Refusal as e:
-            self._refuse(context, e)
-        return pb2.LeaveReply(removed=removed)
+            removed = self.svc.leave(request.job_id, request.worker, ip, request.udp_port,
+                                     request.secret)
+            return pb2.LeaveReply(removed=removed)
+        return self._answer(context, call)
+
+
+class _OneLine(logging.Filter):
+    """gRPC logs a malformed request's deserialization failure with a traceback (about 1 KB a
+    request, an easy way to fill a disk): keep its first line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and "deserializ" in record.getMessage():
+            record.msg = f"{record.getMessage()} ({record.exc_info[1]!r})"
+            record.args = ()
+            record.exc_info = None
+        return True
 
 
 @dataclass
@@ -116,33 +145,114 @@ def token_from(token_file: Path | None, no_token: bool,
                       "same in HOMAGG_TOKEN), or --no-token to serve without one")
 
 
+def key_from(path: Path | None) -> bytes | None:
+    """The job secrets' key from ``--key-file`` (made, readable by its owner only, if it does
+    not exist yet); None without one."""
+    if path is None:
+        return None
+    try:
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+            log.info("made the job secrets' key %s", path)
+        key = path.read_text().strip().encode()
+    except OSError as e:
+        raise ConfigError(f"--key-file {path}: {e.strerror}") from None
+    if len(key) < 16:
+        raise ConfigError(f"--key-file {path}: the key needs at least 16 characters")
+    return key
+
+
+def _tls_credentials(tls: tuple[Path, Path]):
+    """The server credentials, with a key that does not match its certificate (or files that
+    are not PEM) said as such, not as a failure to bind."""
+    import ssl
+    import tempfile
+
+    cert_path, key_path = tls
+    try:
+        cert, key = cert_path.read_bytes(), key_path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"TLS: {e.filename}: {e.strerror}") from None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.TemporaryDirectory() as d:  # load_cert_chain reads files
+        (Path(d) / "c.pem").write_bytes(cert)
+        (Path(d) / "k.pem").write_bytes(key)
+        try:
+            ctx.load_cert_chain(Path(d) / "c.pem", Path(d) / "k.pem")
+        except ssl.SSLError as e:
+            why = "the key does not match the certificate" if "KEY_VALUES_MISMATCH" in str(e) \
+                else f"not a PEM certificate and its key ({e.reason or e})"
+            raise ConfigError(f"TLS: --tls-cert {cert_path} / --tls-key {key_path}: "
+                              f"{why}") from None
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def _advertised(host: str, port: int, svc: JobService) -> tuple[str, int] | None:
+    """The IPv4 address a second service would reach this one at (the holder mark)."""
+    host = host.strip("[]")
+    try:
+        ip = ipaddress.ip_address(host) if host not in ("", "localhost") else \
+            ipaddress.ip_address("127.0.0.1")
+    except ValueError:  # a host name
+        return None
+    if ip.is_unspecified:  # every address: the one on the route to the switch
+        import socket
+
+        sw_host, _, sw_port = svc.cfg.switch.grpc.rpartition(":")
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((sw_host.strip("[]") or "127.0.0.1", int(sw_port)))  # sends nothing
+                return s.getsockname()[0], port
+        except (OSError, ValueError):
+            return "127.0.0.1", port
+    return (str(ip), port) if ip.version == 4 else None
+
+
+def _is_loopback(listen: str) -> bool:
+    host = listen.rpartition(":")[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def start(svc: JobService, listen: str, tls: tuple[Path, Path] | None = None,
-          metrics_port: int | None = None, metrics_addr: str = "0.0.0.0") -> Server:
-    """Read back this service's jobs from the switch, then serve."""
-    svc.recover()
-    svc.start()
-    server = grpc.server(futures.ThreadPoolExecutor(MAX_THREADS, "homagg-serve"),
-                         options=[("grpc.so_reuseport", 0)])
+          metrics_port: int | None = None, metrics_addr: str | None = None) -> Server:
+    """Take the switch and read back this service's jobs from it, then serve. Metrics listen
+    on ``metrics_addr``, by default the address the service listens on."""
+    creds = _tls_credentials(tls) if tls is not None else None
+    logging.getLogger("grpc._server").addFilter(_OneLine())
+    pool = futures.ThreadPoolExecutor(svc.opts.max_joins + RESERVED_THREADS, "homagg-serve")
+    server = grpc.server(pool, options=[("grpc.so_reuseport", 0)])
     rpc.add_MembershipServicer_to_server(_Servicer(svc), server)
     try:
-        if tls is not None:
-            cert, key = (p.read_bytes() for p in tls)
-            creds = grpc.ssl_server_credentials([(key, cert)])
+        if creds is not None:
             port = server.add_secure_port(listen, creds)
         else:
             port = server.add_insecure_port(listen)
     except (RuntimeError, OSError) as e:
-        svc.stop()
         raise ConfigError(f"cannot serve at {listen}: {e}") from None
     if not port:
-        svc.stop()
         raise ConfigError(f"cannot serve at {listen} (in use, or not an address of this host)")
+    host = listen.rpartition(':')[0]
+    try:
+        svc.recover(_advertised(host, port, svc))
+    except BaseException:
+        server.stop(0)
+        raise
+    svc.start()
     server.start()
-    out = Server(svc, server, f"{listen.rpartition(':')[0]}:{port}")
+    out = Server(svc, server, f"{host}:{port}")
+    if creds is None and not _is_loopback(listen):
+        log.warning("serving at %s without TLS: the token and the jobs' secrets cross the "
+                    "network in clear (--tls-cert/--tls-key, or a private network)", listen)
     if metrics_port is not None:
         from homagg.controller.metrics import serve_metrics
 
-        out.metrics = serve_metrics(svc, metrics_port, metrics_addr)
+        out.metrics = serve_metrics(svc, metrics_port,
+                                    metrics_addr or host.strip("[]") or "0.0.0.0")
         out.metrics_port = out.metrics.server_port
     return out
 
@@ -151,16 +261,21 @@ def run(a, cfg, connect) -> int:
     """The CLI's ``serve``: until SIGTERM or Ctrl-C."""
     if bool(a.tls_cert) != bool(a.tls_key):
         raise ConfigError("TLS needs both --tls-cert and --tls-key")
-    opts = ServeOptions(token=token_from(a.token_file, a.no_token), lease=a.lease,
-                        slots=a.slots, wait=a.join_wait,
-                        trust_claimed_address=a.trust_worker_address)
+    opts = ServeOptions(token=token_from(a.token_file, a.no_token),
+                        lease=positive_seconds(a.lease, "--lease"), slots=a.slots,
+                        wait=positive_seconds(a.join_wait, "--join-wait"),
+                        trust_claimed_address=a.trust_worker_address, max_joins=a.max_joins,
+                        key=key_from(a.key_file), metrics_job_names=a.metrics_job_names)
+    if a.metrics_port is not None and not 0 <= a.metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port {a.metrics_port}: 0 to 65535")
     svc = JobService(cfg, connect, opts)
     srv = start(svc, a.listen, (a.tls_cert, a.tls_key) if a.tls_cert else None, a.metrics_port,
                 a.metrics_addr)
     print(f"serving joins at {srv.address}" + (" (TLS)" if a.tls_cert else "")
           + ("" if opts.token else " without a token"), flush=True)
     if srv.metrics_port is not None:
-        print(f"metrics at http://{a.metrics_addr}:{srv.metrics_port}/metrics", flush=True)
+        maddr = srv.metrics.server_address[0]
+        print(f"metrics at http://{maddr}:{srv.metrics_port}/metrics", flush=True)
     print(f"switch {cfg.switch.name} ({cfg.switch.target}, {cfg.switch.grpc}); "
           f"{len(svc.held)} job(s) read back", flush=True)
     done = threading.Event()

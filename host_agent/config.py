@@ -7,6 +7,7 @@ agent's port); ``mode`` is a ``codec.Mode`` name or "auto"; ``index`` is "flat",
 
 from __future__ import annotations
 
+import math
 import os
 import zlib
 from collections.abc import Mapping
@@ -200,6 +201,12 @@ class AgentConfig:
             raise AgentError(f"RANK, WORLD_SIZE, HOMAGG_SLOTS, HOMAGG_JOIN_TIMEOUT, "
                              f"HOMAGG_JOIN_RETRY and HOMAGG_BIND's port must be numbers: {e}"
                              ) from None
+        # NaN, infinities and negatives would wait forever or not at all, and then read as
+        # the service's refusal: said here, naming the variable
+        for var, v, least in (("HOMAGG_JOIN_TIMEOUT", wait, "above 0"),
+                              ("HOMAGG_JOIN_RETRY", retry, "0 or more")):
+            if not math.isfinite(v) or v < 0 or (v == 0 and var == "HOMAGG_JOIN_TIMEOUT"):
+                raise AgentError(f"{var}={env.get(var)!r}: a finite number of seconds, {least}")
         name = env.get("HOMAGG_JOB_NAME") or (
             f"{need('MASTER_ADDR', torch)}:{need('MASTER_PORT', torch)}/"
             f"{env.get('TORCHELASTIC_RUN_ID') or 'none'}")

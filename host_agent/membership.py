@@ -79,6 +79,7 @@ class Membership:
     lease: float
     place: str
     claimed_ip: str = ""
+    secret: str = field(default="", repr=False)  # the job's credential for Renew and Leave
     lost: str | None = None       # why the service says the job is gone
     _sock: socket.socket | None = field(default=None, repr=False)
     _channel: Any = field(default=None, repr=False)
@@ -99,7 +100,7 @@ class Membership:
         from homagg.membership import pb2
 
         return pb2.LeaseRequest(token=self.token, job_id=self.job_id, worker=self.worker,
-                                udp_port=self.udp_port, ip=self.claimed_ip)
+                                udp_port=self.udp_port, ip=self.claimed_ip, secret=self.secret)
 
     def _renew_loop(self) -> None:
         import grpc
@@ -202,4 +203,5 @@ def join(controller: str, token: str, name: str, rank: int, world: int,
              r.workers, r.job_id, r.place, r.send_to_ip, r.send_to_port, r.run)
     return Membership(controller, token, name, r.job_id, r.worker, r.workers, r.slots,
                       (r.send_to_ip, r.send_to_port), ip, udp_port, r.run, r.lease_seconds,
-                      r.place, claim_ip, _sock=sock, _channel=channel, _stub=stub).start()
+                      r.place, claim_ip, r.secret, _sock=sock, _channel=channel,
+                      _stub=stub).start()

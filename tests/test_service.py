@@ -35,6 +35,7 @@ from homagg.membership import pb2, rpc  # noqa: E402
 pytestmark = pytest.mark.slow  # (conftest.py) services, leases and deadlines
 
 TOKEN = "s3cret"
+KEY = b"the job secrets' key, kept in a --key-file"
 POOL = 128
 
 
@@ -48,7 +49,7 @@ class Rig:
     def __init__(self, tmp_path, lease: float = 30.0, **opts):
         self.tmp = tmp_path
         self.agg = LocalAggregator(slots=POOL, workdir=tmp_path).start()
-        self.opts = ServeOptions(token=TOKEN, lease=lease, slots=16, **opts)
+        self.opts = ServeOptions(token=TOKEN, lease=lease, slots=16, **{"key": KEY, **opts})
         self.srv = None
         self.serve("127.0.0.1:0")
 
@@ -84,6 +85,11 @@ class Rig:
     def join(self, name, rank, world, port, token=TOKEN, **kw):
         return self.stub.Join(pb2.JoinRequest(token=token, job=name, rank=rank, world_size=world,
                                               udp_port=port, **kw), timeout=30)
+
+    def lease(self, job_id: int, worker: int, port: int, secret: str,
+              token: str = TOKEN) -> pb2.LeaseRequest:
+        return pb2.LeaseRequest(token=token, job_id=job_id, worker=worker, udp_port=port,
+                                secret=secret)
 
     def env(self, name: str, rank: int, world: int) -> dict:
         return {"HOMAGG_CONTROLLER": self.srv.address, "HOMAGG_TOKEN": TOKEN, "RANK": str(rank),
@@ -141,8 +147,7 @@ def test_every_rank_gets_the_same_job_and_the_switch_holds_it(rig):
         [("127.0.0.1", 40000 + r) for r in range(3)]
     # the last to leave removes it
     for rank in range(3):
-        r = rig.stub.Leave(pb2.LeaseRequest(token=TOKEN, job_id=job["id"], worker=rank,
-                                            udp_port=40000 + rank))
+        r = rig.stub.Leave(rig.lease(job["id"], rank, 40000 + rank, replies[rank].secret))
         assert r.removed == (rank == 2)
     assert rig.jobs() == []
 
@@ -305,13 +310,17 @@ def test_a_job_whose_worker_stops_renewing_is_removed(tmp_path):
         # worker 0 renews, worker 1 is silent: the job goes within its lease (plus a check)
         t0 = time.monotonic()
         while rig.jobs() and time.monotonic() - t0 < 10:
-            rig.stub.Renew(pb2.LeaseRequest(token=TOKEN, job_id=job, worker=0, udp_port=40000))
+            try:
+                rig.stub.Renew(rig.lease(job, 0, 40000, replies[0].secret))
+            except grpc.RpcError as e:  # being removed (it is still listed a moment)
+                assert e.code() == grpc.StatusCode.NOT_FOUND
+                assert e.details().startswith(f"job {job} (j) is being removed: its lease ran"), \
+                    e.details()
             time.sleep(0.2)
         assert rig.jobs() == []
         assert time.monotonic() - t0 < 1.0 + 1.0 + 2.0  # lease + reaper period + slack
         assert rig.svc.removals == {"lease expired": 1}
-        e = refused(lambda: rig.stub.Renew(pb2.LeaseRequest(token=TOKEN, job_id=job, worker=0,
-                                                            udp_port=40000)))
+        e = refused(lambda: rig.stub.Renew(rig.lease(job, 0, 40000, replies[0].secret)))
         assert e.code() == grpc.StatusCode.NOT_FOUND
         assert e.details() == (f"job {job} (j) was removed: its lease ran out: worker 1 "
                                "(127.0.0.1:40001) stopped renewing within 1 s")
@@ -336,15 +345,16 @@ def test_a_restarted_service_reads_its_jobs_back_and_leaves_the_clis_alone(tmp_p
         rig.stop_service()
         rig.serve(addr)  # the same address: the workers' HOMAGG_CONTROLLER
         assert sorted(rig.svc.held) == [job]      # its own job, not the CLI's
-        r = rig.stub.Renew(pb2.LeaseRequest(token=TOKEN, job_id=job, worker=1, udp_port=40001))
+        r = rig.stub.Renew(rig.lease(job, 1, 40001, replies[1].secret))
         assert r.lease_seconds == 30.0
         # a stranger cannot renew (or end) another's lease
-        e = refused(lambda: rig.stub.Leave(pb2.LeaseRequest(token=TOKEN, job_id=job, worker=1,
-                                                            udp_port=40009)))
+        e = refused(lambda: rig.stub.Leave(rig.lease(job, 1, 40009, replies[1].secret)))
+        assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+        # the secrets outlive the restart (the same --key-file): without one, refused
+        e = refused(lambda: rig.stub.Leave(rig.lease(job, 1, 40001, "")))
         assert e.code() == grpc.StatusCode.PERMISSION_DENIED
         for w in range(2):
-            rig.stub.Leave(pb2.LeaseRequest(token=TOKEN, job_id=job, worker=w,
-                                            udp_port=40000 + w))
+            rig.stub.Leave(rig.lease(job, w, 40000 + w, replies[w].secret))
         assert [j["id"] for j in rig.jobs()] == [40]
         with P4RuntimeSwitch(rig.agg.config.switch.grpc, 1, (0, 3)).open() as sw:
             from homagg import _p4consts as P4
@@ -428,7 +438,7 @@ def metric(text: str, metric_name: str, **labels) -> float | None:
 
 
 def test_metrics_show_the_jobs_counters_moving_during_a_run(tmp_path):
-    rig = Rig(tmp_path)
+    rig = Rig(tmp_path, metrics_job_names=True)  # names shown only when asked: next test
     rig.stop_service()
     rig.serve("127.0.0.1:0", metrics=True)
     port = rig.srv.metrics_port
@@ -537,23 +547,78 @@ def test_an_agent_claims_its_HOMAGG_BIND_address_which_needs_the_operators_leave
         rig.close()
 
 
-def test_a_new_attempt_of_a_job_replaces_the_old_one(rig):
+def test_a_new_attempt_of_a_job_is_placed_once_the_old_ones_leases_lapse(tmp_path):
     """An elastic restart: every rank of the same job joins again (new ports) while the old
-    attempt is still placed; the old one goes (its leases are told why), the new one is placed
-    with a new run number."""
-    old = join_all(rig, "elastic", 2)
-    new = join_all(rig, "elastic", 2, ports=[42000, 42001])
-    assert {r.run for r in new.values()} != {old[0].run}
+    attempt, whose workers died, is still placed; the join waits for the old one's leases to
+    run out, then the new attempt is placed with a new run number."""
+    rig = Rig(tmp_path, lease=1.0)
+    try:
+        old = join_all(rig, "elastic", 2)
+        t0 = time.monotonic()
+        new = join_all(rig, "elastic", 2, ports=[42000, 42001])
+        waited = time.monotonic() - t0
+        assert all(not isinstance(r, grpc.RpcError) for r in new.values()), new
+        assert {r.run for r in new.values()} != {old[0].run}
+        assert 0.5 < waited < 1.0 + 1.0 + 3.0, waited  # the lease (+ a reaper pass, slack)
+        (job,) = rig.jobs()
+        assert [w["udp_port"] for w in job["workers"]] == [42000, 42001]
+        # the old one's id was freed first, and is the lowest free: the new attempt has it;
+        # the old workers' leases are no longer theirs
+        assert new[0].job_id == old[0].job_id == job["id"]
+        e = refused(lambda: rig.stub.Renew(rig.lease(old[0].job_id, 0, 40000, old[0].secret)))
+        assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert e.details() == f"job {job['id']}: 127.0.0.1:40000 is not its worker 0"
+        assert rig.svc.removals == {"lease expired": 1}
+    finally:
+        rig.close()
+
+
+def test_a_join_by_name_cannot_replace_a_running_job(rig):
+    """Another token holder who knows a running job's name (a log, a guess) joins by it: the
+    running job, whose workers renew, stays; the join is refused, naming it."""
+    old = join_all(rig, "victim", 2)
+    stop = threading.Event()
+
+    def renew():
+        while not stop.wait(0.2):
+            for w in range(2):
+                rig.stub.Renew(rig.lease(old[w].job_id, w, 40000 + w, old[w].secret))
+
+    t = threading.Thread(target=renew)
+    t.start()
+    try:
+        got = join_all(rig, "victim", 2, ports=[43000, 43001], wait_seconds=2.0)
+    finally:
+        stop.set()
+        t.join()
+    for r in got.values():
+        assert isinstance(r, grpc.RpcError) and r.code() == grpc.StatusCode.ALREADY_EXISTS, r
+        assert r.details().startswith(f"job 'victim' is still running (job {old[0].job_id} on "
+                                      "local, its workers 127.0.0.1:40000, 127.0.0.1:40001 "
+                                      "renew their leases): a join cannot replace it"), \
+            r.details()
     (job,) = rig.jobs()
-    assert [w["udp_port"] for w in job["workers"]] == [42000, 42001]
-    # the old one's id was freed first, and is the lowest free: the new attempt has it; the
-    # old workers' leases are no longer theirs
-    assert new[0].job_id == old[0].job_id == job["id"]
-    e = refused(lambda: rig.stub.Renew(pb2.LeaseRequest(token=TOKEN, job_id=old[0].job_id,
-                                                        worker=0, udp_port=40000)))
-    assert e.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert e.details() == f"job {job['id']}: 127.0.0.1:40000 is not its worker 0"
-    assert rig.svc.removals == {"replaced by a new attempt": 1}
+    assert [w["udp_port"] for w in job["workers"]] == [40000, 40001]
+    assert rig.svc.removals == {}
+
+
+def test_another_token_holder_can_neither_renew_nor_end_a_job(rig):
+    """The ports of a job's workers are public (/proc/net/udp, the P4Runtime job table): with
+    the token and the right address but without the job's secret, Renew and Leave are
+    refused, and the job stays."""
+    replies = join_all(rig, "mine", 2)
+    job = replies[0].job_id
+    for secret in ("", "0" * 32, replies[1].secret):  # worker 1's secret is not worker 0's
+        for call in (rig.stub.Renew, rig.stub.Leave):
+            e = refused(lambda call=call, secret=secret: call(rig.lease(job, 0, 40000, secret)))
+            assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert e.details() == (f"job {job}: worker 0's secret is wrong (only the job's own "
+                                   "workers, with the secret their join returned, renew or "
+                                   "leave it)")
+    assert [j["id"] for j in rig.jobs()] == [job]
+    assert rig.stub.Leave(rig.lease(job, 0, 40000, replies[0].secret)).removed is False
+    assert rig.stub.Leave(rig.lease(job, 1, 40001, replies[1].secret)).removed is True
+    assert rig.jobs() == []
 
 
 def test_a_job_the_switch_has_no_room_for_falls_back_and_fits_nowhere_names_both(tmp_path):

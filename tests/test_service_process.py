@@ -34,7 +34,7 @@ def serve(config: Path, listen: str) -> tuple[subprocess.Popen, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMAGG_")}
     proc = subprocess.Popen([sys.executable, "-m", "homagg.controller.cli", "-c", str(config),
                              "serve", "--listen", listen, "--no-token", "--lease", "1.5",
-                             "--metrics-port", "0", "--metrics-addr", "127.0.0.1"],
+                             "--metrics-port", "0", "--metrics-job-names"],
                             env=dict(env, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
