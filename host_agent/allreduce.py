@@ -73,6 +73,9 @@ class Counters:
     waited_probe: float = 0.0
     results: int = 0
     ignored: int = 0          # late duplicates, foreign or malformed datagrams
+    refusals: int = 0         # configuration refusals (DROP_WRONG_IDENTITY, DROP_BAD_SLOT):
+                              # fatal only once a resend is refused again; one alone may be
+                              # forged
     rounds: int = 0
     rescales: int = 0
     seconds: float = 0.0

@@ -124,6 +124,9 @@ class Round(LossRecovery):
         self.status: dict[int, tuple[int, int]] = {}
         self.upstream: set[int] = set()  # chunks whose status came from a parent switch
         self.refused: dict[int, str] = {}  # chunk -> the DROP_* reason the switch gave
+        # chunk -> (configuration refusals counted, the send each answered): one that is not
+        # repeated for a later send of the chunk may be a forgery, and is not fatal
+        self.config_refusals: dict[int, tuple[int, float]] = {}
         self.t_start = time.monotonic()
         self.seq0 = (g0 + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
         # a plain result's first 8 header bytes, under results.MASK (take_run), and the
@@ -406,12 +409,26 @@ class Round(LossRecovery):
 
     def refused_by_switch(self, c: int, reason: int, upstream: bool = False) -> None:
         """The switch dropped our chunk ``c`` and said why (FLAG_REFUSED). A wrong identity or
-        slot is this agent's configuration: no retransmission can fix it, so fail now. A stale
-        or mismatched round is kept for the timeout's message (a late duplicate's refusal is
-        harmless: the chunk's result may still come). ``upstream``: a tree's parent switch
-        refused our switch's partial sum, which is the tree's configuration."""
+        slot is this agent's configuration: no retransmission can fix it, so fail once a
+        resend of the chunk is refused again (the first refusal of one send could be forged by
+        anyone who can reach this port: the chunk is resent at the next timeout, and a forged
+        refusal's chunk gets its result as usual). A stale or mismatched round is kept for the
+        timeout's message (a late duplicate's refusal is harmless: the chunk's result may
+        still come). ``upstream``: a tree's parent switch refused our switch's partial sum,
+        which is the tree's configuration."""
         t, cfg = self.t, self.cfg
         name = wire.STATS.get(reason, f"drop reason {reason}")
+        if name in _CONFIG_ERRORS:
+            n, answered = self.config_refusals.get(c, (0, -1.0))
+            sent = float(self.sent_at[c])
+            if sent != answered:  # a refusal of a send not refused before
+                n += 1
+            self.config_refusals[c] = (n, sent)
+            self.counters.refusals += 1
+            if n < 2:
+                self.refused[c] = name
+                self.rto[c] = min(self.rto[c], t.rtt.rto)  # a real refusal comes again soon
+                return
         if upstream and name in _CONFIG_ERRORS:
             t.broken = name
             raise AgentError(f"{t.who}: the parent switch of {t.switch[0]}:{t.switch[1]} drops "
