@@ -147,7 +147,9 @@ class Round(LossRecovery):
             if self.cc is not None:
                 self.congestion(pending, now)
             pending = self.retransmit(pending, now)
-            if now - self.last_progress > self.cfg.deadline:
+            silent = now - self.last_progress
+            if silent > self.cfg.deadline or (silent > max(1.0, 4 * t.rtt.rto)
+                                              and self.removed_by_controller()):
                 t.chunk = t.chunk if self.join else end
                 t.broken = "timeout"
                 raise self.timeout(pending)
@@ -159,6 +161,12 @@ class Round(LossRecovery):
         if self.overflow:
             raise SwitchOverflow()
         return self.out[:self.n]
+
+    def removed_by_controller(self) -> bool:
+        """The controller service said this job is gone (a peer's lease ran out, say): its
+        packets now go nowhere, so the round fails without waiting out its whole deadline."""
+        m = self.cfg.membership
+        return m is not None and m.lost is not None
 
     # -- sending -------------------------------------------------------------------------------
     def send(self, c: int) -> None:

@@ -131,3 +131,30 @@ def test_a_killed_rank_is_named_its_job_freed_and_an_elastic_restart_completes(s
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_survivors_stop_once_the_service_removed_their_job_not_at_their_deadline(served):
+    """A rank killed; its peers wait with a 60 s deadline, but the service removes the job
+    when the dead rank's lease runs out (2 s), tells the survivors' next renewal, and they
+    fail then, quoting it."""
+    agg, svc, srv = served
+    world = 3
+    procs = [spawn(srv, r, world, 10**6, deadline=60.0) for r in range(world)]
+    try:
+        read_until(procs[1], "round 2 exact")
+        (job,) = svc.held
+        procs[1].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        for r in (0, 2):
+            out, _ = procs[r].communicate(timeout=90)
+            assert procs[r].returncode == 3, out[-2000:]
+            err = out.strip().splitlines()[-1]
+            assert err.startswith(f"ERROR job {job} worker {r}: no result"), err
+            assert "the controller says: job" in err and "worker 1 (127.0.0.1:" in err, err
+        # the lease, a renewal's interval (a third of it), the round's second of silence
+        assert time.monotonic() - killed_at < LEASE + LEASE / 3 + 1.0 + 6.0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
