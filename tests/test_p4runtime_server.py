@@ -393,6 +393,37 @@ def test_a_batch_reports_one_error_per_update_as_pi_does(agg):
             {1: P4.ACTION_TO_SWITCH, 3: P4.ACTION_NOACTION}
 
 
+def test_an_unknown_update_type_and_a_negative_count_are_refused_with_a_reason(agg):
+    """Both were accepted before (an unknown type raised a traceback in the server; a negative
+    counter write was stored)."""
+    with connect(agg) as c:
+        ok = c._entry_pb(TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": 21}, P4.ACTION_TO_SWITCH))
+        odd = update("INSERT", ok)
+        odd.type = 7
+        ce = pb.CounterEntry(counter_id=P4.SCHEMA.counter(P4.COUNTER_STATS).id)
+        ce.index.index = 25
+        ce.data.packet_count = -5
+        neg = pb.Update(type=pb.Update.MODIFY)
+        neg.entity.counter_entry.CopyFrom(ce)
+        assert raw_write(c, odd, neg, update("INSERT", ok)) == \
+            [code_pb2.INVALID_ARGUMENT, code_pb2.INVALID_ARGUMENT, code_pb2.OK]
+        assert c.read_counter(P4.COUNTER_STATS)[25] == CounterValue(0, 0)
+        with pytest.raises(SwitchError, match=r"update 0: INVALID_ARGUMENT, 'counter "
+                                              r"HomaggIngress.aggregation.stats: counts are never "
+                                              r"negative "
+                                              r"\(-1 packets, 0 bytes\)'"):
+            c.write_counter(P4.COUNTER_STATS, {25: CounterValue(-1, 0)})
+
+
+def test_an_empty_datagram_is_counted_as_malformed(agg):
+    with connect(agg) as c:
+        before = J.read_stats(c).switch["DROP_MALFORMED"]
+        agg.send(0, b"")
+        assert agg.recv(0, 0.2) == []
+        wait_for(lambda: J.read_stats(c).switch["DROP_MALFORMED"] == before + 1, 5,
+                 "the empty datagram counted")
+
+
 def test_a_partly_failing_batch_is_one_clear_error_not_a_hang(agg):
     """p4runtime-shell 0.0.6's error parser loops forever when some updates of a batch
     succeeded; the controller reads the per-update errors itself (p4client._write)."""

@@ -322,7 +322,8 @@ class SwitchModel(JoinRules):
                 rec = None
         if rec is None:
             out = []
-            for at in range(0, len(view), size or 1):
+            # (an empty datagram is one packet too: DROP_MALFORMED, counted)
+            for at in range(0, max(len(view), 1), size or 1):
                 out += self.process(bytes(view[at:at + size]), src).replies
             return out
         return self._accept_run(view, rec, job, worker, src)

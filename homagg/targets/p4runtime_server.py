@@ -218,9 +218,13 @@ class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
         return pb.WriteResponse()
 
     def _update(self, u) -> tuple[int, str]:
-        kind = pb.Update.Type.Name(u.type)
         which = u.entity.WhichOneof("entity")
+        kind = f"update type {u.type}"
         try:
+            if u.type not in pb.Update.Type.values():
+                raise TableError(code_pb2.INVALID_ARGUMENT,
+                                 f"update type {u.type} unknown (INSERT, MODIFY or DELETE)")
+            kind = pb.Update.Type.Name(u.type)
             if kind == "UNSPECIFIED":
                 raise TableError(code_pb2.INVALID_ARGUMENT, "update type unspecified")
             if which == "table_entry":
@@ -250,6 +254,10 @@ class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
         if kind != "MODIFY":
             raise TableError(code_pb2.INVALID_ARGUMENT, f"counter {name}: cells are modified, "
                                                         f"not {kind.lower()}ed")
+        if ce.data.packet_count < 0 or ce.data.byte_count < 0:
+            raise TableError(code_pb2.INVALID_ARGUMENT,
+                             f"counter {name}: counts are never negative ({ce.data.packet_count} "
+                             f"packets, {ce.data.byte_count} bytes)")
         index = ce.index.index if ce.HasField("index") else None
         self.sw.write_counter(name, index, ce.data.packet_count, ce.data.byte_count)
 
