@@ -157,7 +157,8 @@ def _connect(a, place: P.Place, pipeline: Pipeline | None = None) -> P4RuntimeSw
         logf = a.request_log if place.role == "switch" else \
             a.request_log.with_name(f"{name}-p4runtime.log")
     logf.parent.mkdir(parents=True, exist_ok=True)
-    return P4RuntimeSwitch(place.grpc, place.device_id, (high, low), logf, name).open(pipeline)
+    return P4RuntimeSwitch(place.grpc, place.device_id, (high, low), logf, name,
+                           place.tls).open(pipeline)
 
 
 def _need_config(a) -> Config:

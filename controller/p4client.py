@@ -27,6 +27,7 @@ from typing import Any
 from homagg import _p4consts as P4
 from homagg.controller.build import Pipeline
 from homagg.errors import HomaggError
+from homagg.netconfig import GrpcTls
 from homagg.p4schema import (
     P4Counter,
     P4SchemaError,
@@ -174,8 +175,9 @@ class P4RuntimeSwitch:
 
     def __init__(self, grpc_addr: str = "127.0.0.1:9559", device_id: int = 1,
                  election_id: tuple[int, int] = (0, 1), request_log: Path | None = None,
-                 name: str = "s1"):
+                 name: str = "s1", tls: GrpcTls | None = None):
         self.addr = grpc_addr
+        self.tls = tls
         self.device_id = device_id
         self.election_id = election_id
         self.request_log = request_log
@@ -196,11 +198,25 @@ class P4RuntimeSwitch:
                 raise SwitchError(f"switch {self.name} unreachable: nothing answers P4Runtime "
                                   f"at {self.addr}")
             time.sleep(0.2)
+        ssl = None
+        if self.tls is not None:
+            for what, path in (("grpc_ca", self.tls.ca), ("grpc_cert", self.tls.cert),
+                               ("grpc_key", self.tls.key)):
+                if path is not None and not Path(path).is_file():
+                    raise SwitchError(f"switch {self.name}: {what} {path}: no such file")
+            ssl = p4runtime.SSLOptions(False, self.tls.ca, self.tls.cert, self.tls.key)
         try:
-            client = p4runtime.P4RuntimeClient(self.device_id, self.addr, self.election_id)
+            client = p4runtime.P4RuntimeClient(self.device_id, self.addr, self.election_id,
+                                               ssl_options=ssl)
         except SystemExit:  # p4runtime-shell exits on a failed handshake
+            if self.tls is not None:
+                raise SwitchError(f"switch {self.name} at {self.addr}: no P4Runtime session "
+                                  "over TLS (does it serve TLS with a certificate grpc_ca "
+                                  "signed, for this address? with mutual TLS, does it trust "
+                                  "grpc_cert?)") from None
             raise SwitchError(f"switch {self.name} at {self.addr}: no P4Runtime session "
-                              f"(device id {self.device_id}?)") from None
+                              f"(device id {self.device_id}? a switch that serves TLS needs "
+                              "grpc_ca)") from None
         self._stub_wrapper = _LoggingStub(client.stub, self.request_log, self.name)
         client.stub = self._stub_wrapper
         self.client = client

@@ -21,7 +21,7 @@ from homagg.controller import jobs as J
 from homagg.controller.p4client import SwitchError, TableEntry
 from homagg.controller.switch import Switch
 from homagg.errors import JobError
-from homagg.netconfig import Config, JobSpec
+from homagg.netconfig import Config, GrpcTls, JobSpec
 from homagg.regions import NoFreeRegion
 
 log = logging.getLogger("homagg.placement")
@@ -42,6 +42,7 @@ class Place:
     grpc: str     # its P4Runtime address
     device_id: int
     thrift_port: int | None = None  # bmv2's Thrift CLI, for register resets
+    tls: GrpcTls | None = None      # its P4Runtime over TLS
 
     @property
     def address(self) -> str:
@@ -67,13 +68,13 @@ def switch_place(cfg: Config) -> Place:
     s = cfg.switch
     pool = s.slots or wire.SLOTS
     return Place(s.name, "switch", s.target, s.ip, pool, s.grpc, s.device_id,
-                 s.thrift_port if s.target == "bmv2" else None)
+                 s.thrift_port if s.target == "bmv2" else None, s.tls)
 
 
 def fallback_place(cfg: Config) -> Place | None:
     fb = cfg.fallback
     return None if fb is None else Place(fb.name, "fallback", "soft", fb.ip, wire.SLOTS,
-                                         fb.grpc, fb.device_id)
+                                         fb.grpc, fb.device_id, None, fb.tls)
 
 
 class Fabric:

@@ -120,6 +120,29 @@ class JobSpec:
 
 
 @dataclass(frozen=True)
+class GrpcTls:
+    """How the controller reaches a switch's P4Runtime over TLS: the CA that signed the
+    switch's certificate (``grpc_ca``), and for mutual TLS this controller's own certificate
+    and key (``grpc_cert``, ``grpc_key``). PEM file paths."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+
+
+def _tls(table: dict, where: str) -> GrpcTls | None:
+    ca, cert, key = (table.get(k) for k in ("grpc_ca", "grpc_cert", "grpc_key"))
+    if ca is None:
+        if cert is not None or key is not None:
+            raise ConfigError(f"{where}: grpc_cert and grpc_key need grpc_ca (the switch's CA)")
+        return None
+    if (cert is None) != (key is None):
+        raise ConfigError(f"{where}: grpc_cert and grpc_key go together (mutual TLS)")
+    return GrpcTls(str(ca), None if cert is None else str(cert), None if key is None
+                   else str(key))
+
+
+@dataclass(frozen=True)
 class SwitchSpec:
     name: str = "s1"
     grpc: str = "127.0.0.1:9559"
@@ -129,6 +152,7 @@ class SwitchSpec:
     mac: str = wire.DEFAULT_SWITCH_MAC
     target: str = "bmv2"  # one of TARGETS
     slots: int | None = None  # the slot pool homagg may use; None: the whole register
+    tls: GrpcTls | None = None  # P4Runtime over TLS (grpc_ca, grpc_cert, grpc_key)
 
 
 @dataclass(frozen=True)
@@ -141,6 +165,7 @@ class FallbackSpec:
     grpc: str = "127.0.0.1:9560"
     device_id: int = 1
     port: int | None = None  # the switch port it hangs off, if the switch routes to it
+    tls: GrpcTls | None = None
 
 
 @dataclass(frozen=True)
@@ -233,7 +258,8 @@ def parse(data: dict) -> Config:
     sw = data.get("switch", {})
     if not isinstance(sw, dict):
         raise ConfigError("[switch] must be a table")
-    known = {"name", "target", "grpc", "device_id", "thrift_port", "ip", "mac", "slots"}
+    known = {"name", "target", "grpc", "device_id", "thrift_port", "ip", "mac", "slots",
+             "grpc_ca", "grpc_cert", "grpc_key"}
     extra = set(sw) - known
     if extra:
         raise ConfigError(f"[switch]: unknown key(s) {', '.join(sorted(extra))}")
@@ -250,6 +276,7 @@ def parse(data: dict) -> Config:
         mac=_mac(sw.get("mac", d.mac), "switch.mac"),
         target=target,
         slots=None if "slots" not in sw else _int(sw["slots"], "switch.slots", 1, wire.SLOTS),
+        tls=_tls(sw, "[switch]"),
     )
     fallback = _fallback(data.get("fallback"))
     hosts = []
@@ -327,7 +354,8 @@ def _fallback(fb) -> FallbackSpec | None:
         return None
     if not isinstance(fb, dict):
         raise ConfigError("[fallback] must be a table")
-    extra = set(fb) - {"name", "ip", "mac", "grpc", "device_id", "port"}
+    extra = set(fb) - {"name", "ip", "mac", "grpc", "device_id", "port", "grpc_ca", "grpc_cert",
+                       "grpc_key"}
     if extra:
         raise ConfigError(f"[fallback]: unknown key(s) {', '.join(sorted(extra))}")
     d = FallbackSpec()
@@ -338,6 +366,7 @@ def _fallback(fb) -> FallbackSpec | None:
         grpc=str(fb.get("grpc", d.grpc)),
         device_id=_int(fb.get("device_id", d.device_id), "fallback.device_id", 0, 2**64 - 1),
         port=None if "port" not in fb else _int(fb["port"], "fallback.port", 0, 510),
+        tls=_tls(fb, "[fallback]"),
     )
 
 
@@ -352,18 +381,27 @@ def load(path: Path) -> Config:
     return parse(data)
 
 
+def _render_tls(t: GrpcTls | None) -> list[str]:
+    if t is None:
+        return []
+    return [f"grpc_ca = {t.ca!r}"] + ([f"grpc_cert = {t.cert!r}", f"grpc_key = {t.key!r}"]
+                                      if t.cert else [])
+
+
 def render(cfg: Config) -> str:
     """``cfg`` as the TOML ``load`` reads back: the launcher writes its topology's, so that
     homagg-ctl can drive a running Mininet network."""
     s = cfg.switch
     lines = ["[switch]", f'name = "{s.name}"', f'target = "{s.target}"', f'grpc = "{s.grpc}"',
              f"device_id = {s.device_id}", f"thrift_port = {s.thrift_port}", f'ip = "{s.ip}"',
-             f'mac = "{s.mac}"'] + ([f"slots = {s.slots}"] if s.slots else []) + [""]
+             f'mac = "{s.mac}"'] + ([f"slots = {s.slots}"] if s.slots else []) \
+        + _render_tls(s.tls) + [""]
     fb = cfg.fallback
     if fb is not None:
         lines += ["[fallback]", f'name = "{fb.name}"', f'ip = "{fb.ip}"', f'mac = "{fb.mac}"',
                   f'grpc = "{fb.grpc}"', f"device_id = {fb.device_id}"]
-        lines += ([f"port = {fb.port}"] if fb.port is not None else []) + [""]
+        lines += ([f"port = {fb.port}"] if fb.port is not None else []) + _render_tls(fb.tls)
+        lines += [""]
     for h in cfg.hosts:
         lines += ["[[hosts]]", f'name = "{h.name}"', f'ip = "{h.ip}"', f'mac = "{h.mac}"',
                   f"port = {h.port}", ""]

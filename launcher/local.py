@@ -117,7 +117,8 @@ def run_local(command: list[str], words: int = wire.WORDS_PER_PACKET, slots: int
     srv = None
     try:
         def connect(place):
-            return P4RuntimeSwitch(place.grpc, place.device_id, (0, 2), None, place.name).open()
+            return P4RuntimeSwitch(place.grpc, place.device_id, (0, 2), None, place.name,
+                                   place.tls).open()
 
         svc = JobService(agg.config, connect, ServeOptions(token=token, lease=lease,
                                                            slots=job_slots))

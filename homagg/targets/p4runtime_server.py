@@ -367,7 +367,9 @@ class P4RuntimeServer:
     """A SoftSwitch on P4Runtime: ``start()`` serves in grpcio's threads, ``stop()`` ends."""
 
     def __init__(self, switch: SoftSwitch, address: str = "127.0.0.1:9559", device_id: int = 1,
-                 threads: int = 32):
+                 threads: int = 32, tls: tuple[Path, Path, Path | None] | None = None):
+        """``tls``: (certificate, key, client CA or None) as PEM files: P4Runtime over TLS,
+        and with a client CA, only clients holding a certificate it signed (mutual TLS)."""
         host, sep, port = address.rpartition(":")
         if not address.startswith("unix:") and (not sep or not host or not port.isdigit()):
             raise P4RuntimeServerError(f"P4Runtime address {address!r}: expected HOST:PORT "
@@ -376,6 +378,7 @@ class P4RuntimeServer:
         self.device_id = device_id
         self.address = address
         self._threads = threads
+        self._tls = tls
         self._service = _Service(switch, device_id)
         self._server: Any = None
 
@@ -383,8 +386,20 @@ class P4RuntimeServer:
         server = grpc.server(futures.ThreadPoolExecutor(self._threads, "p4runtime"),
                              options=[("grpc.so_reuseport", 0)])
         p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(self._service, server)
+        creds = None
+        if self._tls is not None:
+            cert, key, client_ca = self._tls
+            try:
+                pair = (key.read_bytes(), cert.read_bytes())
+                roots = client_ca.read_bytes() if client_ca is not None else None
+            except OSError as e:
+                raise P4RuntimeServerError(f"P4Runtime TLS: {e.filename}: {e.strerror}") \
+                    from None
+            creds = grpc.ssl_server_credentials([pair], root_certificates=roots,
+                                                require_client_auth=roots is not None)
         try:
-            port = server.add_insecure_port(self.address)
+            port = server.add_secure_port(self.address, creds) if creds is not None \
+                else server.add_insecure_port(self.address)
         except RuntimeError:
             port = 0
         if not port:

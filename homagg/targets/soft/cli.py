@@ -48,7 +48,12 @@ def _p4runtime(a, cfg, sw: SoftSwitch):
     try:
         from homagg.targets.p4runtime_server import P4RuntimeServer
 
-        return P4RuntimeServer(sw, addr, device).start()
+        tls = None
+        if a.grpc_tls_cert or a.grpc_tls_key or a.grpc_tls_client_ca:
+            if not (a.grpc_tls_cert and a.grpc_tls_key):
+                raise HomaggError("P4Runtime TLS needs both --grpc-tls-cert and --grpc-tls-key")
+            tls = (a.grpc_tls_cert, a.grpc_tls_key, a.grpc_tls_client_ca)
+        return P4RuntimeServer(sw, addr, device, tls=tls).start()
     except (ImportError, HomaggError) as e:
         if isinstance(e, ImportError):
             e = HomaggError(f"grpcio or p4runtime missing ({e}); pip install 'homagg[controller]'")
@@ -82,6 +87,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--grpc", metavar="HOST:PORT",
                     help="serve P4Runtime here (default: the config's [switch] grpc, else "
                          f"{DEFAULT_GRPC}); 'none': do not")
+    ap.add_argument("--grpc-tls-cert", type=Path, metavar="PEM",
+                    help="serve P4Runtime over TLS with this certificate (and --grpc-tls-key)")
+    ap.add_argument("--grpc-tls-key", type=Path, metavar="PEM", help="its private key")
+    ap.add_argument("--grpc-tls-client-ca", type=Path, metavar="PEM",
+                    help="mutual TLS: only controllers with a certificate this CA signed")
     ap.add_argument("--device-id", type=int,
                     help="P4Runtime device id (default: the config's, else 1)")
     ap.add_argument("--words", type=int, default=wire.WORDS_PER_PACKET, metavar="K",
