@@ -48,6 +48,9 @@ setup_venv() {
             "grpcio-tools==1.49.1" || log "grpcio-tools not installed: the stubs' test will skip"
         touch "$stamp"
     fi
+    # numba's kernels, compiled now rather than inside the first run's rounds (a no-op, a few
+    # hundred milliseconds, once they are in numba's cache beside the sources)
+    "$VENV/bin/python" -c 'import sys; from homagg.host_agent.warm import main; sys.exit(main())'
     # torch is optional (the DDP hook and its test). Install it only from a CPU wheel already on
     # this machine's disk: from PyPI, plain torch is a CUDA build of several GB.
     if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then

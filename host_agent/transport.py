@@ -42,6 +42,7 @@ from homagg.host_agent.congestion import Congestion
 from homagg.host_agent.round import Round, SwitchOverflow
 from homagg.host_agent.round_cost import RoundCost
 from homagg.host_agent.rto import RtoEstimator
+from homagg.host_agent.warm import warm
 
 if TYPE_CHECKING:
     from homagg.host_agent.allreduce import Counters
@@ -111,7 +112,9 @@ class Transport:
 
     def join(self) -> int:
         """The job's barrier at the start of this agent's run: the generation the switch hands
-        out once every worker has joined (retransmitted like any round, with the deadline)."""
+        out once every worker has joined (retransmitted like any round, with the deadline).
+        The kernels are compiled (or loaded) first: never inside a round (``warm``)."""
+        warm()
         nonce = secrets.randbits(32) or 1  # 0: a register never written
         words = np.zeros(wire.JOIN_WORDS, np.int32)
         words[wire.JOIN_RUN_WORD] = np.uint32(self.cfg.run).view(np.int32)  # the attempt
