@@ -24,7 +24,9 @@ sparse, with the hook or the backend).
 needs DDP): ``ddp`` (the default, as above); ``loop``: no DDP, a hand-written loop that calls
 ``dist.all_reduce(grad, op=AVG)`` on every parameter's gradient; ``fsdp``: FSDP2's
 ``fully_shard`` on a 1-D device mesh; ``hsdp``: FSDP2 on a 2-D mesh of (world) replicas of one
-shard, whose replicate all-reduce spans the world. Every workload also sums an int64 counter
+shard, whose replicate all-reduce spans the world; ``hsdp2``: (world / 2) replicas of two
+shards, whose replicate groups are subgroups: with the controller service each joins a homagg
+job of its own, by itself. Every workload also sums an int64 counter
 of the samples seen, each step, and checks it (the metric reduction a training loop does).
 """
 
@@ -59,6 +61,9 @@ def batch(rank: int, step: int, rows: int, size: int = 64):
     return idx, y
 
 
+MESH = None  # the device mesh of the FSDP2 workloads
+
+
 def wrap(model: torch.nn.Module, workload: str, world: int) -> torch.nn.Module:
     """The model as the workload trains it: DDP, itself (the loop), or FSDP2-sharded."""
     if workload == "ddp":
@@ -68,8 +73,14 @@ def wrap(model: torch.nn.Module, workload: str, world: int) -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = (init_device_mesh("cpu", (world,)) if workload == "fsdp" else
-            init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard")))
+    global MESH
+    if workload == "fsdp":
+        mesh = init_device_mesh("cpu", (world,))
+    else:  # hsdp: (world) replicas of one shard; hsdp2: (world / 2) replicas of two shards
+        shards = 2 if workload == "hsdp2" else 1
+        mesh = init_device_mesh("cpu", (world // shards, shards),
+                                mesh_dim_names=("replicate", "shard"))
+    MESH = mesh
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
@@ -103,13 +114,17 @@ def main() -> int:
     ap.add_argument("--index", default="auto", help="homagg's index: auto, flat, hier")
     ap.add_argument("--no-overlap", action="store_true",
                     help="the hook blocks (no agent thread): for comparison")
-    ap.add_argument("--workload", choices=["ddp", "loop", "fsdp", "hsdp"], default="ddp",
+    ap.add_argument("--workload", choices=["ddp", "loop", "fsdp", "hsdp", "hsdp2"],
+                    default="ddp",
                     help="ddp: DDP; loop: dist.all_reduce on each gradient; fsdp: FSDP2 on a "
-                    "1-D mesh; hsdp: FSDP2 on a (world x 1) mesh")
+                    "1-D mesh; hsdp: FSDP2 on a (world x 1) mesh; hsdp2: on a (world/2 x 2) "
+                    "mesh, whose replicate groups are subgroups")
     a = ap.parse_args()
     if a.workload != "ddp" and (a.backend == "hook" or a.sparse):
         ap.error(f"--workload {a.workload} takes --backend homagg or gloo, dense gradients")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if a.workload == "hsdp2" and world % 2:
+        ap.error("--workload hsdp2 needs an even world size")
     if a.backend == "homagg":
         import homagg.torch  # registers the "homagg" backend
 
@@ -162,6 +177,13 @@ def main() -> int:
         print(f"rank {rank}: homagg sent {c.packets_sent} packets ({c.bytes_sent} B), "
               f"{c.retransmissions} retransmitted, {c.rounds} rounds, "
               f"{c.seconds:.2f} s in rounds", flush=True)
+    if a.backend == "homagg" and MESH is not None and MESH.ndim == 2:
+        g = MESH.get_group("replicate")  # a subgroup where the mesh has two shards
+        if g is not dist.group.WORLD:
+            ga = getattr(g, "agent", None)
+            print(f"rank {rank}: replicate group {g.counts.get('switch:allreduce', 0)} "
+                  f"switch all-reduces, {ga.counters.packets_sent if ga else 0} packets",
+                  flush=True)
     if state is not None and agent is not None:  # the hook's (the backend closes its own)
         state.close()
         agent.close()

@@ -47,14 +47,21 @@ context. With torch 2.13 nothing does: DDP's start-up checks, FSDP2 and the func
 collectives all come through the Python methods (tests/test_torch_backend.py shows which path
 served each).
 
-Subgroups (``new_group``, a device mesh's dimensions) each need a homagg job of their own: the
-job id, the worker ids and the switch's job table for that subset of ranks come from whoever
-configures the switch (the controller service), which this module cannot ask yet. So a
-subgroup is an all-gloo group (a one-time warning says so), unless
-``set_subgroup_config(provider)`` says which job it is: then it has an agent (and a thread) of
-its own, independent of the default group's, as a separate communicator is. A device mesh dimension
-that spans every rank in order is the default group itself (torch reuses it): HSDP's replicas'
-all_reduce over 2 x 1 goes through the switch.
+Subgroups (``new_group``, a device mesh's dimensions) each need a homagg job of their own, with
+an agent (and a thread) of their own, independent of the default group's, as a separate
+communicator is. Where the controller service is configured (HOMAGG_CONTROLLER), each subgroup
+joins its own job by itself: named from the default group's job name and torch's name for the
+group (the same on every member: torch names groups alike on every rank), with the member's
+rank in the group and the group's size, so its members agree on it with no extra code. Without
+a service, ``set_subgroup_config(provider)`` says which static job a subgroup is (and it takes
+precedence where given); a subgroup with neither is an all-gloo group (a one-time warning says
+so). A device mesh dimension that spans every rank in order is the default group itself (torch
+reuses it): HSDP's replicas' all_reduce over 2 x 1 goes through the switch, and over 2 x 2 its
+replicate dimension's groups join jobs of their own.
+
+Every collective called through the group is a ``torch.profiler`` event named after it, as
+gloo's and NCCL's are (``homagg:all_reduce``, ``homagg:broadcast``, ...), from the call until its
+work completes, so a profile shows where a step's time went.
 
 The modules: this one registers the backend and configures its agents (``create``,
 ``set_agent_options``, ``set_subgroup_config``, the environment); the process group, its
@@ -78,7 +85,7 @@ from homagg.host_agent.torch_work import HomaggWork
 
 __all__ = ["BACKEND", "FLOATS", "LIMB_BITS", "SMALL_INTS", "HomaggProcessGroup", "HomaggWork",
            "SubgroupConfig", "create", "register", "say_once", "set_agent_options",
-           "set_subgroup_config"]
+           "set_subgroup_config", "subgroup_job_name"]
 
 _options: dict[str, Any] = {}
 #: (global ranks of a subgroup, this rank's rank in it) -> its agent's config, or None: gloo
@@ -94,11 +101,12 @@ def set_agent_options(**options) -> None:
 
 
 def set_subgroup_config(provider: SubgroupConfig | None) -> None:
-    """How a subgroup (``new_group``, a device mesh's dimension) gets a homagg job of its own:
-    ``provider(global_ranks, group_rank)`` returns the config of this rank's agent in the
-    subgroup's job (a job id, worker id and bind address of its own; the switch's job table
-    must hold that job), or None for gloo. With no provider (the default, until the controller
-    service hands out jobs), every subgroup goes to gloo."""
+    """How a subgroup (``new_group``, a device mesh's dimension) gets a homagg job of its own
+    in a static setup: ``provider(global_ranks, group_rank)`` returns the config of this
+    rank's agent in the subgroup's job (a job id, worker id and bind address of its own; the
+    switch's job table must hold that job), or None for gloo. With no provider (the default),
+    a subgroup joins a job of its own through the controller service where HOMAGG_CONTROLLER
+    is set, and goes to gloo otherwise."""
     global _subgroup_config
     _subgroup_config = provider
 
@@ -123,6 +131,31 @@ def _agent_config(rank: int, size: int, environ: Mapping[str, str] | None = None
     return cfg
 
 
+def subgroup_job_name(environ: Mapping[str, str], group: str, ranks: list[int]) -> str:
+    """The job a subgroup joins through the service: the default group's job name (what
+    ``AgentConfig.from_env`` names it), then torch's name of the group and its global ranks."""
+    base = environ.get("HOMAGG_JOB_NAME") or (
+        f"{environ.get('MASTER_ADDR', '')}:{environ.get('MASTER_PORT', '')}/"
+        f"{environ.get('TORCHELASTIC_RUN_ID') or 'none'}")
+    return f"{base}/group {group or '?'} ranks {','.join(map(str, ranks))}"
+
+
+def _joined_subgroup(group: str, ranks: list[int], rank: int, size: int,
+                     environ: Mapping[str, str] | None = None) -> AgentConfig | None:
+    """This member's config in the subgroup's own job, joined through the controller service
+    (None without HOMAGG_CONTROLLER): the join waits for the subgroup's other members, as the
+    default group's does for every rank. Its agent binds an address of its own on the host of
+    HOMAGG_BIND, if any (its port is the default group's)."""
+    env = dict(os.environ if environ is None else environ)
+    if not env.get("HOMAGG_CONTROLLER"):
+        return None
+    env["HOMAGG_JOB_NAME"] = subgroup_job_name(env, group, ranks)
+    env["RANK"], env["WORLD_SIZE"] = str(rank), str(size)
+    if env.get("HOMAGG_BIND"):
+        env["HOMAGG_BIND"] = env["HOMAGG_BIND"].partition(":")[0]
+    return AgentConfig.from_env(env, **_options)
+
+
 def create(opts, backend_options=None) -> HomaggProcessGroup:
     """The backend's creator (torch's extended API): the default group gets an agent; a
     subgroup is all gloo (see the module doc)."""
@@ -135,12 +168,15 @@ def create(opts, backend_options=None) -> HomaggProcessGroup:
                                   lambda: Agent(_agent_config(rank, size)))
 
     def subgroup_agent() -> Agent | None:
-        cfg = _subgroup_config(world, rank) if _subgroup_config is not None else None
+        if _subgroup_config is not None:
+            cfg = _subgroup_config(world, rank)
+        else:
+            cfg = _joined_subgroup(str(getattr(opts, "group_id", "") or ""), world, rank, size)
         if cfg is None:
             say_once("subgroup", f"process group {getattr(opts, 'group_id', '?')} (ranks "
                      f"{world or '?'}) is a subgroup: it has no homagg job of its own (that "
-                     "needs the controller service, or homagg.torch.set_subgroup_config), so "
-                     "all its collectives go to gloo")
+                     "needs the controller service, HOMAGG_CONTROLLER, or "
+                     "homagg.torch.set_subgroup_config), so all its collectives go to gloo")
             return None
         if cfg.workers != size:
             raise AgentError(f"subgroup of ranks {world}: its job has {cfg.workers} workers, "

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.autograd.profiler import record_function
 from torch.distributed import ReduceOp
 from torch.distributed.distributed_c10d import AllgatherOptions
 
@@ -26,6 +27,14 @@ from homagg.host_agent.torch_work import HomaggWork
 
 #: The backend's name, for ``dist.init_process_group``.
 BACKEND = "homagg"
+
+
+#: The profiler's name of each collective (torch's public names, as gloo's events have them),
+#: by the gloo method that serves it.
+_OPS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced",
+        "allgather": "all_gather", "allgather_coalesced": "all_gather_coalesced",
+        "_allgather_base": "all_gather_into_tensor", "_reduce_scatter_base":
+        "reduce_scatter_tensor", "alltoall": "all_to_all", "alltoall_base": "all_to_all_single"}
 
 
 def _reduce_op(opts) -> Any:
@@ -90,7 +99,9 @@ class HomaggProcessGroup(dist.ProcessGroup):
                              f"{without} not: every rank must agree")
 
     # -- the thread ------------------------------------------------------------------------------
-    def _submit(self, run: Callable[[], list[torch.Tensor]]) -> HomaggWork:
+    def _submit(self, run: Callable[[], list[torch.Tensor]], op: str) -> HomaggWork:
+        """``run`` on the group's thread, in issue order; a profiler event ``homagg:<op>``
+        spans it from this call to its completion, as gloo's and NCCL's events do."""
         fut: torch.futures.Future = torch.futures.Future()
 
         def job() -> None:
@@ -101,10 +112,12 @@ class HomaggProcessGroup(dist.ProcessGroup):
             except BaseException as err:  # noqa: BLE001 - raised where the work is waited on
                 fut.set_exception(err)
 
-        with self._lock:
-            if self._thread is None:
-                raise RuntimeError("homagg: the process group is shut down")
-            self._thread.submit(job)
+        with record_function(f"homagg:{op}") as event:
+            with self._lock:
+                if self._thread is None:
+                    raise RuntimeError("homagg: the process group is shut down")
+                self._thread.submit(job)
+            event._call_end_callbacks_on_future(fut)  # the event ends when the work does
         return HomaggWork(fut)
 
     def _gloo_call(self, name: str, outputs: list[torch.Tensor], *args) -> HomaggWork:
@@ -113,7 +126,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
             getattr(self._gloo, name)(*args).wait()
             return outputs
 
-        return self._submit(run)
+        return self._submit(run, _OPS.get(name, name))
 
     @property
     def cpp_collectives(self) -> int:
@@ -175,7 +188,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
                 switch_allreduce(agent, t, op)
             return tensors
 
-        return self._submit(run)
+        return self._submit(run, _OPS[name])
 
     # -- everything else: gloo, from the same thread -------------------------------------------
     def broadcast(self, tensors, opts=None):  # type: ignore[override]
@@ -209,7 +222,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
                 self._gloo._allgather_base(o, i, opts).wait()
             return outputs
 
-        return self._submit(run)
+        return self._submit(run, "all_gather_into_tensor_coalesced")
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -256,7 +269,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
                 self._gloo._reduce_scatter_base(o, i, opts).wait()
             return outputs
 
-        return self._submit(run)
+        return self._submit(run, "reduce_scatter_tensor_coalesced")
 
     def _switch_scatter(self, pairs: Callable[[], list[tuple[torch.Tensor, torch.Tensor]]],
                         inputs: list[torch.Tensor], opts) -> HomaggWork | None:
@@ -284,7 +297,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
                 out.copy_(full.reshape(self.size(), -1)[self.rank()].view_as(out))
             return [out for out, _ in todo]
 
-        return self._submit(run)
+        return self._submit(run, "reduce_scatter")
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 

@@ -106,14 +106,16 @@ def packets(out: str) -> dict[int, int]:
     return {int(r): int(n) for r, n in re.findall(r"rank (\d): homagg sent (\d+) packets", out)}
 
 
-@pytest.mark.parametrize("workload", ["ddp", "loop", "fsdp", "hsdp"])
+@pytest.mark.parametrize("workload", ["ddp", "loop", "fsdp", "hsdp", "hsdp2"])
 def test_local_torchrun_each_workload_on_the_homagg_backend_tracks_gloo(tmp_path, workload):
     """The one-string change, under ``homagg-net local -- torchrun`` with 4 ranks: DDP without
     a hook, a hand-written loop of dist.all_reduce(AVG), FSDP2 (its reduce_scatter through
-    the switch) and HSDP on ``--backend homagg``, against the same workload on gloo. Every
-    rank ends bit-identical, the losses within 1e-6 of gloo's, the int64 metric exact (the
-    example checks it: every rank prints the samples the job saw), and each rank sent more
-    packets through the switch than the metric's one per step."""
+    the switch), HSDP (4 x 1) and HSDP on a 2 x 2 mesh (its replicate groups subgroups that
+    join jobs of their own through the service) on ``--backend homagg``, against the same
+    workload on gloo. Every rank ends bit-identical, the losses within 1e-6 of gloo's, the
+    int64 metric exact (the example checks it: every rank prints the samples the job saw),
+    and the gradients went through the switch: each rank's default group sent more packets
+    than the metric's one per step, or (hsdp2) each replicate subgroup did its all-reduces."""
     env = clean_env() | {"HOMAGG_TORCH_REDUCE_SCATTER": "switch"}
     args = ("--workload", workload)
     runs = {}
@@ -131,7 +133,20 @@ def test_local_torchrun_each_workload_on_the_homagg_backend_tracks_gloo(tmp_path
     seen = re.findall(r"rank \d: samples seen (\d+)", out)
     assert seen == [str(4 * 64 * STEPS)] * 4, out[-2000:]  # 4 ranks x 64 samples x STEPS
     sent = packets(out)
-    assert sorted(sent) == [0, 1, 2, 3] and min(sent.values()) > STEPS, sent
+    # the default group's packets: the metric's one per step, and the gradients' (on hsdp2
+    # the replicate subgroups carry those: below)
+    assert sorted(sent) == [0, 1, 2, 3], sent
+    assert min(sent.values()) >= STEPS if workload == "hsdp2" else min(sent.values()) > STEPS, \
+        sent
+    replicate = {int(r): (int(n), int(p)) for r, n, p in re.findall(
+        r"rank (\d): replicate group (\d+) switch all-reduces, (\d+) packets", out)}
+    if workload == "hsdp2":
+        # the replicate groups ({0, 2} and {1, 3}) are subgroups: each joined a job of its own
+        # through the service, by itself, and its gradients' all-reduce went through the switch
+        assert sorted(replicate) == [0, 1, 2, 3], out[-2000:]
+        assert all(n >= STEPS and p > 0 for n, p in replicate.values()), replicate
+    else:
+        assert replicate == {}, replicate
     ref = losses(runs["gloo"])
     assert len(ref) == STEPS and len(losses(out)) == STEPS
     assert max(abs(a - b) for a, b in zip(losses(out), ref)) <= 1e-6, (losses(out), ref)

@@ -872,6 +872,31 @@ def test_a_subgroup_with_a_job_of_its_own_goes_through_the_switch(tmp_path):
     assert torch.equal(ranks[0]["out"]["a"], ranks[1]["out"]["a"])
 
 
+def profiled_worker(rank, world, ref):
+    """A profile around a few collectives: each is an event named after it, as gloo's are."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.arange(1000, dtype=torch.float32) * (rank + 1)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        dist.all_reduce(x)
+        dist.broadcast(torch.zeros(4), src=0)
+        dist.all_reduce(torch.tensor([float(rank)]), op=ReduceOp.MAX)
+        work = dist.all_reduce(torch.ones(10), async_op=True)
+        work.wait()
+    events = [e for e in prof.events() if e.name.startswith("homagg:")]
+    return {"names": sorted(e.name for e in events),
+            "spans": {e.name: e.cpu_time_total for e in events}, "x": x}
+
+
+def test_every_collective_is_a_profiler_event(tmp_path):
+    ranks = run_job(profiled_worker, tmp_path, 12)
+    for r in ranks:
+        out = r["out"]
+        assert out["names"] == ["homagg:all_reduce"] * 3 + ["homagg:broadcast"], out["names"]
+        assert all(t > 0 for t in out["spans"].values()), out["spans"]
+        assert torch.equal(out["x"], torch.arange(1000, dtype=torch.float32) * 3)
+
+
 # -- errors, configuration -------------------------------------------------------------------
 
 
