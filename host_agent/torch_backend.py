@@ -1,6 +1,6 @@
 """A torch.distributed backend named "homagg": ``dist.init_process_group("homagg")``.
 
-    import homagg.torch  # registers the backend (for the cpu device)
+    import homagg.torch  # registers the backend (for the cpu and cuda devices)
     dist.init_process_group("homagg")   # or "cpu:homagg"; then DDP, dist.all_reduce, ... as usual
 
 The process group builds its agent itself, from ``AgentConfig.from_env()`` (HOMAGG_JOB,
@@ -24,6 +24,10 @@ bind its address fails ``init_process_group`` on every rank at once). What goes 
   limbs; int64 always in four 16-bit limbs (one round of 4x the words): the sum modulo 2**64,
   bit for bit gloo's.
 * Sparse COO tensors (SUM, AVG): ``Agent.allreduce_rows``, as the DDP hook does.
+* CUDA tensors: as CPU tensors' (the same integers, bit for bit), staged through pinned host
+  memory by ``torch_switch.CudaStager``, with NCCL's stream promises: the collective waits for
+  the stream that produced the tensor, and its Work's CUDA-aware future makes the waiting
+  stream wait for the copy back. The codec runs on the CPU: the whole tensor crosses PCIe.
 * ``reduce_scatter`` (all three forms) SUM/AVG: gloo by default; with
   HOMAGG_TORCH_REDUCE_SCATTER=switch, an all_reduce through the switch of which each rank keeps
   its part (FSDP2's gradients then reach the switch; every rank sends the whole tensor).
@@ -187,7 +191,7 @@ def create(opts, backend_options=None) -> HomaggProcessGroup:
 
 
 def register() -> None:
-    """Register the "homagg" backend for the cpu device (again: nothing)."""
+    """Register the "homagg" backend for the cpu and cuda devices (again: nothing)."""
     if BACKEND.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu", "cuda"])

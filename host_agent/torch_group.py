@@ -22,7 +22,12 @@ from torch.distributed.distributed_c10d import AllgatherOptions
 
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentError
-from homagg.host_agent.torch_switch import say_once, switch_allreduce, switch_refuses
+from homagg.host_agent.torch_switch import (
+    CudaStager,
+    say_once,
+    switch_allreduce,
+    switch_refuses,
+)
 from homagg.host_agent.torch_work import HomaggWork
 
 #: The backend's name, for ``dist.init_process_group``.
@@ -35,6 +40,27 @@ _OPS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced"
         "allgather": "all_gather", "allgather_coalesced": "all_gather_coalesced",
         "_allgather_base": "all_gather_into_tensor", "_reduce_scatter_base":
         "reduce_scatter_tensor", "alltoall": "all_to_all", "alltoall_base": "all_to_all_single"}
+
+
+def _ready_events(*tensors) -> dict[torch.device, Any]:
+    """For the CUDA devices of ``tensors`` (tensors, nested in lists as the collectives take
+    them): an event on the caller's current stream of each, which the group's thread waits
+    for before the collective reads them (the caller's stream produced them)."""
+    devices: set[torch.device] = set()
+    todo: list[Any] = list(tensors)
+    while todo:
+        x = todo.pop()
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "cuda":
+                devices.add(x.device)
+        elif isinstance(x, (list, tuple)):
+            todo.extend(x)
+    return {d: CudaStager.ready(d) for d in devices}
+
+
+def _wait_ready(ready: dict[torch.device, Any]) -> None:
+    for d, ev in ready.items():
+        torch.cuda.current_stream(d).wait_event(ev)
 
 
 def _reduce_op(opts) -> Any:
@@ -70,12 +96,16 @@ class HomaggProcessGroup(dist.ProcessGroup):
         # collectives this group served, "switch:allreduce", "gloo:<gloo's method>" (what C++
         # sends straight to the registered backend is not seen here)
         self.counts: Counter[str] = Counter()
+        self._stager = CudaStager()  # CUDA tensors through the switch, by pinned host memory
         self._start(make_agent)
         # The registered cpu backend: what C++ reaches without going through Python.
         self._cpp = dist.ProcessGroupGloo(dist.PrefixStore("homagg-cpp/", store), rank, size,
                                           timeout)
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM,
                                self._cpp)
+        if torch.cuda.is_available():  # (gloo serves CUDA tensors too, through the host)
+            self._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.CUSTOM,
+                                   self._cpp)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="homagg-agent")
 
     def _start(self, make_agent: Callable[[], Agent | None]) -> None:
@@ -99,10 +129,15 @@ class HomaggProcessGroup(dist.ProcessGroup):
                              f"{without} not: every rank must agree")
 
     # -- the thread ------------------------------------------------------------------------------
-    def _submit(self, run: Callable[[], list[torch.Tensor]], op: str) -> HomaggWork:
+    def _submit(self, run: Callable[[], list[torch.Tensor]], op: str,
+                devices: list[torch.device] | None = None) -> HomaggWork:
         """``run`` on the group's thread, in issue order; a profiler event ``homagg:<op>``
-        spans it from this call to its completion, as gloo's and NCCL's events do."""
-        fut: torch.futures.Future = torch.futures.Future()
+        spans it from this call to its completion, as gloo's and NCCL's events do. With CUDA
+        ``devices``, the future is CUDA-aware: it records an event on the thread's current
+        stream when ``run`` is done, and whoever waits on it has its own stream wait for that
+        event (NCCL's semantics)."""
+        fut: torch.futures.Future = torch.futures.Future(devices=list[Any](devices)) \
+            if devices else torch.futures.Future()
 
         def job() -> None:
             try:
@@ -121,12 +156,15 @@ class HomaggProcessGroup(dist.ProcessGroup):
         return HomaggWork(fut)
 
     def _gloo_call(self, name: str, outputs: list[torch.Tensor], *args) -> HomaggWork:
+        ready = _ready_events(outputs, args)
+
         def run() -> list[torch.Tensor]:
+            _wait_ready(ready)
             self.counts[f"gloo:{name}"] += 1
-            getattr(self._gloo, name)(*args).wait()
+            getattr(self._gloo, name)(*args).wait()  # (CUDA: this thread's stream waits)
             return outputs
 
-        return self._submit(run, _OPS.get(name, name))
+        return self._submit(run, _OPS.get(name, name), sorted(ready, key=str) or None)
 
     @property
     def cpp_collectives(self) -> int:
@@ -179,16 +217,24 @@ class HomaggProcessGroup(dist.ProcessGroup):
             if self.agent is not None:  # (a subgroup said so when it was made)
                 say_once(why, why)
             return self._gloo_call(name, tensors, tensors, opts)
+        # CUDA tensors: the collective waits for the stream that produced them (an event
+        # recorded now, on the caller's current stream), as NCCL's does
+        ready = {d: self._stager.ready(d) for d in {t.device for t in tensors
+                                                    if t.device.type == "cuda"}}
 
         def run() -> list[torch.Tensor]:
             agent = self.agent
             assert agent is not None  # (switch_refuses sends a group without one to gloo)
             self.counts["switch:allreduce"] += 1
             for t in tensors:
-                switch_allreduce(agent, t, op)
+                if t.device.type == "cuda":
+                    self.counts["switch:allreduce cuda"] += 1
+                    self._stager.allreduce(agent, t, op, ready[t.device])
+                else:
+                    switch_allreduce(agent, t, op)
             return tensors
 
-        return self._submit(run, _OPS[name])
+        return self._submit(run, _OPS[name], sorted(ready, key=str) or None)
 
     # -- everything else: gloo, from the same thread -------------------------------------------
     def broadcast(self, tensors, opts=None):  # type: ignore[override]
@@ -215,14 +261,17 @@ class HomaggProcessGroup(dist.ProcessGroup):
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
+        ready = _ready_events(outputs, inputs)
 
         def run() -> list[torch.Tensor]:
+            _wait_ready(ready)
             self.counts["gloo:_allgather_base"] += len(outputs)
             for o, i in zip(outputs, inputs):
                 self._gloo._allgather_base(o, i, opts).wait()
             return outputs
 
-        return self._submit(run, "all_gather_into_tensor_coalesced")
+        return self._submit(run, "all_gather_into_tensor_coalesced",
+                            sorted(ready, key=str) or None)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -263,13 +312,17 @@ class HomaggProcessGroup(dist.ProcessGroup):
         if work is not None:
             return work
 
+        ready = _ready_events(outputs, inputs)
+
         def run() -> list[torch.Tensor]:
+            _wait_ready(ready)
             self.counts["gloo:_reduce_scatter_base"] += len(outputs)
             for o, i in zip(outputs, inputs):
                 self._gloo._reduce_scatter_base(o, i, opts).wait()
             return outputs
 
-        return self._submit(run, "reduce_scatter_tensor_coalesced")
+        return self._submit(run, "reduce_scatter_tensor_coalesced",
+                            sorted(ready, key=str) or None)
 
     def _switch_scatter(self, pairs: Callable[[], list[tuple[torch.Tensor, torch.Tensor]]],
                         inputs: list[torch.Tensor], opts) -> HomaggWork | None:
@@ -287,17 +340,21 @@ class HomaggProcessGroup(dist.ProcessGroup):
             say_once(why, why.replace("all_reduce", "reduce_scatter", 1))
             return None
         todo = pairs()
+        ready = _ready_events([full for _, full in todo], [out for out, _ in todo])
 
         def run() -> list[torch.Tensor]:
             agent = self.agent
             assert agent is not None  # (checked above, before the switch was chosen)
             self.counts["switch:reduce_scatter"] += 1
             for out, full in todo:
-                switch_allreduce(agent, full, op)
+                if full.device.type == "cuda":
+                    self._stager.allreduce(agent, full, op, ready[full.device])
+                else:
+                    switch_allreduce(agent, full, op)
                 out.copy_(full.reshape(self.size(), -1)[self.rank()].view_as(out))
             return [out for out, _ in todo]
 
-        return self._submit(run, "reduce_scatter")
+        return self._submit(run, "reduce_scatter", sorted(ready, key=str) or None)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 

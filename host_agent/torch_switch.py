@@ -52,8 +52,8 @@ def switch_refuses(agent: Agent | None, tensors, op) -> str | None:
                 "subset of ranks needs the controller service): its collectives go to gloo")
     sum_like = op in (ReduceOp.SUM, ReduceOp.AVG)
     for t in tensors:
-        if t.device.type != "cpu":
-            return f"all_reduce of a {t.device.type} tensor goes to gloo (cpu only)"
+        if t.device.type not in ("cpu", "cuda"):
+            return f"all_reduce of a {t.device.type} tensor goes to gloo (cpu and cuda only)"
         if not sum_like:
             return (f"all_reduce {_op_name(op)} goes to gloo: the switch only adds (SUM "
                     "and AVG go through it)")
@@ -113,6 +113,54 @@ def switch_allreduce(agent: Agent, t: torch.Tensor, op) -> None:
         t.copy_(torch.from_numpy(np.ascontiguousarray(s, np.int32)).view(t.shape))
         return
     t.copy_(torch.from_numpy(_limb_sum(agent, x64, 4)).view(t.shape))
+
+
+class CudaStager:
+    """CUDA tensors through the switch, staged through pinned host memory: the tensor is
+    copied to a reused pinned buffer on a side stream of its device (after the producing
+    stream's event), summed there by the CPU path (``switch_allreduce``, the same integers as a
+    CPU tensor's), and copied back on the side stream, which the group's thread then holds as
+    its current stream, so the collective's CUDA-aware future records its completion there.
+    The whole tensor crosses PCIe both ways: the codec does not run on the GPU yet."""
+
+    #: pinned buffers kept (DDP's buckets repeat a few sizes); the oldest goes past it
+    KEEP = 32
+
+    def __init__(self):
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._pinned: dict[tuple, torch.Tensor] = {}
+
+    @staticmethod
+    def ready(device: torch.device) -> torch.cuda.Event:
+        """An event on the caller's current stream of ``device`` (what produced the tensor)."""
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(device))
+        return ev
+
+    def _buffer(self, t: torch.Tensor) -> torch.Tensor:
+        key = (t.dtype, t.numel())
+        buf = self._pinned.pop(key, None)
+        if buf is None:
+            buf = torch.empty(t.numel(), dtype=t.dtype, pin_memory=True)
+            if len(self._pinned) >= self.KEEP:
+                del self._pinned[next(iter(self._pinned))]
+        self._pinned[key] = buf  # (the most recent last)
+        return buf
+
+    def allreduce(self, agent: Agent, t: torch.Tensor, op, ready: torch.cuda.Event) -> None:
+        if t.is_sparse:
+            t.copy_(sparse_allreduce(agent, t.cpu(), op).to(t.device))
+            return
+        side = self._streams.get(t.device)
+        if side is None:
+            side = self._streams[t.device] = torch.cuda.Stream(t.device)
+        torch.cuda.set_stream(side)  # (this thread's: the future records its event here)
+        host = self._buffer(t)
+        side.wait_event(ready)
+        host.copy_(t.detach().reshape(-1), non_blocking=True)
+        side.synchronize()  # the values are on the host
+        switch_allreduce(agent, host, op)
+        t.detach().copy_(host.view(t.shape), non_blocking=True)
 
 
 def sparse_allreduce(agent: Agent, t: torch.Tensor, op) -> torch.Tensor:

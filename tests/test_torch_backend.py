@@ -1015,7 +1015,7 @@ def test_import_homagg_torch_registers_the_backend_and_leaves_torch_alone():
     import homagg.torch
 
     assert "HOMAGG" in dist.Backend._plugins
-    assert dist.Backend.backend_capability["homagg"] == ["cpu"]
+    assert dist.Backend.backend_capability["homagg"] == ["cpu", "cuda"]
     assert torch.__name__ == "torch" and homagg.torch.__name__ == "homagg.torch"
     homagg.torch.register()  # again: nothing
 
