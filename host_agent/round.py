@@ -148,8 +148,9 @@ class Round(LossRecovery):
                 self.congestion(pending, now)
             pending = self.retransmit(pending, now)
             silent = now - self.last_progress
-            if silent > self.cfg.deadline or (silent > max(1.0, 4 * t.rtt.rto)
-                                              and self.removed_by_controller()):
+            gone = self.cfg.membership is not None and self.cfg.membership.lost is not None
+            # (the controller says the job is gone: fail without the whole deadline)
+            if silent > self.cfg.deadline or (gone and silent > max(1.0, 4 * t.rtt.rto)):
                 t.chunk = t.chunk if self.join else end
                 t.broken = "timeout"
                 raise self.timeout(pending)
@@ -162,11 +163,6 @@ class Round(LossRecovery):
             raise SwitchOverflow()
         return self.out[:self.n]
 
-    def removed_by_controller(self) -> bool:
-        """The controller service said this job is gone (a peer's lease ran out, say): its
-        packets now go nowhere, so the round fails without waiting out its whole deadline."""
-        m = self.cfg.membership
-        return m is not None and m.lost is not None
 
     # -- sending -------------------------------------------------------------------------------
     def send(self, c: int) -> None:
@@ -417,13 +413,10 @@ class Round(LossRecovery):
 
     def refused_by_switch(self, c: int, reason: int, upstream: bool = False) -> None:
         """The switch dropped our chunk ``c`` and said why (FLAG_REFUSED). A wrong identity or
-        slot is this agent's configuration: no retransmission can fix it, so fail once a
-        resend of the chunk is refused again (the first refusal of one send could be forged by
-        anyone who can reach this port: the chunk is resent at the next timeout, and a forged
-        refusal's chunk gets its result as usual). A stale or mismatched round is kept for the
-        timeout's message (a late duplicate's refusal is harmless: the chunk's result may
-        still come). ``upstream``: a tree's parent switch refused our switch's partial sum,
-        which is the tree's configuration."""
+        slot is this agent's configuration: fail once a resend of the chunk is refused again
+        (one refusal could be forged: the chunk is resent soon, and gets its result if so). A
+        stale or mismatched round is kept for the timeout's message. ``upstream``: a tree's
+        parent switch refused our switch's partial sum (the tree's configuration)."""
         t, cfg = self.t, self.cfg
         name = wire.STATS.get(reason, f"drop reason {reason}")
         if name in _CONFIG_ERRORS:
