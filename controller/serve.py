@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 import secrets
 import signal
@@ -23,9 +24,10 @@ from typing import Any
 
 import grpc
 
-from homagg.controller.service import JobService, Refusal, ServeOptions, positive_seconds
+from homagg.controller.service import JobService, Refusal, ServeOptions
 from homagg.errors import ConfigError
 from homagg.membership import REFUSAL_KEY, pb2, rpc
+from homagg.udpio import route_source
 
 log = logging.getLogger("homagg.serve")
 
@@ -64,7 +66,7 @@ class _Servicer(rpc.MembershipServicer):
             ip = self.svc.address_of(context.peer(), request.ip)
             wait = request.wait_seconds
             remaining = context.time_remaining()
-            if remaining is not None and wait == wait:  # answer before the caller's deadline
+            if remaining is not None and not math.isnan(wait):  # before the caller's deadline
                 wait = min(wait or self.svc.opts.wait, max(remaining - 1.0, 0.1))
             a = self.svc.join(request.job, request.rank, request.world_size, ip,
                               request.udp_port, request.slots, wait, context.is_active)
@@ -198,13 +200,9 @@ def _advertised(host: str, port: int, svc: JobService) -> tuple[str, int] | None
     except ValueError:  # a host name
         return None
     if ip.is_unspecified:  # every address: the one on the route to the switch
-        import socket
-
         sw_host, _, sw_port = svc.cfg.switch.grpc.rpartition(":")
         try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((sw_host.strip("[]") or "127.0.0.1", int(sw_port)))  # sends nothing
-                return s.getsockname()[0], port
+            return route_source((sw_host.strip("[]") or "127.0.0.1", int(sw_port))), port
         except (OSError, ValueError):
             return "127.0.0.1", port
     return (str(ip), port) if ip.version == 4 else None
@@ -261,9 +259,8 @@ def run(a, cfg, connect) -> int:
     """The CLI's ``serve``: until SIGTERM or Ctrl-C."""
     if bool(a.tls_cert) != bool(a.tls_key):
         raise ConfigError("TLS needs both --tls-cert and --tls-key")
-    opts = ServeOptions(token=token_from(a.token_file, a.no_token),
-                        lease=positive_seconds(a.lease, "--lease"), slots=a.slots,
-                        wait=positive_seconds(a.join_wait, "--join-wait"),
+    opts = ServeOptions(token=token_from(a.token_file, a.no_token), lease=a.lease,
+                        slots=a.slots, wait=a.join_wait,  # (both checked by ServeOptions)
                         trust_claimed_address=a.trust_worker_address, max_joins=a.max_joins,
                         key=key_from(a.key_file), metrics_job_names=a.metrics_job_names)
     if a.metrics_port is not None and not 0 <= a.metrics_port <= 65535:

@@ -88,12 +88,12 @@ class JobService:
                  opts: ServeOptions | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
-        self.opts = opts = opts if opts is not None else ServeOptions()
+        self.opts = opts if opts is not None else ServeOptions()
         self._connect = connect
         self._clock = clock
         self._cond = threading.Condition()
         self._switch = threading.RLock()
-        self._key = opts.key or secrets.token_bytes(32)
+        self._key = self.opts.key or secrets.token_bytes(32)
         self._pending: dict[str, Pending] = {}
         self.held: dict[int, Held] = {}
         self._gone: dict[int, str] = {}   # job id -> why it was removed (renewals are told)

@@ -142,6 +142,14 @@ class BatchSocket:
         return nb, seg, src
 
 
+def route_source(addr: tuple[str, int]) -> str:
+    """This host's address on the route to ``addr`` (a connected UDP socket's; no packet is
+    sent). OSError where there is no route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(addr)
+        return s.getsockname()[0]
+
+
 def path_mtu(addr) -> int | None:
     """The MTU of this host's route to ``addr`` (IP_MTU of a connected UDP socket: the
     outgoing interface's, or a smaller path MTU the kernel learned); None if unknown."""

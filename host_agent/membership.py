@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from homagg.host_agent.config import AgentError
+from homagg.udpio import route_source
 
 log = logging.getLogger("homagg.membership")
 
@@ -35,9 +36,7 @@ class JoinError(AgentError):
 def local_ip_towards(host: str, port: int) -> str:
     """This host's address on the route to ``host`` (no packet is sent)."""
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, port))
-            return s.getsockname()[0]
+        return route_source((host, port))
     except OSError as e:
         raise JoinError(f"no route to the controller {host}:{port}: {e}") from None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -130,14 +130,15 @@ class HomaggProcessGroup(dist.ProcessGroup):
 
     # -- the thread ------------------------------------------------------------------------------
     def _submit(self, run: Callable[[], list[torch.Tensor]], op: str,
-                devices: list[torch.device] | None = None) -> HomaggWork:
+                devices: Iterable[torch.device] = ()) -> HomaggWork:
         """``run`` on the group's thread, in issue order; a profiler event ``homagg:<op>``
         spans it from this call to its completion, as gloo's and NCCL's events do. With CUDA
         ``devices``, the future is CUDA-aware: it records an event on the thread's current
         stream when ``run`` is done, and whoever waits on it has its own stream wait for that
         event (NCCL's semantics)."""
-        fut: torch.futures.Future = torch.futures.Future(devices=list[Any](devices)) \
-            if devices else torch.futures.Future()
+        cuda: list[Any] = sorted(devices, key=str)
+        fut: torch.futures.Future = torch.futures.Future(devices=cuda) if cuda \
+            else torch.futures.Future()
 
         def job() -> None:
             try:
@@ -164,7 +165,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
             getattr(self._gloo, name)(*args).wait()  # (CUDA: this thread's stream waits)
             return outputs
 
-        return self._submit(run, _OPS.get(name, name), sorted(ready, key=str) or None)
+        return self._submit(run, _OPS.get(name, name), ready)
 
     @property
     def cpp_collectives(self) -> int:
@@ -234,7 +235,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
                     switch_allreduce(agent, t, op)
             return tensors
 
-        return self._submit(run, _OPS[name], sorted(ready, key=str) or None)
+        return self._submit(run, _OPS[name], ready)
 
     # -- everything else: gloo, from the same thread -------------------------------------------
     def broadcast(self, tensors, opts=None):  # type: ignore[override]
@@ -271,7 +272,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
             return outputs
 
         return self._submit(run, "all_gather_into_tensor_coalesced",
-                            sorted(ready, key=str) or None)
+                            ready)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -322,7 +323,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
             return outputs
 
         return self._submit(run, "reduce_scatter_tensor_coalesced",
-                            sorted(ready, key=str) or None)
+                            ready)
 
     def _switch_scatter(self, pairs: Callable[[], list[tuple[torch.Tensor, torch.Tensor]]],
                         inputs: list[torch.Tensor], opts) -> HomaggWork | None:
@@ -354,7 +355,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
                 out.copy_(full.reshape(self.size(), -1)[self.rank()].view_as(out))
             return [out for out, _ in todo]
 
-        return self._submit(run, "reduce_scatter", sorted(ready, key=str) or None)
+        return self._submit(run, "reduce_scatter", ready)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
