@@ -95,6 +95,33 @@ def _pb():
     return p4runtime, p4runtime_pb2
 
 
+def _client_class(p4runtime: Any) -> Any:
+    """p4runtime-shell's client, but its handshake tells a backup session to the log, not to
+    stdout (where it broke ``homagg-ctl job list --json`` while a service held primary)."""
+
+    class Client(p4runtime.P4RuntimeClient):
+        primary = False
+
+        def handshake(self) -> None:
+            _, p4runtime_pb2 = _pb()
+            req = p4runtime_pb2.StreamMessageRequest()
+            req.arbitration.device_id = self.device_id
+            req.arbitration.election_id.high = self.election_id[0]
+            req.arbitration.election_id.low = self.election_id[1]
+            if self.role_name is not None:
+                req.arbitration.role.name = self.role_name
+            self.stream_out_q.put(req)
+            rep = self.get_stream_packet("arbitration", timeout=2)
+            if rep is None:
+                raise SystemExit(1)  # as p4runtime-shell's own handshake; open() names it
+            self.primary = rep.arbitration.status.code == 0  # google.rpc OK
+            if not self.primary:
+                log.info("a backup P4Runtime session (read access only): another client is "
+                         "primary")
+
+    return Client
+
+
 def _counter(name: str) -> P4Counter:
     try:
         return P4.SCHEMA.counter(name)
@@ -206,8 +233,8 @@ class P4RuntimeSwitch:
                     raise SwitchError(f"switch {self.name}: {what} {path}: no such file")
             ssl = p4runtime.SSLOptions(False, self.tls.ca, self.tls.cert, self.tls.key)
         try:
-            client = p4runtime.P4RuntimeClient(self.device_id, self.addr, self.election_id,
-                                               ssl_options=ssl)
+            client = _client_class(p4runtime)(self.device_id, self.addr, self.election_id,
+                                              ssl_options=ssl)
         except SystemExit:  # p4runtime-shell exits on a failed handshake
             if self.tls is not None:
                 raise SwitchError(f"switch {self.name} at {self.addr}: no P4Runtime session "

@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -26,6 +27,7 @@ pytest.importorskip("prometheus_client")
 
 from homagg.controller.cli import main as ctl  # noqa: E402
 from homagg.controller.p4client import P4RuntimeSwitch  # noqa: E402
+from homagg.controller.placement import switch_place  # noqa: E402
 from homagg.controller.serve import start  # noqa: E402
 from homagg.controller.service import SERVICE_JOBS_CELL, JobService, ServeOptions  # noqa: E402
 from homagg.host_agent import Agent, AgentConfig, AgentError  # noqa: E402
@@ -301,6 +303,23 @@ def test_the_token_can_be_turned_off_only_explicitly(tmp_path):
 
 
 # -- leases, restarts, the CLI alongside --------------------------------------------------------
+
+def test_the_clis_json_stays_json_while_another_client_is_primary(tmp_path):
+    """A listing is a read: as a backup session it works, and says so to the log only (p4runtime-
+    shell printed "You are not the primary client" on stdout, before the JSON)."""
+    agg = LocalAggregator(slots=POOL, workdir=tmp_path).start()
+    place = switch_place(agg.config)
+    held = P4RuntimeSwitch(place.grpc, place.device_id, (0, 99), None, place.name).open()
+    try:
+        assert held.client.primary
+        out = subprocess.run([sys.executable, "-m", "homagg.controller.cli", "-c", str(agg.path),
+                              "job", "list", "--json"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == []
+    finally:
+        held.close()
+        agg.stop()
+
 
 def test_a_job_whose_worker_stops_renewing_is_removed(tmp_path):
     rig = Rig(tmp_path, lease=1.0)
