@@ -17,11 +17,11 @@ fewer cores than processes, the step is as fast as the sum of that over the work
     sudo python -m bench.ddp_step --words 64,256      # homagg at K = 64 and 256 side by side
     sudo python -m bench.ddp_step --workers 2         # 2 workers (default 4)
     sudo python -m bench.ddp_step --topo leafspine    # 2 leaves of 2 workers under a spine
-    sudo python -m bench.ddp_step --mtu 9000 --words 2240   # jumbo frames (gloo's too)
+    sudo python -m bench.ddp_step --mtu 9000 --words 2176   # jumbo frames (gloo's too)
 
 ``--words``: the switch's words per packet (K); with several, each K gets its own topology
 (gloo runs in the first), so a change of K is measured against gloo in the same run.
-``--mtu``: every link's MTU (homagg-net --mtu), for gloo as for homagg; 9000 for K above 365.
+``--mtu``: every link's MTU (homagg-net --mtu), for gloo as for homagg; 9000 for K above 364.
 ``--topo leafspine --leaves L --workers-per-leaf N``: the same on a tree of switches
 (launcher.tree: homagg aggregates at the leaves and the spine; gloo's ring crosses the tree,
 routed by the switches on bmv2); figures go to ddp_step_leafspine.json (.png).
@@ -98,7 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--words", default="", help="K values, e.g. 64,256 (default: the P4 "
                                                  "default only)")
     ap.add_argument("--mtu", type=int, default=1500,
-                    help="every link's MTU, gloo's included (9000: jumbo frames, K up to 2240)")
+                    help="every link's MTU, gloo's included (9000: jumbo frames, K up to 2239; "
+                         "2176 on bmv2)")
     ap.add_argument("--workers", type=int, default=4, help="star: worker hosts")
     ap.add_argument("--topo", default="star", choices=["star", "leafspine"])
     ap.add_argument("--leaves", type=int, default=2, help="leafspine: leaf switches")

@@ -73,12 +73,14 @@ class ModelTarget(_Inbox):
     def addr(self, host):
         return (host_ip(host), PORT)
 
-    def add_job(self, job_id, workers, slots=8, udp_port=PORT, uplink: Uplink | None = None):
+    def add_job(self, job_id, workers, slots=8, udp_port=PORT, uplink: Uplink | None = None,
+                key: int = 0):
         self.epoch += 1
         parent = None if uplink is None else ParentLink(uplink.job, uplink.worker,
-                                                        (uplink.ip, uplink.udp_port))
+                                                        (uplink.ip, uplink.udp_port),
+                                                        auth=uplink.key)
         job = JobEntry(job_id, [(host_ip(i), udp_port) for i in workers], self.epoch,
-                       (job_id % 8) * slots, slots, uplink=parent)
+                       (job_id % 8) * slots, slots, uplink=parent, auth=key)
         self.model.install(job)
         return job
 
@@ -111,9 +113,9 @@ class SoftTarget(_Inbox):
     def addr(self, host):
         return (host_ip(host), PORT)
 
-    def add_job(self, job_id, workers, slots=8, udp_port=PORT, uplink=None):
+    def add_job(self, job_id, workers, slots=8, udp_port=PORT, uplink=None, key=0):
         return install(self.sw, job_id, [(host_ip(i), udp_port) for i in workers], slots,
-                       uplink=uplink)
+                       uplink=uplink, key=key)
 
     def remove_job(self, job_id):
         jobs.remove_job(self.conn, job_id)
@@ -162,9 +164,9 @@ class SoftUdpTarget:
     def addr(self, host):
         return self.socks[host].getsockname()
 
-    def add_job(self, job_id, workers, slots=8, udp_port=None, uplink=None):
+    def add_job(self, job_id, workers, slots=8, udp_port=None, uplink=None, key=0):
         """``udp_port``: unused, each host sends from its own socket's port."""
-        spec = job_spec(job_id, [self.addr(i) for i in workers], slots, uplink=uplink)
+        spec = job_spec(job_id, [self.addr(i) for i in workers], slots, uplink=uplink, key=key)
         return jobs.add_job(self.conn, spec, pool=self.sw.slots)
 
     def remove_job(self, job_id):
@@ -223,9 +225,9 @@ class Bmv2Target:
     def addr(self, host):
         return (host_ip(host), PORT)
 
-    def add_job(self, job_id, workers, slots=8, udp_port=PORT, uplink=None):
+    def add_job(self, job_id, workers, slots=8, udp_port=PORT, uplink=None, key=0):
         spec = self.bed.job(job_id, list(workers), slots, udp_port)
-        return jobs.add_job(self.bed.conn, replace(spec, uplink=uplink))
+        return jobs.add_job(self.bed.conn, replace(spec, uplink=uplink, key=key))
 
     def remove_job(self, job_id):
         jobs.remove_job(self.bed.conn, job_id)

@@ -29,7 +29,14 @@ K = wire.WORDS_PER_PACKET
 WORKERS = 3          # hosts 0..2 are the job's workers; host 3 is registered nowhere
 PARENT = 3           # (or, for a tree's child job, its parent switch)
 PJ, LW = 5, 1        # the parent's job id, and this switch's worker id in it
+PKEY = 0x5EED0F0D    # the parent job's key
 SLOTS = 4
+
+
+def key_of(job: int) -> int:
+    """The case job's key (the auth word its packets carry): its top bit set, so the byte
+    order shows."""
+    return 0xA5000000 | job * 0x10101
 _job_ids = itertools.count()
 
 
@@ -49,6 +56,8 @@ class Pkt:
     job: int | None = None     # header job id (default: the case's job)
     status: tuple[int, int] | None = None  # words of a status reply (a parent's)
     run: int = 0               # a join's run (word JOIN_RUN_WORD)
+    auth: int | None = None    # its key (default: the case job's; the parent job's from it)
+    flip: int = 0              # bits of the key flipped (a near guess)
 
     def payload(self, job: int) -> bytes:
         flags = self.flags | (wire.FLAG_PHASE if self.phase else 0)
@@ -57,10 +66,12 @@ class Pkt:
                  else wire.status_words(*self.status, n))
         if self.run:
             words[wire.JOIN_RUN_WORD] = self.run
+        auth = self.flip ^ (self.auth if self.auth is not None else (
+            PKEY if self.host == PARENT else key_of(job)))
         job = job if self.job is None else self.job
         p = wire.pack(self.op, job, self.host if self.worker is None else self.worker,
                       self.slot, self.seq, words, flags=flags, version=self.version,
-                      gen=self.gen)
+                      gen=self.gen, auth=auth)
         if self.size is None:
             return p
         return p[:self.size] if self.size <= len(p) else p + bytes(self.size - len(p))
@@ -138,6 +149,8 @@ TREE_CASES = [
     Case("tree: the parent's result is multicast to the workers",
          ROUND, FROM_PARENT(42), "STAT_FROM_PARENT", tuple(Reply(h, R, 42) for h in ALL),
          ("STAT_COMPLETED",)),
+    Case("tree: a result from the parent's address without the parent job's key is forged",
+         ROUND, FROM_PARENT(42, flip=1 << 7), "DROP_FORGED_RESULT"),
     Case("tree: after the parent's result, a retransmission gets it by unicast",
          ROUND + (FROM_PARENT(42),), Pkt(0), "STAT_RETRANS_REPLY", (Reply(0, R | T, 42),)),
     Case("tree: the parent's result twice is dropped", ROUND + (FROM_PARENT(42),),
@@ -280,7 +293,19 @@ CASES = [
          "DROP_WRONG_IDENTITY"),
     Case("a slot outside the job's region", (), Pkt(0, slot=SLOTS), "DROP_BAD_SLOT"),
     Case("a result flag from a host", (), Pkt(0, flags=R), "DROP_FORGED_RESULT"),
-    Case("another protocol version", (), Pkt(0, version=2), "DROP_BAD_VERSION"),
+    Case("another protocol version", (), Pkt(0, version=wire.HOMAGG_VERSION - 1),
+         "DROP_BAD_VERSION"),
+    Case("a registered sender's packet without its job's key is spoofed: no reply",
+         (Pkt(1),), Pkt(0, auth=0), "DROP_SPOOFED"),
+    Case("a key one bit off is spoofed too, and adds nothing: the round still waits",
+         (Pkt(1), Pkt(2)), Pkt(0, flip=1 << 31), "DROP_SPOOFED"),
+    Case("... and the worker's own packet then completes it", (Pkt(1), Pkt(2),
+                                                              Pkt(0, flip=1, value=99)),
+         Pkt(0), "STAT_ACCEPTED", tuple(Reply(h, R, 3) for h in ALL), ("STAT_COMPLETED",)),
+    Case("a join without the job's key is spoofed", (J(1, 12),),
+         replace(J(0, 11), auth=0), "DROP_SPOOFED"),
+    Case("a header worker id that is not the sender's, without the key: spoofed, unanswered",
+         (), Pkt(0, worker=1, auth=0), "DROP_SPOOFED"),
     Case("an unknown op", (), Pkt(0, op=7), "DROP_BAD_OP"),
     Case("a contribution flagged as overflowed (a child switch's partial) flags its round",
          (Pkt(0), Pkt(1)), Pkt(2, flags=OVF), "STAT_ACCEPTED",
@@ -333,8 +358,8 @@ def install_case_job(target, job: int, tree: bool) -> None:
     if tree:
         ip, port = target.addr(PARENT)
         uplink = UplinkSpec(PJ, LW, ip, port, host_mac(PARENT), wire.HOMAGG_UDP_PORT_MIN,
-                            PARENT + 1)
-    target.add_job(job, list(ALL), SLOTS, uplink=uplink)
+                            PARENT + 1, PKEY)
+    target.add_job(job, list(ALL), SLOTS, uplink=uplink, key=key_of(job))
     target.installed, target.uplink = [job], uplink
     target.drain()
 
@@ -406,6 +431,8 @@ def test_rule(target, case):
         slot = slot if r.slot is None else r.slot
         seq = probe.seq if r.seq is None else r.seq
         assert (pkt.job, pkt.slot) == (job if r.job is None else r.job, slot)
+        # up to the parent with its job's key; down here, and answers, with this job's
+        assert pkt.auth == (PKEY if r.job == PJ else key_of(job)), f"host {host}: key"
         assert seq == ANY or pkt.seq == seq
         if r.job == PJ:  # up to the parent: this switch's worker id there
             assert pkt.worker == LW

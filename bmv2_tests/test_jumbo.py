@@ -1,6 +1,6 @@
-"""Jumbo frames: packets of K = 2240 words (what a 9000-byte MTU holds, the wire's limit),
+"""Jumbo frames: packets of K = 2176 words (the largest multiple of 64 a 9000-byte MTU holds),
 exact against the integer sum on the three targets: the model (homagg.switch_model), the
-software aggregator's tables and bmv2 running p4/homagg.p4 built for that K (35 chunks of 64
+software aggregator's tables and bmv2 running p4/homagg.p4 built for that K (34 chunks of 64
 words: the first, a middle and the last chunk all carry data, so a chunk the layout left out
 would show). The default K's behaviour is the conformance and aggregation tests' business;
 this file is about the size.
@@ -21,7 +21,7 @@ from bmv2_tests.conftest import LOG_DIR, bmv2_skip_reason
 from bmv2_tests.targets import Bmv2Target, ModelTarget, SoftTarget
 from homagg import wire
 
-K = wire.MAX_WORDS_PER_PACKET // wire.CHUNK_WORDS * wire.CHUNK_WORDS  # 2240: 35 chunks
+K = wire.MAX_WORDS_PER_PACKET // wire.CHUNK_WORDS * wire.CHUNK_WORDS  # 2176: 34 chunks
 WORKERS = 4
 _job_ids = itertools.count(1)
 

@@ -62,12 +62,14 @@ def test_agents_stay_exact_with_lossy_links(target, capsys):
 
 
 def test_jumbo_frames_carry_the_largest_k_exactly(target, capsys):
-    """--mtu 9000 --words 2240: every link at 9000 bytes, the switch built (bmv2) or started
-    (soft) for 2240 words, the agents learn it and every packet is 8972 bytes of UDP payload
-    (9014-byte frames), and every aggregate is exact."""
+    """--mtu 9000 --words K: every link at 9000 bytes, the switch built (bmv2: 2176 words, 34
+    chunks of 64) or started (soft: 2239, the wire's limit, 8972 bytes of UDP payload) for the
+    largest K it takes, the agents learn it, and every aggregate is exact."""
     from homagg import wire
 
     k = wire.MAX_WORDS_PER_PACKET
+    if target == "bmv2":
+        k = k // wire.CHUNK_WORDS * wire.CHUNK_WORDS
     log_dir = LOG_DIR / f"mn-jumbo-{target}"
     rc = _run(["run", "--target", target, "--mtu", str(wire.JUMBO_MTU), "--words", str(k),
                "--log-dir", str(log_dir), "--", "bench", "--size", "200000", "--density",
@@ -82,8 +84,8 @@ def test_jumbo_frames_carry_the_largest_k_exactly(target, capsys):
 def test_a_k_the_mtu_cannot_carry_is_refused_before_the_topology_starts():
     from homagg.launcher.net import HomaggNet, NetError, NetOptions
 
-    with pytest.raises(NetError, match="--words 2240 with --mtu 1500: .* raise the MTU"):
-        HomaggNet(NetOptions(target="soft", words=2240))
+    with pytest.raises(NetError, match="--words 2176 with --mtu 1500: .* raise the MTU"):
+        HomaggNet(NetOptions(target="soft", words=2176))
 
 
 def test_the_bmv2_window_holds_fewer_packets_when_they_are_jumbo():
@@ -93,8 +95,8 @@ def test_the_bmv2_window_holds_fewer_packets_when_they_are_jumbo():
     if bmv2_skip_reason():
         pytest.skip(bmv2_skip_reason())
     assert HomaggNet(NetOptions(target="bmv2")).slots == 16
-    assert HomaggNet(NetOptions(target="bmv2", words=2240, mtu=9000)).slots == 8
-    assert HomaggNet(NetOptions(target="soft", words=2240, mtu=9000)).slots == 64
+    assert HomaggNet(NetOptions(target="bmv2", words=2176, mtu=9000)).slots == 8
+    assert HomaggNet(NetOptions(target="soft", words=2176, mtu=9000)).slots == 64
 
 
 def test_exec_runs_a_command_on_every_worker_with_its_settings(target, capsys):

@@ -5,7 +5,7 @@
 Rebuilds only when a source under p4/ is newer than the outputs. ``--words K`` sets the words
 per packet (-DWORDS_PER_PACKET=K; the P4 default, 256, otherwise) and builds into its own
 directory (``build/p4-k64``), so builds for several K live side by side; agents learn K from
-the switch. K up to 320 fits the default 1500-byte MTU, up to 2240 a 9000-byte one (jumbo
+the switch. K up to 320 fits the default 1500-byte MTU, up to 2176 a 9000-byte one (jumbo
 frames: ``homagg-net --mtu 9000``). The generated constants and the shipped P4Info are
 always the default build's.
 """

@@ -90,6 +90,9 @@ def parser() -> argparse.ArgumentParser:
     ja.add_argument("--place", choices=PLACES,
                     help="auto (default): the switch while its slots last, else the config's "
                          "[fallback]; switch; fallback")
+    ja.add_argument("--key", type=lambda s: int(s, 0), metavar="N",
+                    help="the job's key, 0 to 2**32 - 1 (default: the config's, else 0): its "
+                         "agents need it too (HOMAGG_JOB_KEY)")
     jl = job.add_parser("list", help="jobs installed on the switch (and the fallback)")
     jl.add_argument("--json", action="store_true")
     jr = job.add_parser("remove", help="remove a job")
@@ -170,9 +173,11 @@ def _need_config(a) -> Config:
 def _job_spec(a, cfg: Config):
     if not a.worker:
         spec = cfg.job(a.id)
-        if a.slots or a.place:
-            spec = validate_job(spec.id, list(spec.workers), a.slots or spec.slots,
-                                a.place or spec.place)
+        if a.slots or a.place or a.key is not None:
+            spec = dataclasses.replace(
+                validate_job(spec.id, list(spec.workers), a.slots or spec.slots,
+                             a.place or spec.place, spec.key if a.key is None else a.key),
+                uplink=spec.uplink)
         return spec
     workers = []
     for w in a.worker:
@@ -183,7 +188,7 @@ def _job_spec(a, cfg: Config):
         except ValueError:
             raise ConfigError(f"--worker {w!r}: port must be an integer") from None
         workers.append(Worker(h.ip, udp, h.mac, h.port, h.name))
-    return validate_job(a.id, workers, a.slots or 64, a.place or "auto")
+    return validate_job(a.id, workers, a.slots or 64, a.place or "auto", a.key or 0)
 
 
 def _added(pj: P.PlacedJob) -> str:

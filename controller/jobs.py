@@ -59,6 +59,7 @@ class InstalledJob:
     size: int
     group: int
     uplink: Uplink | None = None  # a tree's child job: its parent (uplink table)
+    key: int = 0                  # the job's key (the auth its packets carry)
 
     @property
     def region(self) -> range:
@@ -72,7 +73,7 @@ class InstalledJob:
         out = {"id": self.id, "workers": [{"worker": s.worker, "ip": s.ip,
                                            "udp_port": s.udp_port} for s in self.senders],
                "epoch": self.epoch, "slot_base": self.base, "slots": self.size,
-               "group": self.group}
+               "group": self.group, "keyed": self.key != 0}
         if self.uplink is not None:
             u = self.uplink
             out["uplink"] = {"job": u.job, "worker": u.worker, "ip": u.ip,
@@ -166,32 +167,35 @@ def list_jobs(sw: Switch) -> list[InstalledJob]:
            if e.action == P4.ACTION_SET_UPLINK}
     return [InstalledJob(j, tuple(sorted(v["senders"], key=lambda s: s.worker)), v["epoch"],
                          v["region_base"], v["region_size"], v["mcast_group"],
-                         _uplink_of(ups[j]) if j in ups else None)
+                         _uplink_of(ups[j]) if j in ups else None, v["auth"])
             for j, v in sorted(by_job.items())]
 
 
 def _uplink_of(p: Mapping[str, int]) -> Uplink:
     return Uplink(p["job"], p["worker"], int_ip(p["ip"]), p["udp_port"], int_mac(p["mac"]),
-                  p["src_port"], p["port"])
+                  p["src_port"], p["port"], p["auth"])
 
 
 def _uplink_entry(job_id: int, u: Uplink) -> TableEntry:
     return TableEntry(P4.TABLE_UPLINK, {"job": job_id}, P4.ACTION_SET_UPLINK,
                       {"job": u.job, "worker": u.worker, "mac": mac_int(u.mac),
                        "ip": ip_int(u.ip), "udp_port": u.udp_port, "src_port": u.src_port,
-                       "port": u.switch_port})
+                       "port": u.switch_port, "auth": u.key})
 
 
 def _parent_match(u: Uplink) -> dict:
-    return {"src_addr": ip_int(u.ip), "src_port": u.udp_port, "parent_job": u.job}
+    return {"src_addr": ip_int(u.ip), "src_port": u.udp_port, "parent_job": u.job,
+            "parent_auth": u.key}
 
 
 def _parent_entry(job_id: int, u: Uplink, workers: int, epoch: int, base: int, size: int,
-                  group: int) -> TableEntry:
-    """Admission's parents table: the parent's answers carry this job (uplink.p4)."""
+                  group: int, key: int) -> TableEntry:
+    """Admission's parents table: the parent's answers carry this job (uplink.p4), and its
+    key on the way down."""
     return TableEntry(P4.TABLE_PARENTS, _parent_match(u), P4.ACTION_SET_PARENT,
                       {"job": job_id, "workers": workers, "epoch": epoch, "region_base": base,
-                       "region_size": size, "mcast_group": group, "port": u.switch_port})
+                       "region_size": size, "mcast_group": group, "port": u.switch_port,
+                       "auth": key})
 
 
 def next_epoch(sw: Switch) -> int:
@@ -205,12 +209,12 @@ def next_epoch(sw: Switch) -> int:
 
 
 def _worker_entry(job_id: int, s: Sender, workers: int, epoch: int, base: int, size: int,
-                  group: int) -> TableEntry:
+                  group: int, key: int) -> TableEntry:
     return TableEntry(P4.TABLE_JOB_WORKERS, {"src_addr": ip_int(s.ip), "src_port": s.udp_port},
                       P4.ACTION_SET_WORKER,
                       {"job": job_id, "worker": s.worker, "workers": workers, "epoch": epoch,
                        "region_base": base, "region_size": size, "mcast_group": group,
-                       "port": s.switch_port})
+                       "port": s.switch_port, "auth": key})
 
 
 def _result_key(job_id: int, worker: int) -> dict:
@@ -245,13 +249,13 @@ def add_job(sw: Switch, job: JobSpec, pool: int = wire.SLOTS) -> InstalledJob:
                                    for wid, w in enumerate(job.workers)])
     new = tuple(Sender(wid, w.ip, w.udp_port, w.switch_port) for wid, w in enumerate(job.workers))
     if job.uplink is not None:  # a tree's child job: the parent's answers, then where to go
-        sw.insert(_parent_entry(job.id, job.uplink, len(new), epoch, base, job.slots, group),
-                  or_modify=True)
+        sw.insert(_parent_entry(job.id, job.uplink, len(new), epoch, base, job.slots, group,
+                                job.key), or_modify=True)
         sw.insert(_uplink_entry(job.id, job.uplink), or_modify=True)
     for s in new:
-        sw.insert(_worker_entry(job.id, s, len(new), epoch, base, job.slots, group))
+        sw.insert(_worker_entry(job.id, s, len(new), epoch, base, job.slots, group, job.key))
     reset_job_counters(sw, job.id)
-    return InstalledJob(job.id, new, epoch, base, job.slots, group, job.uplink)
+    return InstalledJob(job.id, new, epoch, base, job.slots, group, job.uplink, job.key)
 
 
 def find_job(sw: Switch, job_id: int) -> InstalledJob:
@@ -299,9 +303,10 @@ def reset_job(sw: Switch, job_id: int, thrift_port: int | None = None) -> ResetR
     epoch = next_epoch(sw)
     if job.uplink is not None:
         sw.modify(_parent_entry(job.id, job.uplink, job.workers, epoch, job.base, job.size,
-                                job.group))
+                                job.group, job.key))
     for s in job.senders:
-        sw.modify(_worker_entry(job.id, s, job.workers, epoch, job.base, job.size, job.group))
+        sw.modify(_worker_entry(job.id, s, job.workers, epoch, job.base, job.size, job.group,
+                                job.key))
     reset_job_counters(sw, job.id)
     registers = "skipped (no Thrift port)"
     if thrift_port is not None:

@@ -113,18 +113,21 @@ class LocalSwitch:
 
 
 def job_spec(job_id: int, workers: Sequence[tuple[str, int]], slots: int,
-             ports: Sequence[int] | None = None, uplink: Uplink | None = None) -> JobSpec:
+             ports: Sequence[int] | None = None, uplink: Uplink | None = None,
+             key: int = 0) -> JobSpec:
     """A job of workers at (ip, udp port) addresses, checked as a config's job is
-    (``netconfig.validate_job``); ``ports``: their switch ports (0 where none)."""
+    (``netconfig.validate_job``); ``ports``: their switch ports (0 where none); ``key``: the
+    job's key (its packets' auth word)."""
     ports = list(ports) if ports is not None else [0] * len(workers)
     spec = validate_job(job_id, [Worker(ip, port, "00:00:00:00:00:00", p)
-                                 for (ip, port), p in zip(workers, ports)], slots)
-    return JobSpec(spec.id, spec.workers, spec.slots, spec.place, uplink)
+                                 for (ip, port), p in zip(workers, ports)], slots, key=key)
+    return JobSpec(spec.id, spec.workers, spec.slots, spec.place, uplink, spec.key)
 
 
 def install(switch: SoftSwitch, job_id: int, workers: Sequence[tuple[str, int]], slots: int,
-            ports: Sequence[int] | None = None, uplink: Uplink | None = None
+            ports: Sequence[int] | None = None, uplink: Uplink | None = None, key: int = 0
             ) -> jobs.InstalledJob:
     """``jobs.add_job`` on ``switch`` in process, for a job given by worker addresses."""
-    return jobs.add_job(LocalSwitch(switch), job_spec(job_id, workers, slots, ports, uplink),
+    return jobs.add_job(LocalSwitch(switch),
+                        job_spec(job_id, workers, slots, ports, uplink, key),
                         pool=switch.slots)

@@ -101,8 +101,33 @@ def _client_class(p4runtime: Any) -> Any:
 
     class Client(p4runtime.P4RuntimeClient):
         primary = False
+        primary_election: tuple[int, int] = (0, 0)  # the primary's, as the switch last said
+        ended = False  # the stream ended (the switch went away)
+        #: (primary, the primary's election id) of every arbitration update since the
+        #: handshake, for a holder to read (and clear): a loss and a regain between two reads
+        #: show
+        changes: list[tuple[bool, tuple[int, int]]]
+
+        def arbitration(self) -> bool:
+            """Whether this session is primary now: the switch's arbitration updates since
+            the last call applied (it sends one to every client when the primary changes)."""
+            q = self.stream_in_q["arbitration"]
+            while not q.empty():
+                rep = q.get_nowait()
+                if rep is None:  # p4runtime-shell's mark of a stream that ended
+                    self.ended, self.primary = True, False
+                    continue
+                self._arbitrated(rep)
+            return self.primary
+
+        def _arbitrated(self, rep: Any) -> None:
+            e = rep.arbitration.election_id
+            self.primary_election = (e.high, e.low)
+            self.primary = rep.arbitration.status.code == 0  # google.rpc OK
+            self.changes.append((self.primary, self.primary_election))
 
         def handshake(self) -> None:
+            self.changes = []
             _, p4runtime_pb2 = _pb()
             req = p4runtime_pb2.StreamMessageRequest()
             req.arbitration.device_id = self.device_id
@@ -114,7 +139,8 @@ def _client_class(p4runtime: Any) -> Any:
             rep = self.get_stream_packet("arbitration", timeout=2)
             if rep is None:
                 raise SystemExit(1)  # as p4runtime-shell's own handshake; open() names it
-            self.primary = rep.arbitration.status.code == 0  # google.rpc OK
+            self._arbitrated(rep)
+            self.changes.clear()
             if not self.primary:
                 log.info("a backup P4Runtime session (read access only): another client is "
                          "primary")
@@ -311,10 +337,33 @@ class P4RuntimeSwitch:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # -- arbitration -------------------------------------------------------------------------
+    @property
+    def primary(self) -> bool:
+        """Whether this session is the switch's primary controller now (only the primary
+        writes); a session whose stream ended is not."""
+        c = self.client
+        return c is not None and (c.arbitration() if hasattr(c, "arbitration") else True)
+
+    @property
+    def primary_election(self) -> tuple[int, int]:
+        """The primary's election id, as the switch last said."""
+        return getattr(self.client, "primary_election", self.election_id)
+
+    @property
+    def ended(self) -> bool:
+        return self.client is None or getattr(self.client, "ended", False)
+
     # -- writes and reads ------------------------------------------------------------------
     def _write(self, what: str, updates: list, or_modify: bool = False) -> None:
         """One Write; with ``or_modify``, updates refused with ALREADY_EXISTS become MODIFY."""
         _, pb = _pb()
+        if not self.primary and not self.ended:
+            h, low = self.primary_election
+            raise SwitchError(
+                f"switch {self.name}: {what} refused: another controller is primary (election "
+                f"id {h},{low}, above this one's {self.election_id[0]},{self.election_id[1]}): "
+                "only the primary writes; once it disconnects, this one can")
         req = pb.WriteRequest()
         req.updates.extend(updates)
         try:

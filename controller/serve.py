@@ -73,7 +73,7 @@ class _Servicer(rpc.MembershipServicer):
             return pb2.JoinReply(send_to_ip=a.send_to[0], send_to_port=a.send_to[1],
                                  job_id=a.job_id, worker=a.worker, workers=a.workers,
                                  slots=a.slots, place=a.place, place_role=a.role, run=a.run,
-                                 lease_seconds=a.lease, ip=a.ip, secret=a.secret)
+                                 lease_seconds=a.lease, ip=a.ip, secret=a.secret, key=a.key)
         return self._answer(context, call)
 
     def Renew(self, request, context):

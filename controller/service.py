@@ -1,42 +1,39 @@
 """homagg-ctl serve: the controller as a service, where workers join their jobs by themselves.
 
-A worker asks to join a job by name (what torchrun gives all its ranks alike), with its rank,
-the world size and its UDP port; its address is the one the service sees the request come
-from. When every rank has joined, the job is placed as ``homagg-ctl job add`` would place it
-(``placement.Fabric``: the switch while its slots last, else the fallback), written to the
-switch, and every rank is answered at once. Workers then renew a lease; a job with a worker
-whose lease ran out is removed and its slots freed, as is a job whose workers have all left.
+A worker asks to join a job by name (what torchrun gives all its ranks alike), with its rank, the
+world size and its UDP port; its address is the one the service sees the request come from. When
+every rank has joined, the job is placed as ``homagg-ctl job add`` would place it
+(``placement.Fabric``: the switch while its slots last, else the fallback), written to the switch,
+and every rank is answered at once. Workers then renew a lease; a job with a worker whose lease ran
+out is removed and its slots freed, as is a job whose workers have all left.
 
-The switch stays the source of truth. The jobs this service placed are marked on each place
-in a spare cell of the STATS counter (``SERVICE_JOBS_CELL``: a bitmask of job ids, as its
-packet count; P4Runtime can write counters, and they outlive this process), so a restarted
-service reads them back from the switch's tables and serves their leases again, while jobs
-the operator installed with the CLI are never touched. The data path never needs the
-service: running jobs keep running while it is down.
+The switch stays the source of truth. The jobs this service placed are marked on each place in a
+spare cell of the STATS counter (``SERVICE_JOBS_CELL``: a bitmask of job ids, as its packet count;
+P4Runtime can write counters, and they outlive this process), so a restarted service reads them
+back from the switch's tables and serves their leases again, while jobs the operator installed with
+the CLI are never touched. The data path never needs the service: running jobs keep running while
+it is down. Switch sessions are opened per operation, with an election id above the CLI's default;
+where another controller is primary, the switch refuses the service's writes, and it says so. Two
+locks, never held together in the other order: ``_switch`` serializes switch I/O (placements,
+removals, scrapes, the holder mark), ``_cond`` guards the service's own state and is never held
+across a switch call. A renewal takes only ``_cond``, for microseconds, so no join, scrape or hung
+switch can make a healthy job's lease run out; and a lease counts from when its renewal was
+*received* (the gRPC handler's first line), not processed.
 
-Switch sessions are opened per operation (with an election id above the CLI's default).
-
-Two locks, never held together in the other order: ``_switch`` serializes switch I/O
-(placements, removals, scrapes, the holder mark), ``_cond`` guards the service's own state and
-is never held across a switch call. A renewal takes only ``_cond``, for microseconds, so no
-join, scrape or hung switch can make a healthy job's lease run out; and a lease counts from
-when its renewal was *received* (the gRPC handler's first line), not processed.
-
-Each worker gets a secret in its join's answer (``job_secret``), which Renew and Leave must
-present: another token holder can neither end a job nor renew a dead one. A join by a running
-job's name waits for that job to end, and is refused if it does not: a name is no credential.
-
-One service holds a switch at a time (``holder``); the vocabulary is ``service_state``'s.
-"""
+Each worker gets a secret in its join's answer (``job_secret``), which Renew and Leave must present
+(another token holder can neither end a job nor renew a dead one), and the job's key, which its
+packets carry (the switch drops others as spoofed). A join by a running job's name waits for that
+job to end, and is refused if it does not: a name is no credential. One service holds a switch at a
+time (``holder``); the vocabulary is ``service_state``'s."""
 
 from __future__ import annotations
 
-import collections
 import hmac
 import logging
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from homagg import wire
@@ -106,11 +103,9 @@ class JobService:
         self.refusals: dict[str, int] = {}  # gRPC code -> requests refused (metrics)
         self.joined = 0                     # jobs placed
         #: (job id, name, place) of the latest PLACEMENTS_KEPT jobs placed, in order
-        self.placements: collections.deque[tuple[int, str, str]] = \
-            collections.deque(maxlen=PLACEMENTS_KEPT)
+        self.placements: deque[tuple[int, str, str]] = deque(maxlen=PLACEMENTS_KEPT)
         self.renewed = 0                    # leases renewed
 
-    # -- the switch --------------------------------------------------------------------------
     def fabric(self) -> P.Fabric:
         return P.Fabric(self.cfg, self._connect)
 
@@ -168,7 +163,6 @@ class JobService:
         except HomaggError as e:
             log.warning("could not clear the holder mark: %s", e)
 
-    # -- joins -------------------------------------------------------------------------------
     def _worker(self, ip: str, port: int) -> Worker:
         return worker_of(self.cfg, ip, port)
 
@@ -339,7 +333,9 @@ class JobService:
                               f"job {p.name!r} ({p.world} workers, {p.slots} slots) fits "
                               f"nowhere: {free_text(f)}")
             workers = [self._worker(*p.ranks[r]) for r in range(p.world)]
-            spec = validate_job(free[0], workers, p.slots, "auto")
+            # the job's key, in every packet: a sender off the job's path cannot guess it
+            spec = validate_job(free[0], workers, p.slots, "auto",
+                                key=secrets.randbits(32) or 1)
             try:
                 pj = f.add(spec)
             except NoFreeRegion:
@@ -372,9 +368,9 @@ class JobService:
         send_to = (pj.place.ip, wire.HOMAGG_UDP_PORT_MIN)
         return {r: Answer(send_to, h.job_id, r, p.world, p.slots, pj.place.name, pj.place.role,
                           run, self.opts.lease, p.ranks[r][0],
-                          job_secret(self._key, h.job_id, r, senders[r])) for r in range(p.world)}
+                          job_secret(self._key, h.job_id, r, senders[r]), spec.key)
+                for r in range(p.world)}
 
-    # -- leases ------------------------------------------------------------------------------
     def _holder(self, job_id: int, worker: int, ip: str, udp_port: int, secret: str) -> Held:
         h = self.held.get(job_id)
         if h is None:

@@ -96,6 +96,7 @@ class Answer:
     lease: float
     ip: str
     secret: str = ""
+    key: int = 0      # the job's key (the auth word of its packets)
 
 
 @dataclass

@@ -30,7 +30,7 @@ ROUTE_TABLE_SIZE = 1024
 PARENT_TABLE_SIZE = 64
 HOMAGG_UDP_PORT_MIN = 48864
 HOMAGG_UDP_PORT_MAX = 48879
-HOMAGG_VERSION = 1
+HOMAGG_VERSION = 2
 OP_ADD = 1
 OP_OR = 2
 OP_JOIN = 3
@@ -44,17 +44,17 @@ FLAG_UPSTREAM = 2
 WORDS_PER_PACKET = 256
 DEFAULT_MTU = 1500
 JUMBO_MTU = 9000
-MAX_WORDS_PER_PACKET = 2240
+MAX_WORDS_PER_PACKET = 2239
 MIN_WORDS_PER_PACKET = 16
 STATUS_WORD = 253
-HOMAGG_HDR_BYTES = 12
+HOMAGG_HDR_BYTES = 16
 HOMAGG_PAYLOAD_BYTES = 1024
-HOMAGG_UDP_LEN = 1044
-HOMAGG_IPV4_LEN = 1064
+HOMAGG_UDP_LEN = 1048
+HOMAGG_IPV4_LEN = 1068
 JOIN_WORDS = 16
 JOIN_RUN_WORD = 0
-HOMAGG_JOIN_UDP_LEN = 84
-HOMAGG_JOIN_IPV4_LEN = 104
+HOMAGG_JOIN_UDP_LEN = 88
+HOMAGG_JOIN_IPV4_LEN = 108
 STAT_RX = 0
 STAT_ACCEPTED = 1
 STAT_COMPLETED = 2
@@ -157,7 +157,7 @@ JOB_STATS: dict[int, str] = {0: 'JOB_STAT_ACCEPTED',
  3: 'JOB_STAT_DROPPED'}
 
 # ---- header homagg_h: (field, bits), first on the wire first ----
-HEADER_FIELDS: tuple[tuple[str, int], ...] = (('version', 4), ('op', 4), ('flags', 8), ('job', 16), ('worker', 8), ('gen', 8), ('slot', 16), ('seq', 32))
+HEADER_FIELDS: tuple[tuple[str, int], ...] = (('version', 4), ('op', 4), ('flags', 8), ('job', 16), ('worker', 8), ('gen', 8), ('slot', 16), ('seq', 32), ('auth', 32))
 
 # ---- serializable enums: name -> member -> value ----
 ENUMS: dict[str, dict[str, int]] = {'Verdict': {'ACCEPT': 0,
@@ -261,6 +261,10 @@ SCHEMA: P4Schema = P4Schema(tables=(P4Table(name='HomaggIngress.forwarding.arp_p
                                        P4MatchField(name='parent_job',
                                                     id=3,
                                                     bitwidth=16,
+                                                    match_type='exact'),
+                                       P4MatchField(name='parent_auth',
+                                                    id=4,
+                                                    bitwidth=32,
                                                     match_type='exact')),
                          action_ids=(32922292, 21257015),
                          size=64),
@@ -343,9 +347,10 @@ SCHEMA: P4Schema = P4Schema(tables=(P4Table(name='HomaggIngress.forwarding.arp_p
                                    P4ActionParam(name='mcast_group',
                                                  id=7,
                                                  bitwidth=16),
-                                   P4ActionParam(name='port',
-                                                 id=8,
-                                                 bitwidth=9))),
+                                   P4ActionParam(name='port', id=8, bitwidth=9),
+                                   P4ActionParam(name='auth',
+                                                 id=9,
+                                                 bitwidth=32))),
                   P4Action(name='HomaggIngress.aggregation.admission.set_parent',
                            id=32922292,
                            params=(P4ActionParam(name='job', id=1, bitwidth=16),
@@ -364,9 +369,10 @@ SCHEMA: P4Schema = P4Schema(tables=(P4Table(name='HomaggIngress.forwarding.arp_p
                                    P4ActionParam(name='mcast_group',
                                                  id=6,
                                                  bitwidth=16),
-                                   P4ActionParam(name='port',
-                                                 id=7,
-                                                 bitwidth=9))),
+                                   P4ActionParam(name='port', id=7, bitwidth=9),
+                                   P4ActionParam(name='auth',
+                                                 id=8,
+                                                 bitwidth=32))),
                   P4Action(name='HomaggIngress.aggregation.words.first_words',
                            id=32712911,
                            params=()),
@@ -414,9 +420,10 @@ SCHEMA: P4Schema = P4Schema(tables=(P4Table(name='HomaggIngress.forwarding.arp_p
                                    P4ActionParam(name='src_port',
                                                  id=6,
                                                  bitwidth=16),
-                                   P4ActionParam(name='port',
-                                                 id=7,
-                                                 bitwidth=9))),
+                                   P4ActionParam(name='port', id=7, bitwidth=9),
+                                   P4ActionParam(name='auth',
+                                                 id=8,
+                                                 bitwidth=32))),
                   P4Action(name='HomaggIngress.aggregation.job_count',
                            id=28004196,
                            params=()),

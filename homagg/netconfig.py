@@ -91,6 +91,7 @@ class Uplink:
     mac: str = "00:00:00:00:00:00"
     src_port: int = wire.HOMAGG_UDP_PORT_MIN
     switch_port: int = 0
+    key: int = 0  # the parent job's key (its packets' auth word)
 
 
 def uplink_clash(job_a: int, a: Uplink, job_b: int, b: Uplink) -> str | None:
@@ -117,6 +118,9 @@ class JobSpec:
     slots: int = 64
     place: str = "auto"  # one of PLACES
     uplink: Uplink | None = None  # a tree's child job: where its partial sums go
+    #: the job's key: every packet of its workers carries it in its auth word, or the switch
+    #: drops it as spoofed (p4/include/headers.p4); 0 where none was given
+    key: int = 0
 
 
 @dataclass(frozen=True)
@@ -238,8 +242,10 @@ def _int(value, where: str, lo: int, hi: int) -> int:
     return value
 
 
-def validate_job(job_id: int, workers: list[Worker], slots: int, place: str = "auto") -> JobSpec:
+def validate_job(job_id: int, workers: list[Worker], slots: int, place: str = "auto",
+                 key: int = 0) -> JobSpec:
     _int(job_id, "job id", 0, wire.MAX_JOBS - 1)
+    _int(key, f"job {job_id} key", 0, 2**32 - 1)
     if place not in PLACES:
         raise ConfigError(f"job {job_id} place: {place!r} is not one of {', '.join(PLACES)}")
     _int(slots, f"job {job_id} slots", 1, wire.SLOTS)
@@ -247,11 +253,11 @@ def validate_job(job_id: int, workers: list[Worker], slots: int, place: str = "a
         raise ConfigError(f"job {job_id}: {len(workers)} workers; 1 to {wire.MAX_WORKERS} allowed")
     seen = set()
     for w in workers:
-        key = (w.ip, w.udp_port)
-        if key in seen:
+        addr = (w.ip, w.udp_port)
+        if addr in seen:
             raise ConfigError(f"job {job_id}: worker {w.ip}:{w.udp_port} listed twice")
-        seen.add(key)
-    return JobSpec(job_id, tuple(workers), slots, place)
+        seen.add(addr)
+    return JobSpec(job_id, tuple(workers), slots, place, key=key)
 
 
 def parse(data: dict) -> Config:
@@ -308,7 +314,8 @@ def parse(data: dict) -> Config:
         if place == "fallback" and fallback is None:
             raise ConfigError(f"{where}.place: 'fallback', but the config has no [fallback]")
         job = validate_job(_int(j["id"], f"{where}.id", 0, wire.MAX_JOBS - 1), workers,
-                           j.get("slots", 64), place)
+                           j.get("slots", 64), place,
+                           _int(j.get("key", 0), f"{where}.key", 0, 2**32 - 1))
         if "uplink" in j:
             if place == "fallback":
                 raise ConfigError(f"{where}: a tree's child job (uplink) stays on its switch, "
@@ -328,10 +335,11 @@ def parse(data: dict) -> Config:
 
 
 def _uplink(u, where: str) -> Uplink:
-    """A child job's ``uplink = {job, worker, ip, udp_port, mac, src_port, port}`` (Uplink)."""
+    """A child job's ``uplink = {job, worker, ip, udp_port, mac, src_port, port, key}``
+    (Uplink)."""
     if not isinstance(u, dict):
         raise ConfigError(f"{where} must be a table")
-    extra = set(u) - {"job", "worker", "ip", "udp_port", "mac", "src_port", "port"}
+    extra = set(u) - {"job", "worker", "ip", "udp_port", "mac", "src_port", "port", "key"}
     if extra:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
     for key in ("job", "worker", "ip"):
@@ -346,7 +354,8 @@ def _uplink(u, where: str) -> Uplink:
                   # the parent's answers come back to it: homagg's ports only parse as homagg
                   _int(u.get("src_port", d.src_port), f"{where}.src_port",
                        wire.HOMAGG_UDP_PORT_MIN, wire.HOMAGG_UDP_PORT_MAX),
-                  _int(u.get("port", d.switch_port), f"{where}.port", 0, 510))
+                  _int(u.get("port", d.switch_port), f"{where}.port", 0, 510),
+                  _int(u.get("key", 0), f"{where}.key", 0, 2**32 - 1))
 
 
 def _fallback(fb) -> FallbackSpec | None:
@@ -409,10 +418,12 @@ def render(cfg: Config) -> str:
         ws = ", ".join(f'{{ host = "{w.host}", udp_port = {w.udp_port} }}' for w in j.workers)
         lines += ["[[jobs]]", f"id = {j.id}", f"slots = {j.slots}", f"workers = [ {ws} ]"]
         lines += ([f'place = "{j.place}"'] if j.place != "auto" else [])
+        lines += [f"key = {j.key}"] if j.key else []
         u = j.uplink
         if u is not None:
             lines.append(f'uplink = {{ job = {u.job}, worker = {u.worker}, ip = "{u.ip}", '
                          f'udp_port = {u.udp_port}, mac = "{u.mac}", src_port = {u.src_port}, '
-                         f"port = {u.switch_port} }}")
+                         f"port = {u.switch_port}" + (f", key = {u.key}" if u.key else "")
+                         + " }")
         lines.append("")
     return "\n".join(lines)

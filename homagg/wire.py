@@ -74,7 +74,7 @@ def frame_bytes(k: int = WORDS_PER_PACKET) -> int:
 
 
 def mtu_words(mtu: int = DEFAULT_MTU) -> int:
-    """The largest K whose packets fit ``mtu`` (365 at 1500, 2240 at 9000), at most
+    """The largest K whose packets fit ``mtu`` (364 at 1500, 2239 at 9000), at most
     MAX_WORDS_PER_PACKET."""
     return min(MAX_WORDS_PER_PACKET, (mtu - IP_UDP_BYTES - HOMAGG_HDR_BYTES) // 4)
 
@@ -160,6 +160,7 @@ class Header(NamedTuple):
     gen: int
     slot: int
     seq: int
+    auth: int
 
 
 assert Header._fields == tuple(name for name, _ in HEADER_FIELDS), \
@@ -220,6 +221,7 @@ class Packet:
     words: np.ndarray  # int32, K of them (JOIN_WORDS in a join)
     version: int = HOMAGG_VERSION
     gen: int = 0       # the run's generation (join.p4)
+    auth: int = 0      # the job's key (admission.p4)
 
     @property
     def phase(self) -> int:
@@ -242,10 +244,10 @@ class Packet:
 
 
 def header(*, version: int = HOMAGG_VERSION, op: int, flags: int = 0, job: int, worker: int,
-           slot: int, seq: int, gen: int = 0) -> bytes:
+           slot: int, seq: int, gen: int = 0, auth: int = 0) -> bytes:
     """The header's bytes from its P4 fields (sub-byte fields packed as the P4 header does)."""
     given = {"version": version, "op": op, "flags": flags, "job": job, "worker": worker,
-             "slot": slot, "seq": seq & 0xFFFFFFFF, "gen": gen}
+             "slot": slot, "seq": seq & 0xFFFFFFFF, "gen": gen, "auth": auth}
     values = []
     for _, _, subs in BYTE_FIELDS:
         v = 0
@@ -256,7 +258,8 @@ def header(*, version: int = HOMAGG_VERSION, op: int, flags: int = 0, job: int, 
 
 
 def pack(op: int, job: int, worker: int, slot: int, seq: int, words=(), flags: int = 0,
-         version: int = HOMAGG_VERSION, gen: int = 0, k: int = WORDS_PER_PACKET) -> bytes:
+         version: int = HOMAGG_VERSION, gen: int = 0, k: int = WORDS_PER_PACKET,
+         auth: int = 0) -> bytes:
     """One homagg UDP payload. ``words``: up to k int32 (or uint32 bit sets); fewer are
     zero-padded (zero is neutral for both ADD and OR). A join (OP_JOIN) has JOIN_WORDS words,
     whatever k."""
@@ -268,7 +271,7 @@ def pack(op: int, job: int, worker: int, slot: int, seq: int, words=(), flags: i
     body = np.zeros(k, ">i4")
     body[: w.size] = w.astype(np.uint32).view(np.int32) if w.dtype.kind == "u" else w
     return header(version=version, op=op, flags=flags, job=job, worker=worker, slot=slot,
-                  seq=seq, gen=gen) + body.tobytes()
+                  seq=seq, gen=gen, auth=auth) + body.tobytes()
 
 
 def fields(buf: bytes) -> dict[str, int]:
@@ -298,7 +301,7 @@ def unpack(buf: bytes, k: int | None = None) -> Packet:
         raise WireError(f"unknown homagg op {f['op']}")
     words = np.frombuffer(buf, ">i4", n, HOMAGG_HDR_BYTES).astype(np.int32)
     return Packet(f["op"], f["flags"], f["job"], f["worker"], f["slot"], f["seq"], words,
-                  f["version"], f["gen"])
+                  f["version"], f["gen"], f["auth"])
 
 
 def status_words(seen: int, count: int, k: int = WORDS_PER_PACKET) -> np.ndarray:

@@ -76,6 +76,7 @@ class Counters:
     refusals: int = 0         # configuration refusals (DROP_WRONG_IDENTITY, DROP_BAD_SLOT):
                               # fatal only once a resend is refused again; one alone may be
                               # forged
+    spoofed: int = 0          # datagrams without the job's key (auth): not from the switch
     rounds: int = 0
     rescales: int = 0
     seconds: float = 0.0

@@ -23,7 +23,7 @@ import numpy as np
 from homagg import udpio, wire
 from homagg.faults import FaultSpec
 from homagg.host_agent import Agent, AgentConfig, AgentError, codec
-from homagg.host_agent.config import run_from_env
+from homagg.host_agent.config import key_from_env, run_from_env
 
 
 def _addr(text: str, default_port: int) -> tuple[str, int]:
@@ -42,6 +42,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default=f"0.0.0.0:{wire.DEFAULT_AGENT_PORT}",
                    help="IP[:PORT] this agent sends from")
     p.add_argument("--slots", type=int, default=64, help="the job's slot region size")
+    p.add_argument("--key", type=lambda s: int(s, 0), default=None, metavar="N",
+                   help="the job's key, where its config sets one (every packet carries it; "
+                        "default: $HOMAGG_JOB_KEY, else 0). A process list shows arguments: "
+                        "prefer the variable")
     p.add_argument("--run", type=lambda s: int(s, 0), default=None, metavar="N",
                    help="the join's run: a number every worker of this run of the job shares, "
                         "so a join another run left pending is not counted in (default: "
@@ -253,6 +257,7 @@ def main(argv=None) -> int:
                           local_workers=a.local_workers,
                           siblings=tuple(s for s in a.siblings.split(",") if s),
                           run=run_from_env() if a.run is None else a.run,
+                          key=key_from_env() if a.key is None else a.key,
                           faults=FaultSpec(a.inject_loss / 100, a.inject_dup / 100,
                                            a.inject_reorder / 100, seed=1000 * a.job + a.rank))
         t0 = time.monotonic()

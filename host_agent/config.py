@@ -89,6 +89,11 @@ class AgentConfig:
     # join, and a pending join of another attempt is started afresh (join.p4), so a run whose
     # join never completed cannot complete a later run's. 0 where nothing hands one out.
     run: int = 0
+    # The job's key: every packet carries it (the header's auth word), the switch drops a
+    # packet of this agent's address without it as spoofed, and this agent ignores results
+    # without it (Counters.spoofed). The service hands it out at the join; a static job's is
+    # its config's ``key`` (0 where none is set).
+    key: int = field(default=0, repr=False)
     # Where the controller service placed this worker (``from_env`` with HOMAGG_CONTROLLER):
     # the bound socket the agent takes, and the lease it holds until the agent closes.
     membership: Membership | None = field(default=None, compare=False, repr=False)
@@ -114,6 +119,8 @@ class AgentConfig:
             raise AgentError(f"mode {self.mode!r}: auto, dense, union or sketch") from None
         if not 0 <= self.run <= 0xFFFFFFFF:
             raise AgentError(f"run {self.run}: the join's attempt, 0 to 2**32 - 1")
+        if not 0 <= self.key <= 0xFFFFFFFF:
+            raise AgentError("key: the job's key is 0 to 2**32 - 1")
         if self.block < 1:
             raise AgentError(f"block {self.block}: elements per scale block, >= 1")
         try:
@@ -128,7 +135,8 @@ class AgentConfig:
         With HOMAGG_CONTROLLER (host:port of ``homagg-ctl serve``), it joins through the
         service (``_joined``): torchrun's variables say the rest. Otherwise, as
         ``homagg-net exec`` sets them: HOMAGG_JOB, HOMAGG_WORKER, HOMAGG_WORKERS,
-        HOMAGG_SWITCH (host[:port]), HOMAGG_BIND (host[:port]) and HOMAGG_SLOTS (optional);
+        HOMAGG_SWITCH (host[:port]), HOMAGG_BIND (host[:port]), HOMAGG_SLOTS and
+        HOMAGG_JOB_KEY (the job's key, where its config sets one) (both optional);
         under a tree's leaf also HOMAGG_LOCAL_WORKERS (the leaf's workers) and HOMAGG_SIBLINGS
         (the parent switch's children, comma-separated); the join's run from
         ``run_from_env``. ``options`` set any other field."""
@@ -160,6 +168,7 @@ class AgentConfig:
         except ValueError as e:
             raise AgentError(f"HOMAGG_* settings must be integers: {e}") from None
         options.setdefault("run", run_from_env(env))
+        options.setdefault("key", key_from_env(env))
         if env.get("HOMAGG_SIBLINGS"):
             options.setdefault("siblings", tuple(s for s in env["HOMAGG_SIBLINGS"].split(",")
                                                  if s))
@@ -218,7 +227,7 @@ class AgentConfig:
                  slots, wait, ca, claim_ip=bind_host or "", retry=retry)
         try:
             return cls(m.job_id, m.worker, m.workers, m.send_to, (m.ip, m.udp_port), m.slots,
-                       run=m.run, membership=m, **options)
+                       run=m.run, key=m.key, membership=m, **options)
         except BaseException:
             m.leave()
             raise
@@ -227,6 +236,18 @@ class AgentConfig:
     def who(self) -> str:
         """This agent in messages: "job J worker W"."""
         return f"job {self.job} worker {self.worker}"
+
+
+def key_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """A static job's key (``AgentConfig.key``) from $HOMAGG_JOB_KEY, 0 where it is unset."""
+    env = os.environ if environ is None else environ
+    if not env.get("HOMAGG_JOB_KEY"):
+        return 0
+    try:
+        return int(env["HOMAGG_JOB_KEY"], 0)
+    except ValueError:
+        raise AgentError("$HOMAGG_JOB_KEY: expected an integer (the job's key in its config), "
+                         "0 to 2**32 - 1") from None
 
 
 def run_from_env(environ: Mapping[str, str] | None = None) -> int:

@@ -79,6 +79,7 @@ class Membership:
     place: str
     claimed_ip: str = ""
     secret: str = field(default="", repr=False)  # the job's credential for Renew and Leave
+    key: int = field(default=0, repr=False)      # the job's key, in every packet (auth)
     lost: str | None = None       # why the service says the job is gone
     _sock: socket.socket | None = field(default=None, repr=False)
     _channel: Any = field(default=None, repr=False)
@@ -202,5 +203,5 @@ def join(controller: str, token: str, name: str, rank: int, world: int,
              r.workers, r.job_id, r.place, r.send_to_ip, r.send_to_port, r.run)
     return Membership(controller, token, name, r.job_id, r.worker, r.workers, r.slots,
                       (r.send_to_ip, r.send_to_port), ip, udp_port, r.run, r.lease_seconds,
-                      r.place, claim_ip, r.secret, _sock=sock, _channel=channel,
+                      r.place, claim_ip, r.secret, r.key, _sock=sock, _channel=channel,
                       _stub=stub).start()

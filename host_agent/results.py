@@ -9,9 +9,10 @@ run whatever its length; in an agent on a loaded machine (woken after sleeping i
 its caches cold) those cost 130-160 us a run of ~35 results, most of the agent's matching.
 
 A row is on the common path (``plain``) when its header's first 8 bytes, under ``mask``, are
-``expect`` (op, flags that need a closer look, job and generation) and its round tag names a
-chunk of the round; the others (``odd``) are the caller's, one by one, before the plain ones
-(``after_odd``: the first call only classifies when a run has odd rows). Of the plain rows,
+``expect`` (op, flags that need a closer look, job and generation), its auth word is the job's
+key (``auth``) and its round tag names a chunk of the round; the others (``odd``) are the
+caller's, one by one, before the plain ones (``after_odd``: the first call only classifies
+when a run has odd rows). Of the plain rows,
 the first copy of each chunk not already done is taken; later copies are ignored.
 """
 
@@ -29,8 +30,10 @@ except ImportError:  # pragma: no cover - numba is a declared dependency
     numba = None  # type: ignore[assignment]
 
 _SEQ_AT = wire.OFFSETS["seq"]
+_AUTH_AT = wire.OFFSETS["auth"]
 _WORDS_AT = wire.OFFSETS["words"]
-assert _SEQ_AT == 8 and _WORDS_AT == 12, "the header's two words and the round tag"
+assert (_SEQ_AT, _AUTH_AT, _WORDS_AT) == (8, 12, 16), \
+    "the header's two words, the round tag and the key"
 
 
 def head8(**fields: int) -> np.uint64:
@@ -66,8 +69,8 @@ class Taken(NamedTuple):
 
 
 def take_ref(run, count: int, psize: int, k: int, seq0: int, nchunks: int,
-             expect: np.uint64, done: np.ndarray, out: np.ndarray, sent_at: np.ndarray,
-             resent: np.ndarray, new: np.ndarray, odd_rows: np.ndarray,
+             expect: np.uint64, auth: int, done: np.ndarray, out: np.ndarray,
+             sent_at: np.ndarray, resent: np.ndarray, new: np.ndarray, odd_rows: np.ndarray,
              after_odd: bool) -> Taken:
     """The numpy reference. ``run``: ``count`` datagrams of ``psize`` bytes end to end;
     ``out``: the round's int32 results (chunk c at c*k); ``new``, ``odd_rows``: int64 arrays
@@ -76,6 +79,7 @@ def take_ref(run, count: int, psize: int, k: int, seq0: int, nchunks: int,
     c = np.ndarray((count,), "<u4", run, _SEQ_AT, (psize,)).byteswap()  # the round tags
     np.subtract(c, np.uint32(seq0), out=c)  # chunk numbers (mod 2**32)
     plain = np.bitwise_and(h8, MASK) == expect
+    plain &= np.ndarray((count,), ">u4", run, _AUTH_AT, (psize,)) == np.uint32(auth)
     plain &= c < nchunks
     rows: np.ndarray | None = None
     if not plain.all():
@@ -120,19 +124,19 @@ def _head(run32, b):
     return np.uint64(run32[b]) | (np.uint64(run32[b + 1]) << np.uint64(32))
 
 
-def _plain_chunk(run32, b, seq0, nchunks, mask, expect):
+def _plain_chunk(run32, b, seq0, nchunks, mask, expect, auth):
     """The chunk of the row at word ``b`` if it is on the common path, else -1."""
     h = _head(run32, b)
     c = (np.int64(_bswap32(run32[b + 2])) - seq0) & 0xFFFFFFFF
-    return c if (h & mask) == expect and c < nchunks else -1
+    return c if (h & mask) == expect and _bswap32(run32[b + 3]) == auth and c < nchunks else -1
 
 
-def _take_kernel(run32, count, psize4, k, seq0, nchunks, mask, expect, ovf_mask, done, out,
-                 sent_at, resent, new, odd_rows, after_odd):
+def _take_kernel(run32, count, psize4, k, seq0, nchunks, mask, expect, auth, ovf_mask, done,
+                 out, sent_at, resent, new, odd_rows, after_odd):
     """The compiled pass: ``run32`` the run as native uint32 words (a row is ``psize4``)."""
     nodd = 0
     for r in range(count):
-        if _plain_chunk(run32, r * psize4, seq0, nchunks, mask, expect) < 0:
+        if _plain_chunk(run32, r * psize4, seq0, nchunks, mask, expect, auth) < 0:
             odd_rows[nodd] = r
             nodd += 1
     if nodd and not after_odd:
@@ -141,7 +145,7 @@ def _take_kernel(run32, count, psize4, k, seq0, nchunks, mask, expect, ovf_mask,
     last, last_t, fresh_sum, overflow = -1, -np.inf, 0.0, False
     for r in range(count):
         b = r * psize4
-        c = _plain_chunk(run32, b, seq0, nchunks, mask, expect)
+        c = _plain_chunk(run32, b, seq0, nchunks, mask, expect, auth)
         if c < 0:
             continue
         nplain += 1
@@ -150,7 +154,7 @@ def _take_kernel(run32, count, psize4, k, seq0, nchunks, mask, expect, ovf_mask,
         done[c] = True
         new[added] = c
         added += 1
-        o, src = c * k, b + 3
+        o, src = c * k, b + 4
         for j in range(k):
             out[o + j] = _bswap32(run32[src + j])
         t = sent_at[c]
@@ -174,15 +178,15 @@ else:  # pragma: no cover
 
 
 def take_jit(run, count: int, psize: int, k: int, seq0: int, nchunks: int,
-             expect: np.uint64, done: np.ndarray, out: np.ndarray, sent_at: np.ndarray,
-             resent: np.ndarray, new: np.ndarray, odd_rows: np.ndarray,
+             expect: np.uint64, auth: int, done: np.ndarray, out: np.ndarray,
+             sent_at: np.ndarray, resent: np.ndarray, new: np.ndarray, odd_rows: np.ndarray,
              after_odd: bool) -> Taken:
     """``take_ref``'s contract, compiled (numba)."""
     assert _compiled is not None, "take_jit needs numba"
     run32 = np.frombuffer(run, np.uint32, count * psize // 4)
     return Taken(*_compiled(run32, count, psize // 4, k, seq0, nchunks, MASK, expect,
-                            OVERFLOW, done, out.view(np.uint32), sent_at, resent, new,
-                            odd_rows, after_odd))
+                            np.uint32(auth), OVERFLOW, done, out.view(np.uint32), sent_at,
+                            resent, new, odd_rows, after_odd))
 
 
 #: What ``Round.take_run`` calls: the compiled pass when numba imports, else the reference.

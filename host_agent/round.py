@@ -7,10 +7,8 @@ probes), which ``Round`` builds on.
 Datagrams go out and come in by the run where the kernel allows (``homagg.udpio``: UDP GSO
 and GRO): the chunks a window opens leave in one system call, and the results a peer sent
 together come up in one, matched to their chunks with numpy a run at a time. Packets off the
-common path (status replies, refusals, joins, strays) are taken one by one.
-
-The header is ``homagg.wire``'s (its struct, field list and status words): nothing of the
-protocol is spelt out here.
+common path (status replies, refusals, joins, strays) are taken one by one. The header is
+``homagg.wire``'s (its struct, field list and status words): nothing of it is spelt out here.
 """
 
 from __future__ import annotations
@@ -32,11 +30,9 @@ if TYPE_CHECKING:
 _WORDS_AT = wire.OFFSETS["words"]
 #: Positions of the header fields a result is matched by, in ``wire.HEADER``'s tuple.
 _FIELD_NAMES = [name for name, _, _ in wire.BYTE_FIELDS]
-_FLAGS, _JOB, _SEQ, _GEN, _SLOT = (_FIELD_NAMES.index(f) for f in ("flags", "job", "seq", "gen",
-                                                                    "slot"))
+_FLAGS, _JOB, _SEQ, _GEN, _SLOT, _AUTH = (_FIELD_NAMES.index(f) for f in (
+    "flags", "job", "seq", "gen", "slot", "auth"))
 _VERSION_OP = _FIELD_NAMES.index("version_op")  # version (high nibble) and op (low)
-#: A result on the common path: FLAG_RESULT and none of the flags that need a closer look.
-_PLAIN_MASK = wire.FLAG_RESULT | wire.FLAG_REFUSED | wire.FLAG_STATUS
 _UNICAST = wire.FLAG_RETRANS | wire.FLAG_STATUS | wire.FLAG_REFUSED  # replies to one sender
 #: Refusals (FLAG_REFUSED) that mean this agent's settings disagree with the switch's job.
 _CONFIG_ERRORS = {
@@ -80,7 +76,7 @@ class Round(LossRecovery):
         g = g0 + np.arange(nchunks, dtype=np.int64)
         batch = np.zeros(nchunks, wire.packet_dtype(K))
         fixed = wire.HEADER.unpack(wire.header(op=op, job=cfg.job, worker=cfg.worker, slot=0,
-                                               seq=0, gen=self.gen or 0))
+                                               seq=0, gen=self.gen or 0, auth=cfg.key))
         for name, value in zip(_FIELD_NAMES, fixed):
             batch[name] = value
         batch["flags"] = np.where((g // S) % 2 == 1, wire.FLAG_PHASE, 0)
@@ -305,8 +301,8 @@ class Round(LossRecovery):
         matched and written in one pass (``results.take``: compiled, or numpy's); every
         other datagram goes through ``take`` first, which decides as for any single one."""
         ps = self.psize
-        args = (run, count, ps, self.k, self.seq0, self.nchunks, self.h8_plain, self.done,
-                self.out, self.sent_at, self.resent, self.new_chunks, self.odd_rows)
+        args = (run, count, ps, self.k, self.seq0, self.nchunks, self.h8_plain, self.cfg.key,
+                self.done, self.out, self.sent_at, self.resent, self.new_chunks, self.odd_rows)
         got = results.take(*args, False)
         if got.odd:
             for row in self.odd_rows[:got.odd].tolist():
@@ -337,6 +333,9 @@ class Round(LossRecovery):
             self.counters.ignored += 1
             return
         head = wire.HEADER.unpack_from(pkt)
+        if head[_AUTH] != cfg.key:  # not from the switch: without the job's key
+            self.counters.spoofed += 1
+            return
         flags, job, seq = head[_FLAGS], head[_JOB], head[_SEQ]
         is_join = head[_VERSION_OP] & 0xF == wire.OP_JOIN
         if self.join:
@@ -464,7 +463,8 @@ class Round(LossRecovery):
                     "afresh)")
         elif st is None:
             msg += (f"the switch {t.switch[0]}:{t.switch[1]} did not answer at all: is it "
-                    f"up, and is this worker's address installed in job {cfg.job}?")
+                    f"up, and is this worker's address installed in job {cfg.job}, with "
+                    "this agent's key?")
         elif (c if c in self.status else next(iter(self.status), c)) in self.upstream:
             seen, count = st
             names = cfg.siblings

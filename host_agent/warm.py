@@ -72,8 +72,8 @@ def _results() -> None:
     sent_at = np.full(n, np.inf)
     resent = np.zeros(n, bool)
     new, odd = np.empty(n + 1, np.int64), np.empty(n + 1, np.int64)
-    results.take_jit(memoryview(run), 0, psize, k, 1, n, np.uint64(0), done, out, sent_at,
-                     resent, new, odd, False)
+    results.take_jit(memoryview(run), 0, psize, k, 1, n, np.uint64(0), 0, done, out,
+                     sent_at, resent, new, odd, False)
 
 
 def warm() -> float:

@@ -73,11 +73,11 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--words", type=int, metavar="K",
                         help="words per packet the switch is built (bmv2) or started (soft) "
                              "with; default 256; the agents learn it from the switch. Up to "
-                             "365 (soft; bmv2: 320, a multiple of 64) at the default MTU, 2240 "
+                             "364 (soft; bmv2: 320, a multiple of 64) at the default MTU, 2239 "
                              "with --mtu 9000")
     common.add_argument("--mtu", type=int, default=wire.DEFAULT_MTU,
                         help="every link's MTU (default %(default)s); 9000: jumbo frames, for "
-                             "K above 365 (bench.switch_cost: bmv2's cost is per packet)")
+                             "K above 364 (bench.switch_cost: bmv2's cost is per packet)")
     common.add_argument("--shards", type=int, default=1, metavar="N",
                         help="each software aggregator (the soft target's, the fallback's) on "
                              "N processes, jobs spread over them (homagg-softswitch --shards)")

@@ -11,7 +11,8 @@ Host ``fb`` runs a second software aggregator, the fallback: jobs the switch has
 told to send to it (``--switch`` / $HOMAGG_SWITCH). The switch routes their packets to it.
 
 Every link runs at one MTU: 1500 bytes, or jumbo frames (``--mtu 9000``, both ends of every
-link, the bridges and bmv2's ports), which hold packets of up to 2240 words (``--words``).
+link, the bridges and bmv2's ports), which hold packets of up to 2239 words (``--words``;
+2176 on bmv2).
 Each worker link can be shaped with netem on both of its ends: rate (Mbit/s), delay, jitter,
 loss, duplication and reordering. Workers may be split into several concurrent jobs.
 Everything is torn down on exit or Ctrl-C: processes, bmv2, veths, namespaces.
@@ -111,12 +112,18 @@ class HomaggNet:
         self.slots: int = opts.slots
         self.net: Any = None  # mininet.net.Mininet once started
         self.procs: list[subprocess.Popen] = []
+        self.keys: dict[tuple, int] = {}  # (where, job) -> the job's key (job_key)
         self.config: Config = self._config()
         self.aggregator: Any = None  # the software aggregator's process (soft target)
         self.placed: dict[int, Any] = {}  # job id -> controller.placement.PlacedJob
         self.service: Any = None  # controller.serve.Server, with --service
         self.token = secrets.token_hex(16)
         self.new_run()
+
+    def job_key(self, job: int, where: object = None) -> int:
+        """Job ``job``'s key (on switch ``where``, in a tree): random, drawn once per
+        testbed, as the service draws one per job; its config and its workers have it."""
+        return self.keys.setdefault((where, job), secrets.randbits(32) or 1)
 
     def new_run(self) -> int:
         """A new run number for the workers started from here on (``AgentConfig.run``): each
@@ -247,7 +254,8 @@ class HomaggNet:
             return Config(sw, (*hosts, self._ctl_host()), (), fb)
         per = o.workers // o.jobs
         jobs = tuple(JobSpec(o.job + k, tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name)
-                                              for h in hosts[k * per:(k + 1) * per]), self.slots)
+                                              for h in hosts[k * per:(k + 1) * per]), self.slots,
+                             key=self.job_key(o.job + k))
                      for k in range(o.jobs))
         return Config(sw, hosts, jobs, fb)
 
@@ -461,7 +469,8 @@ class HomaggNet:
                 "--worker", str(index),
                 "--workers", str(workers), "--switch", self.job_address(job),
                 "--bind", f"{host_ip(worker)}:{AGENT_PORT}", "--slots", str(self.opts.slots),
-                "--run", str(self.run), *self.opts.agent_args, *args]
+                "--run", str(self.run), "--key", str(self.job_key(job)), *self.opts.agent_args,
+                *args]
 
     def worker_env(self, worker: int) -> dict[str, str]:
         """What a user's program on worker host ``worker`` needs to join its job: homagg's
@@ -481,7 +490,7 @@ class HomaggNet:
             "HOMAGG_JOB": str(job), "HOMAGG_WORKER": str(index), "HOMAGG_WORKERS": str(workers),
             "HOMAGG_SWITCH": f"{self.job_address(job)}:{wire.HOMAGG_UDP_PORT_MIN}",
             "HOMAGG_BIND": f"{host_ip(worker)}:{AGENT_PORT}", "HOMAGG_SLOTS": str(self.slots),
-            "HOMAGG_RUN": str(self.run), **torch,
+            "HOMAGG_RUN": str(self.run), "HOMAGG_JOB_KEY": str(self.job_key(job)), **torch,
         }
 
     def popen(self, host, cmd: list[str], out_path: Path | None = None, **kw):

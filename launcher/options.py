@@ -62,7 +62,7 @@ class NetOptions:
     switch_slots: int | None = None  # the switch's slot pool for homagg; None: all of it
     fallback: bool = True        # host fb: a software aggregator for jobs that do not fit
     words: int | None = None     # K, words per packet (None: the P4 default); agents learn it
-    mtu: int = wire.DEFAULT_MTU  # every link's MTU; 9000 (jumbo frames) for K above 365
+    mtu: int = wire.DEFAULT_MTU  # every link's MTU; 9000 (jumbo frames) for K above 364
     job: int = 1
     log_dir: Path = field(default_factory=lambda: paths.log_dir("net"))
     topo: str = "star"           # star | leafspine (launcher/tree.py)

@@ -122,7 +122,8 @@ class TreeNet(HomaggNet):
         leaves = tuple(Host(f"leaf{i + 1}", leaf_ip(i), leaf_mac(i), i + 1)
                        for i in range(o.leaves))
         jobs = tuple(JobSpec(o.job + k, tuple(Worker(h.ip, PORTS[k], h.mac, h.port, h.name)
-                                              for h in leaves), self.slots)
+                                              for h in leaves), self.slots,
+                             key=self.job_key(o.job + k, "spine"))
                      for k in range(o.jobs))
         fb = None
         if o.fallback:
@@ -154,7 +155,9 @@ class TreeNet(HomaggNet):
                              tuple(Worker(h.ip, AGENT_PORT, h.mac, h.port, h.name)
                                    for h in hosts[k * per:(k + 1) * per]), self.slots,
                              uplink=Uplink(self.opts.job + k, i, self.root_ip(self.opts.job + k),
-                                           PORT, SWITCH_MAC, PORTS[k], n + 1))
+                                           PORT, SWITCH_MAC, PORTS[k], n + 1,
+                                           self.job_key(self.opts.job + k, "spine")),
+                             key=self.job_key(self.opts.job + k, i))
                      for k in range(self.opts.jobs))
         sw = self._spec(f"leaf{i + 1}", f"s{i + 2}", f"agg{i + 1}", leaf_ip(i), leaf_mac(i))
         return Config(sw, hosts, jobs)
@@ -332,7 +335,8 @@ class TreeNet(HomaggNet):
                 "--local-workers", str(self.per_job), "--rank", str(self.rank_of(worker)),
                 "--siblings", self.siblings(), "--switch", self.switch_of(worker),
                 "--bind", f"{host_ip(worker)}:{AGENT_PORT}",
-                "--slots", str(o.slots), "--run", str(self.run), *o.agent_args, *args]
+                "--slots", str(o.slots), "--run", str(self.run),
+                "--key", str(self.job_key(job, self.leaf_of(worker))), *o.agent_args, *args]
 
     def worker_env(self, worker: int) -> dict[str, str]:
         """As the star's (``HomaggNet.worker_env``), for a worker under its leaf: its id in
@@ -350,6 +354,7 @@ class TreeNet(HomaggNet):
             "HOMAGG_SIBLINGS": self.siblings(), "HOMAGG_SWITCH": self.switch_of(worker),
             "HOMAGG_BIND": f"{host_ip(worker)}:{AGENT_PORT}", "HOMAGG_SLOTS": str(self.slots),
             "HOMAGG_RUN": str(self.run),
+            "HOMAGG_JOB_KEY": str(self.job_key(job, self.leaf_of(worker))),
             "RANK": str(self.rank_of(worker)), "WORLD_SIZE": str(workers), "LOCAL_RANK": "0",
             # rank 0: the job's first worker under the first leaf
             "MASTER_ADDR": host_ip(k * self.per_job), "MASTER_PORT": str(29500 + job),

@@ -36,14 +36,14 @@ class Job:
     """A soft switch on its own loopback address and W agents, one thread each."""
 
     def __init__(self, workers, slots=16, faults=None, per_worker=None,
-                 switch_words=wire.WORDS_PER_PACKET, **agent_kw):
+                 switch_words=wire.WORDS_PER_PACKET, key=0, **agent_kw):
         self.switch_ip = f"127.0.1.{next(_switch_ips)}"
         self.server = SoftSwitchServer(SoftSwitch(words=switch_words),
                                        (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN),
                                        faults).start()
-        addrs = agent_addresses(workers)
-        install(self.server.switch, 1, addrs, slots)
-        kw = dict(timeout=0.01, deadline=5.0)
+        self.addrs = addrs = agent_addresses(workers)
+        install(self.server.switch, 1, addrs, slots, key=key)  # key: the job's (auth)
+        kw = dict(timeout=0.01, deadline=5.0, key=key)
         kw.update(agent_kw)
         per_worker = per_worker or (lambda w: {})
         self.configs = [AgentConfig(**{
@@ -772,7 +772,7 @@ def test_an_agent_whose_mtu_cannot_carry_the_switchs_k_fails_at_the_join(make_jo
     res, err = job.run(lambda a, w: a.allreduce(np.ones(1000, np.float32)))
     assert all(isinstance(e, AgentError) and not isinstance(e, AggregationTimeout)
                for e in err), err
-    assert "more than a 1500-byte MTU holds (365 words at most)" in str(err[0])
+    assert "more than a 1500-byte MTU holds (364 words at most)" in str(err[0])
     assert time.monotonic() - t0 < 2.0
 
 

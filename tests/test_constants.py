@@ -46,12 +46,12 @@ def test_port_range_is_one_ternary_block():
 
 def test_header_derives_from_the_p4_field_list():
     assert [f for f, _ in wire.HEADER_FIELDS] == ["version", "op", "flags", "job", "worker",
-                                                  "gen", "slot", "seq"]
+                                                  "gen", "slot", "seq", "auth"]
     bits = sum(w for _, w in wire.HEADER_FIELDS)
     assert bits == 8 * wire.HOMAGG_HDR_BYTES == 8 * wire.HEADER.size
-    assert wire.HEADER.format == "!BBHBBHI"
+    assert wire.HEADER.format == "!BBHBBHII"
     assert wire.OFFSETS == {"version_op": 0, "flags": 1, "job": 2, "worker": 4, "gen": 5,
-                            "slot": 6, "seq": 8, "words": 12}
+                            "slot": 6, "seq": 8, "auth": 12, "words": 16}
     assert wire.PACKET_DTYPE.names[:-1] == tuple(wire.OFFSETS)[:-1]
 
 
@@ -72,18 +72,20 @@ def test_lengths_are_consistent():
     assert wire.STATUS_WORD + 3 == wire.WORDS_PER_PACKET
     assert wire.HOMAGG_JOIN_UDP_LEN == 8 + wire.JOIN_BYTES
     assert wire.HOMAGG_JOIN_IPV4_LEN == 20 + wire.HOMAGG_JOIN_UDP_LEN
-    # K: what a jumbo (9000-byte) MTU holds at most; the default MTU, 1500, holds 365
+    # K: what a jumbo (9000-byte) MTU holds at most; the default MTU, 1500, holds 364
     assert (wire.DEFAULT_MTU, wire.JUMBO_MTU) == (1500, 9000)
-    for mtu, most in ((wire.DEFAULT_MTU, 365), (wire.JUMBO_MTU, wire.MAX_WORDS_PER_PACKET)):
+    for mtu, most in ((wire.DEFAULT_MTU, 364), (wire.JUMBO_MTU, wire.MAX_WORDS_PER_PACKET)):
         assert wire.mtu_words(mtu) == most
         assert wire.frame_bytes(most) == 20 + 8 + wire.packet_bytes(most) <= mtu
         assert wire.frame_bytes(most + 1) > mtu
-    assert wire.mtu_words(65536) == wire.MAX_WORDS_PER_PACKET == 2240
-    # the default K fits the default MTU, and the largest build (35 chunks) a jumbo one
+    assert wire.mtu_words(65536) == wire.MAX_WORDS_PER_PACKET == 2239
+    # the default K fits the default MTU, and the largest build (34 chunks) a jumbo one
     assert wire.check_words(wire.WORDS_PER_PACKET, wire.DEFAULT_MTU)
-    assert wire.check_words(35 * wire.CHUNK_WORDS, wire.JUMBO_MTU) == 2240
-    with pytest.raises(wire.WireError, match="more than a 1500-byte MTU holds .365 words"):
-        wire.check_words(366, wire.DEFAULT_MTU)
+    assert wire.check_words(34 * wire.CHUNK_WORDS, wire.JUMBO_MTU) == 2176
+    with pytest.raises(wire.WireError, match="16 to 2239"):
+        wire.check_words(35 * wire.CHUNK_WORDS, wire.JUMBO_MTU)
+    with pytest.raises(wire.WireError, match="more than a 1500-byte MTU holds .364 words"):
+        wire.check_words(365, wire.DEFAULT_MTU)
     assert wire.HOMAGG_PAYLOAD_BYTES == 4 * wire.WORDS_PER_PACKET
     assert wire.HOMAGG_UDP_LEN == 8 + wire.HOMAGG_HDR_BYTES + wire.HOMAGG_PAYLOAD_BYTES
     assert wire.HOMAGG_IPV4_LEN == 20 + wire.HOMAGG_UDP_LEN
@@ -142,8 +144,9 @@ def test_status_reply_round_trip():
 @pytest.mark.parametrize("buf,reason", [
     (b"", "bytes"),
     (bytes(wire.PACKET_BYTES - 1), "bytes"),
-    (bytes([0x21]) + bytes(wire.PACKET_BYTES - 1), "version"),
-    (bytes([0x1F]) + bytes(wire.PACKET_BYTES - 1), "op"),
+    (bytes([0x31]) + bytes(wire.PACKET_BYTES - 1), "version"),
+    (bytes([0x11]) + bytes(wire.PACKET_BYTES - 1), "version 1, expected 2"),  # before the key
+    (bytes([0x2F]) + bytes(wire.PACKET_BYTES - 1), "op"),
 ])
 def test_unpack_refuses_bad_packets(buf, reason):
     with pytest.raises(wire.WireError, match=reason):

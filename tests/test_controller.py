@@ -36,6 +36,7 @@ port = 2
 [[jobs]]
 id = 3
 slots = 32
+key = 0xC0FFEE42
 workers = [ { host = "h1", udp_port = 50000 }, { host = "h2" } ]
 """
 
@@ -48,6 +49,7 @@ def test_config_parses_into_hosts_and_jobs(tmp_path):
     assert [h.name for h in cfg.hosts] == ["h1", "h2"]
     job = cfg.job(3)
     assert job.slots == 32 and [w.ip for w in job.workers] == ["10.0.0.1", "10.0.0.2"]
+    assert job.key == 0xC0FFEE42
     assert job.workers[1].udp_port == 50000 and job.workers[1].switch_port == 2
 
 
@@ -57,6 +59,8 @@ def test_config_parses_into_hosts_and_jobs(tmp_path):
     (('{ host = "h2" }', '{ host = "h7" }'), "unknown host 'h7'"),
     (("slots = 32", "slots = 5000"), "slots"),
     (("id = 3", "id = 64"), "id"),
+    (("key = 0xC0FFEE42", "key = 0x1C0FFEE42"), r"jobs\[0\].key"),
+    (("key = 0xC0FFEE42", "key = -1"), r"jobs\[0\].key"),
     (('{ host = "h2" }', '{ host = "h1", udp_port = 50000 }'), "listed twice"),
     (('name = "s9"', 'name = "s9"\ncolour = "blue"'), "unknown key"),
     (("port = 2", ""), "missing 'port'"),
@@ -92,10 +96,10 @@ def test_a_child_jobs_uplink_parses_renders_back_and_stays_on_its_switch():
     from homagg.netconfig import Uplink
 
     toml = __import__("tomllib")
-    text = GOOD + 'uplink = { job = 7, worker = 1, ip = "10.0.1.254", port = 9 }\n'
+    text = GOOD + 'uplink = { job = 7, worker = 1, ip = "10.0.1.254", port = 9, key = 77 }\n'
     cfg = parse(toml.loads(text))
     assert cfg.job(3).uplink == Uplink(7, 1, "10.0.1.254", wire.HOMAGG_UDP_PORT_MIN,
-                                       "00:00:00:00:00:00", wire.HOMAGG_UDP_PORT_MIN, 9)
+                                       "00:00:00:00:00:00", wire.HOMAGG_UDP_PORT_MIN, 9, 77)
     assert parse(toml.loads(render(cfg))) == cfg
     with pytest.raises(ConfigError, match="missing 'ip'"):
         parse(toml.loads(GOOD + "uplink = { job = 7, worker = 1 }\n"))
@@ -186,7 +190,8 @@ def test_add_job_writes_workers_results_and_group():
     first = min(workers, key=lambda e: e.params["worker"])
     assert first.match == {"src_addr": jobs.ip_int("10.0.0.1"), "src_port": 50000}
     assert first.params == {"job": 3, "worker": 0, "workers": 2, "epoch": 1, "region_base": 0,
-                            "region_size": 32, "mcast_group": 4, "port": 1}
+                            "region_size": 32, "mcast_group": 4, "port": 1, "auth": 0xC0FFEE42}
+    assert jobs.list_jobs(sw)[0].key == 0xC0FFEE42 and j.to_json()["keyed"]
     assert sw.read_multicast_groups()[4] == [(1, 1), (2, 2)]
     assert len(sw.read(P4.TABLE_RESULT_DST)) == 2
     assert jobs.list_jobs(sw)[0].senders == (jobs.Sender(0, "10.0.0.1", 50000, 1),
@@ -230,18 +235,20 @@ def test_a_tree_child_job_writes_its_uplink_and_parent_and_keeps_them_in_step():
     cfg = parse(__import__("tomllib").loads(GOOD))
     sw = local()
     up = Uplink(7, 1, "10.0.1.254", wire.HOMAGG_UDP_PORT_MIN, "00:00:0a:00:01:fe",
-                wire.HOMAGG_UDP_PORT_MIN, 9)
+                wire.HOMAGG_UDP_PORT_MIN, 9, 0xABCD0123)  # the parent job's key
     j = jobs.add_job(sw, replace(cfg.job(3), uplink=up))
     assert j.uplink == up and jobs.find_job(sw, 3).uplink == up
     (u,) = sw.read(P4.TABLE_UPLINK)
     assert u.match == {"job": 3} and u.params == {
         "job": 7, "worker": 1, "mac": jobs.mac_int(up.mac), "ip": jobs.ip_int(up.ip),
-        "udp_port": up.udp_port, "src_port": up.src_port, "port": 9}
+        "udp_port": up.udp_port, "src_port": up.src_port, "port": 9, "auth": 0xABCD0123}
     (par,) = sw.read(P4.TABLE_PARENTS)
+    # the parent's answers carry its job's key; down here they carry this job's
     assert par.match == {"src_addr": jobs.ip_int(up.ip), "src_port": up.udp_port,
-                         "parent_job": 7}
+                         "parent_job": 7, "parent_auth": 0xABCD0123}
     assert par.params == {"job": 3, "workers": 2, "epoch": j.epoch, "region_base": j.base,
-                          "region_size": j.size, "mcast_group": j.group, "port": 9}
+                          "region_size": j.size, "mcast_group": j.group, "port": 9,
+                          "auth": 0xC0FFEE42}
     epoch = jobs.reset_job(sw, 3).epoch
     assert epoch != j.epoch and sw.read(P4.TABLE_PARENTS)[0].params["epoch"] == epoch
     assert jobs.find_job(sw, 3).to_json()["uplink"] == {"job": 7, "worker": 1,

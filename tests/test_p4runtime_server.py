@@ -303,11 +303,11 @@ def test_results_go_where_the_group_and_result_dst_say(agg):
 def test_a_half_written_job_is_not_active(agg):
     with connect(agg) as c:
         s0, s1 = (J.Sender(w, *agg.addr(w), w + 1) for w in range(2))
-        c.insert(J._worker_entry(7, s0, 2, 5, 0, 8, 8))
+        c.insert(J._worker_entry(7, s0, 2, 5, 0, 8, 8, 0))
         agg.send(0, wire.pack(wire.OP_ADD, 7, 0, 0, 1, words_of(3)[0]))
         time.sleep(0.1)
         assert J.read_stats(c).switch["DROP_UNKNOWN_SENDER"] == 1 and agg.sw.jobs == {}
-        c.insert(J._worker_entry(7, s1, 2, 5, 0, 8, 8))
+        c.insert(J._worker_entry(7, s1, 2, 5, 0, 8, 8, 0))
         assert agg.sw.jobs[7].workers == [agg.addr(0), agg.addr(1)]
         assert agg.sw.jobs[7].epoch == 5
 
@@ -475,6 +475,11 @@ def test_arbitration_one_primary_several_sessions(agg):
     first = connect(agg, (0, 1))
     try:
         with connect(agg, (0, 2)) as second:  # higher: the primary now
+            # the client knows from the switch's arbitration update, and says so
+            with pytest.raises(SwitchError, match=r"another controller is primary \(election "
+                                                  r"id 0,2, above this one's 0,1\)"):
+                first.insert(entry)
+            first.client.primary = True  # (past the client's own check: the switch refuses)
             with pytest.raises(SwitchError, match="PERMISSION_DENIED"):
                 first.insert(entry)
             second.insert(entry)

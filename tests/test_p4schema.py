@@ -150,7 +150,7 @@ def test_decode_refuses_what_the_schema_cannot_hold():
         (lambda te: te.match[1].exact.__setattr__("value", b"\x01\x00\x00"),
          "does not fit in 16 bits"),
         (lambda te: te.match.pop(), "exact match field src_port missing"),
-        (lambda te: te.action.action.params.pop(), r"parameter\(s\) port missing"),
+        (lambda te: te.action.action.params.pop(), r"parameter\(s\) auth missing"),
         (lambda te: setattr(te.action.action, "action_id", S.action(P4.ACTION_ROUTE).id),
          "is not one of this table's"),
         (lambda te: setattr(te, "priority", 3), "take no priority"),

@@ -12,12 +12,14 @@ from homagg.host_agent import results
 K = 64
 PS = wire.packet_bytes(K)
 JOB, GEN, SEQ0, NCHUNKS = 7, 3, 1000, 40
+AUTH = 0x9E3779B9  # the job's key (its top bit set: the byte order shows)
 
 
 def packet(c: int, *, flags: int = wire.FLAG_RESULT, job: int = JOB, gen: int = GEN,
-           op: int = wire.OP_ADD, seq: int | None = None, fill: int | None = None) -> bytes:
+           op: int = wire.OP_ADD, seq: int | None = None, fill: int | None = None,
+           auth: int = AUTH) -> bytes:
     head = wire.header(op=op, job=job, worker=1, slot=c % 8, gen=gen,
-                       seq=(SEQ0 + c) & 0xFFFFFFFF if seq is None else seq)
+                       seq=(SEQ0 + c) & 0xFFFFFFFF if seq is None else seq, auth=auth)
     head = bytearray(head)
     head[wire.OFFSETS["flags"]] = flags
     words = np.full(K, c * 1000 - 77 if fill is None else fill, ">i4")
@@ -48,6 +50,9 @@ CASES = {
         packet(4, gen=GEN + 1), packet(5, op=wire.OP_JOIN), packet(6, seq=SEQ0 + NCHUNKS),
         packet(7, flags=wire.FLAG_RESULT | wire.FLAG_REFUSED), packet(8, flags=0),
         packet(9, op=wire.OP_OR), packet(10)],
+    "another key (a forged result)": [
+        packet(1), packet(2, auth=AUTH ^ 1), packet(3, auth=0), packet(4, auth=AUTH ^ 1 << 31),
+        packet(5)],
     "overflow and retransmitted flags": [
         packet(20, flags=wire.FLAG_RESULT | wire.FLAG_OVERFLOW),
         packet(21, flags=wire.FLAG_RESULT | wire.FLAG_RETRANS | wire.FLAG_PHASE)],
@@ -68,8 +73,8 @@ def test_compiled_matches_the_reference(case, after_odd):
         new, odd = np.full(len(rows), -1, np.int64), np.full(len(rows), -1, np.int64)
         expect = results.head8(version_op=wire.OP_ADD, flags=wire.FLAG_RESULT, job=JOB,
                                gen=GEN)
-        t = take(run_of(rows), len(rows), PS, K, SEQ0, NCHUNKS, expect, st["done"], st["out"],
-                 st["sent_at"], st["resent"], new, odd, after_odd)
+        t = take(run_of(rows), len(rows), PS, K, SEQ0, NCHUNKS, expect, AUTH, st["done"],
+                 st["out"], st["sent_at"], st["resent"], new, odd, after_odd)
         got[name] = (t, st, sorted(new[:t.added].tolist()), odd[:t.odd].tolist())
     (tr, sr, nr, orr), (tj, sj, nj, oj) = got["ref"], got["jit"]
     assert tj._replace(fresh_sum=0.0) == tr._replace(fresh_sum=0.0)
@@ -84,8 +89,8 @@ def test_the_reference_takes_first_copies_and_leaves_odd_rows():
     st = state()
     new, odd = np.empty(len(rows), np.int64), np.empty(len(rows), np.int64)
     expect = results.head8(version_op=wire.OP_ADD, flags=wire.FLAG_RESULT, job=JOB, gen=GEN)
-    args = (run_of(rows), len(rows), PS, K, SEQ0, NCHUNKS, expect, st["done"], st["out"],
-            st["sent_at"], st["resent"], new, odd)
+    args = (run_of(rows), len(rows), PS, K, SEQ0, NCHUNKS, expect, AUTH, st["done"],
+            st["out"], st["sent_at"], st["resent"], new, odd)
     first = results.take_ref(*args, False)
     assert (first.odd, first.added) == (1, 0) and odd[0] == 5 and not st["done"][[4, 6]].any()
     t = results.take_ref(*args, True)
@@ -95,3 +100,20 @@ def test_the_reference_takes_first_copies_and_leaves_odd_rows():
     assert st["done"][[4, 6]].all() and not st["done"][8]
     sent = st["sent_at"][[4, 6]]
     assert t.last == [4, 6][int(np.lexsort(([4, 6], sent))[-1])]
+
+
+@pytest.mark.parametrize("take", [results.take_ref, results.take_jit] if results._compiled
+                         else [results.take_ref])
+def test_a_result_without_the_jobs_key_is_left_to_the_caller(take):
+    """A forged result (another key) is never written: it is an odd row, which ``Round.take``
+    counts as spoofed."""
+    rows = CASES["another key (a forged result)"]
+    st = state()
+    new, odd = np.empty(len(rows), np.int64), np.empty(len(rows), np.int64)
+    expect = results.head8(version_op=wire.OP_ADD, flags=wire.FLAG_RESULT, job=JOB, gen=GEN)
+    t = take(run_of(rows), len(rows), PS, K, SEQ0, NCHUNKS, expect, AUTH, st["done"], st["out"],
+             st["sent_at"], st["resent"], new, odd, True)
+    assert odd[:t.odd].tolist() == [1, 2, 3]
+    assert sorted(new[:t.added].tolist()) == [1, 5]
+    # (chunk 3 was done before: state())
+    assert not st["done"][[2, 4]].any() and not st["out"].reshape(-1, K)[[2, 3, 4]].any()

@@ -139,6 +139,21 @@ def test_every_rank_gets_the_same_job_and_the_switch_holds_it(rig):
     ids = {r.job_id for r in replies.values()}
     runs = {r.run for r in replies.values()}
     assert len(ids) == 1 and len(runs) == 1 and runs != {0}
+    # the job's key: one for the job, drawn at random, and the switch checks it
+    keys = {r.key for r in replies.values()}
+    assert len(keys) == 1 and keys != {0}
+    place = switch_place(rig.agg.config)
+    sw = P4RuntimeSwitch(place.grpc, place.device_id, (0, 1), None, place.name).open()
+    try:
+        from homagg.controller import jobs as J
+
+        (installed,) = J.list_jobs(sw)
+        assert installed.key == keys.pop()
+    finally:
+        sw.close()
+    other = join_all(rig, "10.0.0.2:29500/none", 1, ports=[41000])
+    assert other[0].key not in (0, installed.key)  # (1 in 2**32 to fail by chance)
+    rig.stub.Leave(rig.lease(other[0].job_id, 0, 41000, other[0].secret))
     for rank, r in replies.items():
         assert (r.worker, r.workers, r.slots, r.place, r.place_role, r.ip) == \
             (rank, 3, 16, "local", "switch", "127.0.0.1")
@@ -319,6 +334,25 @@ def test_the_clis_json_stays_json_while_another_client_is_primary(tmp_path):
     finally:
         held.close()
         agg.stop()
+
+
+def test_another_controller_taking_primary_is_not_silent(tmp_path):
+    """Whoever reaches the switch's P4Runtime can take primary with a higher election id (TLS
+    keeps them out): the service's writes are then refused, and its refusals say by whom."""
+    rig = Rig(tmp_path)
+    try:
+        place = switch_place(rig.agg.config)
+        with P4RuntimeSwitch(place.grpc, place.device_id, (0, 9), None, place.name).open():
+            (r,) = join_all(rig, "usurped", 1).values()
+            assert isinstance(r, grpc.RpcError) and r.code() == grpc.StatusCode.UNAVAILABLE
+            assert "another controller is primary (election id 0,9, above this one's 0,2)" in \
+                r.details(), r.details()
+            assert rig.jobs() == []
+        # once it leaves, the service writes again
+        (r,) = join_all(rig, "usurped", 1).values()
+        assert not isinstance(r, grpc.RpcError), r
+    finally:
+        rig.close()
 
 
 def test_a_job_whose_worker_stops_renewing_is_removed(tmp_path):

@@ -28,8 +28,9 @@ class SwitchCore:
         self.job_stats = np.zeros(wire.JOB_STATS_SIZE, np.int64)
         self.senders: dict[Address, tuple[JobEntry, int]] = {}
         self.jobs: dict[int, JobEntry] = {}
-        # uplink.p4's parent table: (parent address, parent's job id) -> the job here
-        self.children_of: dict[tuple[Address, int], JobEntry] = {}
+        # admission.p4's parents table: (parent address, parent's job id, parent job's key)
+        # -> the job here
+        self.children_of: dict[tuple[Address, int, int], JobEntry] = {}
         # join.p4's registers: per job id [seen, count, gen, epoch, final, handed, held, run]
         # (final: the join is complete at the root, not only here; handed: the generation it
         # handed out, the root's in a tree; held: the parent's answer came while the join
@@ -44,14 +45,14 @@ class SwitchCore:
         for w, addr in enumerate(job.workers):
             self.senders[addr] = (job, w)
         if job.uplink is not None:
-            self.children_of[(job.uplink.parent, job.uplink.job)] = job
+            self.children_of[(job.uplink.parent, job.uplink.job, job.uplink.auth)] = job
 
     def uninstall(self, job_id: int) -> JobEntry:
         job = self.jobs.pop(job_id)
         for addr in job.workers:
             self.senders.pop(addr, None)
         if job.uplink is not None:
-            self.children_of.pop((job.uplink.parent, job.uplink.job), None)
+            self.children_of.pop((job.uplink.parent, job.uplink.job, job.uplink.auth), None)
         return job
 
     def clear_job_stats(self, job_id: int) -> None:
@@ -80,11 +81,14 @@ class SwitchCore:
         return out
 
     def _joinreply(self, data: bytes, flags: int, words: np.ndarray | None,
-                    gen: int | None, job: int | None = None) -> bytes:
+                    gen: int | None, job: JobEntry | None = None) -> bytes:
         """A reply to a join: its JOIN_WORDS words (``words``, else zeros) and K in the slot
-        field, which is how the agent learns K (reply.p4); ``job``: as ``_reply``."""
+        field, which is how the agent learns K (reply.p4); ``job``: a tree's child job, whose
+        id and key a parent's answer takes on the way down."""
         pkt = bytearray(reply(data, flags, np.zeros(wire.JOIN_WORDS, np.int32)
-                               if words is None else words, gen, job))
+                               if words is None else words, gen,
+                               None if job is None else job.id,
+                               auth=None if job is None else job.auth))
         wire.put_field(pkt, "slot", self.k)
         return bytes(pkt)
 

@@ -121,7 +121,7 @@ class JoinRules(SwitchCore):
         assert up is not None
         words = np.zeros(wire.JOIN_WORDS, np.int32)
         words[wire.JOIN_RUN_WORD] = np.uint32(run).view(np.int32)
-        hdr = bytearray(reply(data, 0, words, 0, job=up.job, worker=up.worker))
+        hdr = bytearray(reply(data, 0, words, 0, job=up.job, worker=up.worker, auth=up.auth))
         wire.put_field(hdr, "seq", _join_nonce(job.epoch, gen))
         wire.put_field(hdr, "slot", 0)
         return bytes(hdr), up.parent
@@ -156,13 +156,13 @@ class JoinRules(SwitchCore):
         words = np.frombuffer(data, ">i4", wire.JOIN_WORDS, wire.OFFSETS["words"])
         if answer:
             pkt = self._joinreply(data, (flags & ~FLAG_RETRANS) | FLAG_UPSTREAM, words,
-                                   None, job.id)
+                                   None, job)
         else:
             st[4:7] = [1, h.gen, 0]
             self.stats[STAT_COMPLETED] += 1
             self.job_stats[wire.JOB_STATS_PER_JOB * job.id + JOB_STAT_COMPLETED] += 1
             pkt = self._joinreply(data, FLAG_RESULT | (flags & FLAG_PHASE), None, h.gen,
-                                   job.id)
+                                   job)
         out.replies = [(pkt, a) for a in job.result_addresses]
         return out
 

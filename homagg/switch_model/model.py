@@ -94,8 +94,8 @@ class SwitchModel(JoinRules):
             return self._drop(DROP_BAD_OP)
         flags = h.flags
         if flags & FLAG_RESULT:
-            # only a tree job's parent sends results to a switch (uplink.p4)
-            child = self.children_of.get((src, h.job)) if self.children_of else None
+            # only a tree job's parent sends results to a switch, with its job's key (uplink.p4)
+            child = self.children_of.get((src, h.job, h.auth)) if self.children_of else None
             if child is None:
                 return self._drop(DROP_FORGED_RESULT)
             up = child.uplink
@@ -107,6 +107,8 @@ class SwitchModel(JoinRules):
             return self._drop(DROP_UNKNOWN_SENDER)
         job, worker = hit
         if port is not None and job.ports is not None and port != job.ports[worker]:
+            return self._drop(DROP_SPOOFED, job)
+        if h.auth != job.auth:  # (headers.p4: what the key keeps out)
             return self._drop(DROP_SPOOFED, job)
         join = op == OP_JOIN
         if h.job != job.id or h.worker != worker:
@@ -253,7 +255,8 @@ class SwitchModel(JoinRules):
         job: the worker's header (slot, round tag, gen, phase) with the parent job's identity,
         and the round's overflow as a flag the parent merges into its own."""
         rflags = (flags & FLAG_PHASE) | (FLAG_OVERFLOW if self.mem.overflow[idx] else 0)
-        return reply(data, rflags, self.mem.words[idx], job=up.job, worker=up.worker), up.parent
+        return (reply(data, rflags, self.mem.words[idx], job=up.job, worker=up.worker,
+                      auth=up.auth), up.parent)
 
     def _from_parent(self, data: bytes, h: wire.Header, job: JobEntry) -> Outcome:
         """A tree job's parent answers this switch: its result (the final sum) is kept in the
@@ -276,7 +279,8 @@ class SwitchModel(JoinRules):
         out = Outcome("STAT_FROM_PARENT")
         if flags & (FLAG_STATUS | FLAG_REFUSED):
             pkt = reply(data, (flags & ~FLAG_RETRANS) | FLAG_UPSTREAM,
-                         np.frombuffer(data, ">i4", self.k, HOMAGG_HDR_BYTES), job=job.id)
+                         np.frombuffer(data, ">i4", self.k, HOMAGG_HDR_BYTES), job=job.id,
+                         auth=job.auth)
             out.replies = [(pkt, a) for a in job.result_addresses]
             return out
         m.words[idx] = np.frombuffer(data, ">i4", self.k, HOMAGG_HDR_BYTES)
@@ -288,7 +292,7 @@ class SwitchModel(JoinRules):
         if m.overflow[idx]:
             rflags |= FLAG_OVERFLOW
             stats[STAT_OVERFLOW] += 1
-        pkt = reply(data, rflags, m.words[idx], job=job.id)
+        pkt = reply(data, rflags, m.words[idx], job=job.id, auth=job.auth)
         out.replies = [(pkt, a) for a in job.result_addresses]
         return out
 
@@ -318,6 +322,7 @@ class SwitchModel(JoinRules):
                     and vo[0] & 0xF in (OP_ADD, OP_OR)
                     and not (flags & FLAG_RESULT).any()
                     and (rec["job"] == job.id).all() and (rec["worker"] == worker).all()
+                    and (rec["auth"] == job.auth).all()
                     and int(slots.max()) < job.size and np.unique(slots).size == n):
                 rec = None
         if rec is None:
@@ -380,7 +385,7 @@ class SwitchModel(JoinRules):
                 stats[STAT_OVERFLOW] += int(ovf.sum())
                 dests = job.result_addresses
             else:
-                replies["job"], replies["worker"] = up.job, up.worker
+                replies["job"], replies["worker"], replies["auth"] = up.job, up.worker, up.auth
                 stats[STAT_PARTIAL_UP] += len(done)
                 dests = [up.parent]
             blob = replies.tobytes()

@@ -56,6 +56,7 @@ class ParentLink:
     worker: int
     parent: Address
     port: int | None = None  # the switch port to the parent (None: the target cannot tell)
+    auth: int = 0            # the parent job's key: what goes up carries it, and comes down
 
 
 @dataclass
@@ -73,6 +74,8 @@ class JobEntry:
     results: list[Address] | None = None
     #: a tree's leaf (or any switch below the root): where its partial sums go
     uplink: ParentLink | None = None
+    #: the job's key (admission.p4): its workers' packets carry it, or are spoofed
+    auth: int = 0
 
     @property
     def result_addresses(self) -> list[Address]:
@@ -109,10 +112,10 @@ class SlotMemory:
 
 
 def reply(data: bytes, flags: int, words: np.ndarray, gen: int | None = None,
-           job: int | None = None, worker: int | None = None) -> bytes:
+           job: int | None = None, worker: int | None = None, auth: int | None = None) -> bytes:
     """The switch echoes the packet's header (worker included) with new flags, and the gen
-    the join hands out, followed by ``words``; in a tree, with the job (and worker) of the
-    switch it goes to."""
+    the join hands out, followed by ``words``; in a tree, with the job (and worker, and key)
+    of the switch it goes to."""
     hdr = bytearray(data[:wire.OFFSETS["words"]])
     hdr[wire.OFFSETS["flags"]] = flags
     if gen is not None:
@@ -121,4 +124,6 @@ def reply(data: bytes, flags: int, words: np.ndarray, gen: int | None = None,
         wire.put_field(hdr, "job", job)
     if worker is not None:
         hdr[wire.OFFSETS["worker"]] = worker
+    if auth is not None:
+        wire.put_field(hdr, "auth", auth)
     return bytes(hdr) + np.asarray(words, ">i4").tobytes()

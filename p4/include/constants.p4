@@ -14,7 +14,7 @@
  * host, each on its own source port, and the fixed range keeps homagg traffic easy to match. */
 const bit<16> HOMAGG_UDP_PORT_MIN = 48864;   /* 0xBEE0 */
 const bit<16> HOMAGG_UDP_PORT_MAX = 48879;   /* 0xBEEF */
-const bit<4>  HOMAGG_VERSION      = 1;
+const bit<4>  HOMAGG_VERSION      = 2;   /* 2: the header's auth word */
 
 const bit<4>  OP_ADD = 1;    /* int32 two's-complement add, overflow flagged */
 const bit<4>  OP_OR  = 2;    /* bitwise OR of 32-bit words (bitmaps) */
@@ -38,26 +38,26 @@ const bit<8>  FLAG_UPSTREAM  = 0x02;   /* a status or refusal that a tree's pare
                                           are the parent's children, not workers */
 
 /* Words per packet (K), set at build time: `homagg-ctl build --words K` compiles with
- * -DWORDS_PER_PACKET=K. 64 x 32 bit (256 B of payload, 310 B frames) is SwitchML's choice and
+ * -DWORDS_PER_PACKET=K. 64 x 32 bit (256 B of payload, 314 B frames) is SwitchML's choice and
  * suits Tofino; on bmv2 the per-packet cost (parse, queue, thread hand-offs) dominates the
- * per-word cost, so the default is 256 (1024 B of payload, 1078 B frames). A multiple of 64
+ * per-word cost, so the default is 256 (1024 B of payload, 1082 B frames). A multiple of 64
  * (the words are 64-word chunks: types.p4): 64 to 320 within the default 1500-byte MTU, up to
- * 2240 within a 9000-byte (jumbo) one. Everything below derives from it: the words fields, the
+ * 2176 within a 9000-byte (jumbo) one. Everything below derives from it: the words fields, the
  * registers, the lengths. Agents learn K from the join's reply. (MAX_WORDS_PER_PACKET is the
- * wire's limit, for any target: what a jumbo frame holds. What an MTU holds, 365 words at
+ * wire's limit, for any target: what a jumbo frame holds. What an MTU holds, 364 words at
  * 1500, is Python's check, against the MTU in use: wire.mtu_words.) */
 #ifndef WORDS_PER_PACKET
 #define WORDS_PER_PACKET 256
 #endif
 #define DEFAULT_MTU 1500
 #define JUMBO_MTU 9000
-#define MAX_WORDS_PER_PACKET 2240  /* (JUMBO_MTU - 20 IPv4 - 8 UDP - 12 homagg) / 4 */
+#define MAX_WORDS_PER_PACKET 2239  /* (JUMBO_MTU - 20 IPv4 - 8 UDP - 16 homagg) / 4 */
 #define MIN_WORDS_PER_PACKET 16    /* room for a status reply and the scale negotiation */
 /* A status reply (FLAG_STATUS) carries the contributors bitmap (high, low) and their count in
  * its last three words, from STATUS_WORD on: the low end of the words field, because bmv2
  * limits wide shifts (reply.p4). */
 const bit<32> STATUS_WORD = WORDS_PER_PACKET - 3;
-const bit<16> HOMAGG_HDR_BYTES     = 12;
+const bit<16> HOMAGG_HDR_BYTES     = 16;
 const bit<16> HOMAGG_PAYLOAD_BYTES = 4 * WORDS_PER_PACKET;
 const bit<16> HOMAGG_UDP_LEN       = 8 + HOMAGG_HDR_BYTES + HOMAGG_PAYLOAD_BYTES;
 const bit<16> HOMAGG_IPV4_LEN      = 20 + HOMAGG_UDP_LEN;    /* no IPv4 options */
@@ -90,7 +90,8 @@ const bit<32> DROP_WRONG_IDENTITY  = 12;  /* header job/worker differ from the j
 const bit<32> DROP_BAD_SLOT        = 13;  /* slot outside the job's region */
 const bit<32> DROP_SEQ_MISMATCH    = 14;  /* contribution for another round than the slot's */
 const bit<32> DROP_STALE           = 15;  /* a round that already finished (late duplicate) */
-const bit<32> DROP_SPOOFED         = 16;  /* a registered sender's address from another port */
+const bit<32> DROP_SPOOFED         = 16;  /* a registered sender's address from another port,
+                                              * or without its job's key (auth) */
 /* Trees (a leaf switch whose job has a parent: uplink.p4). */
 const bit<32> STAT_PARTIAL_UP      = 17;  /* rounds complete here, partial sum sent to the parent */
 const bit<32> STAT_PARTIAL_RESENT  = 18;  /* partial sums re-sent to the parent for a worker's

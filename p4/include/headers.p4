@@ -56,6 +56,8 @@ header udp_h {
  * +---------------+---------------+-------------------------------+
  * |                   sequence number (round tag)                 |
  * +---------------------------------------------------------------+
+ * |                      auth (the job's key)                     |
+ * +---------------------------------------------------------------+
  * |                            word 0                             |
  * +---------------------------------------------------------------+
  * :                              ...                              :
@@ -73,6 +75,10 @@ header udp_h {
  *  slot:   index within the job's slot region
  *  seq:    the round tag: every worker sends the same seq into the same slot round, and a
  *          worker's successive rounds on one slot have increasing seq (serial arithmetic)
+ *  auth:   the job's 32-bit key, agreed at the join (the controller installs it with the
+ *          job): admission drops a registered sender's packet with another key as spoofed,
+ *          unanswered, and the agents drop results with another key. It keeps out an off-path
+ *          sender who cannot read the job's traffic; not an on-path one (it travels in clear)
  *  words:  int32 (ADD) or bit sets (OR); results come back in the same layout
  */
 header homagg_h {
@@ -84,6 +90,7 @@ header homagg_h {
     bit<8>  gen;        /* gen_t: the run's generation, from the job's join (join.p4) */
     bit<16> slot;       /* slot_t */
     bit<32> seq;        /* seq_t */
+    bit<32> auth;       /* the job's key (admission.p4) */
 }
 
 /* WORDS_PER_PACKET words as chunks of 64 (types.p4; lanes.p4 says why): word 0, first on the
@@ -142,8 +149,10 @@ struct metadata_t {
     bit<1>          afresh;         /* a pending join of another run started afresh (join.p4) */
     bit<1>          tree;           /* the job has a parent (the uplink table's entry) */
     bit<1>          flagged;        /* the packet's FLAG_OVERFLOW: a child's partial overflowed */
+    bit<32>         auth;           /* the job's key: what its workers' packets carry */
     job_id_t        up_job;
     worker_id_t     up_worker;
+    bit<32>         up_auth;        /* the parent job's key: what a partial going up carries */
     bit<48>         up_mac;
     bit<32>         up_ip;
     bit<16>         up_udp_port;

@@ -170,14 +170,8 @@ typedef bit<CHUNK_BITS> chunk_t;
     X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) \
     X(28) X(29) X(30) X(31) X(32) X(33)
 #define LAST_CHUNK w33
-#elif WORD_CHUNKS == 35
-#define FOR_CHUNKS(X) \
-    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
-    X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) \
-    X(28) X(29) X(30) X(31) X(32) X(33) X(34)
-#define LAST_CHUNK w34
 #else
-#error "WORDS_PER_PACKET: a multiple of 64, from 64 to 2240 (35 chunks: what a 9000-byte MTU holds)"
+#error "WORDS_PER_PACKET: a multiple of 64, from 64 to 2176 (34 chunks: what a 9000-byte MTU holds)"
 #endif
 
 /* A slot copy's bookkeeping, packed (slot_state.p4): seen ++ count ++ tag ++ op ++ epoch ++ gen

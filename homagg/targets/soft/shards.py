@@ -171,7 +171,7 @@ class ShardedSwitch(SoftSwitch):
 
         for v in m.jobs:
             up.setdefault(v, v)
-        for (_, parent_job), child in m.children_of.items():
+        for (_, parent_job, _), child in m.children_of.items():
             up.setdefault(parent_job, parent_job)
             a, b = root(parent_job), root(child.id)
             if a != b:

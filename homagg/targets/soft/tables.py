@@ -245,11 +245,12 @@ class SoftSwitch:
                 results.append((int_ip(e.params["ip"]), e.params["port"]))
         up = self.tables[P4.TABLE_UPLINK].get((job_id,))
         uplink = (ParentLink(up.params["job"], up.params["worker"],
-                         (int_ip(up.params["ip"]), up.params["udp_port"]), up.params["port"])
+                             (int_ip(up.params["ip"]), up.params["udp_port"]), up.params["port"],
+                             up.params["auth"])
                   if up is not None and up.action == P4.ACTION_SET_UPLINK else None)
         return JobEntry(job_id, [(int_ip(k[0]), k[1]) for k, _ in rows], latest["epoch"],
                         latest["region_base"], latest["region_size"],
-                        [e.params["port"] for _, e in rows], results, uplink)
+                        [e.params["port"] for _, e in rows], results, uplink, latest["auth"])
 
     def _job_from(self, job_id: int, rows: list[tuple[Key, Entry]]) -> JobEntry | None:
         counts = {e.params["workers"] for _, e in rows}
@@ -278,7 +279,7 @@ class SoftSwitch:
         for job in active:
             m.install(job)
         # admission's parents table, as bmv2 has it: which answers reach which job (uplink.p4)
-        m.children_of = {((int_ip(k[0]), k[1]), k[2]): m.jobs[e.params["job"]]
+        m.children_of = {((int_ip(k[0]), k[1]), k[2], k[3]): m.jobs[e.params["job"]]
                          for k, e in self.tables[P4.TABLE_PARENTS].items()
                          if e.action == P4.ACTION_SET_PARENT and e.params["job"] in m.jobs}
         # uplink.p4's src_port: the model sends to the parent, the server picks the port

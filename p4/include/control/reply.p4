@@ -51,6 +51,7 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
         hdr.ipv4.ttl = 64;
         hdr.homagg.job = meta.up_job;
         hdr.homagg.worker = meta.up_worker;
+        hdr.homagg.auth = meta.up_auth;
         standard_metadata.egress_spec = meta.up_port;
     }
 
@@ -75,6 +76,7 @@ control Reply(inout headers_t hdr, inout metadata_t meta,
                     hdr.homagg.flags = (hdr.homagg.flags & ~FLAG_RETRANS) | FLAG_UPSTREAM;
                 }
                 hdr.homagg.job = meta.job;
+                hdr.homagg.auth = meta.auth;
                 from_switch();
                 standard_metadata.mcast_grp = meta.mcast_group;
                 meta.mcast_result = 1;

@@ -16,14 +16,16 @@
 #define HOMAGG_UPLINK_P4
 
 control UplinkLookup(inout metadata_t meta) {
-    /* job: the parent's job id; worker: this switch's worker id in it; the parent's homagg
-     * address (mac, ip, udp_port), the source port this switch sends from (the one its
-     * workers send to, where the parent's answers come back), and the switch port to it. */
+    /* job: the parent's job id; worker: this switch's worker id in it; auth: the parent
+     * job's key; the parent's homagg address (mac, ip, udp_port), the source port this
+     * switch sends from (the one its workers send to, where the parent's answers come
+     * back), and the switch port to it. */
     action set_uplink(job_id_t job, worker_id_t worker, bit<48> mac, bit<32> ip,
-                      bit<16> udp_port, bit<16> src_port, bit<9> port) {
+                      bit<16> udp_port, bit<16> src_port, bit<9> port, bit<32> auth) {
         meta.tree = 1;
         meta.up_job = job;
         meta.up_worker = worker;
+        meta.up_auth = auth;
         meta.up_mac = mac;
         meta.up_ip = ip;
         meta.up_udp_port = udp_port;

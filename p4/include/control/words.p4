@@ -9,7 +9,7 @@
  * chunk (if (...) { meta.overflow = 1; }) costs more than it seems: p4c turns each into
  * meta.overflow = cond ? 1 : <the previous value>, substituting the previous chunk's whole
  * expression, so chunk i's assignment re-evaluates the conditions of chunks 0..i - quadratic
- * in the chunks (35 at K = 2240: a 4.7 MB action in the bmv2 JSON, 630 tests per packet).
+ * in the chunks (34 at K = 2176: a 4.7 MB action in the bmv2 JSON, 630 tests per packet).
  */
 #ifndef HOMAGG_WORDS_P4
 #define HOMAGG_WORDS_P4
