@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from homagg.host_agent import Agent, AgentConfig
-from homagg.host_agent.torch_hook import HookState, homagg_hook
+from homagg.host_agent.distributed.hook import HookState, homagg_hook
 
 #: steps before the CPU count starts (imports, JIT, the first buckets' index choices)
 WARMUP = 3

@@ -2,8 +2,8 @@
 
 ``allreduce`` (the Agent: negotiation, modes, rescaling) over ``transport`` (the slot pool,
 retransmission, deadline, with ``rto``'s timeout), configured by ``config``; ``codec`` holds
-the encodings; ``torch_hook`` plugs the agent into DDP, ``torch_backend`` makes it a
-torch.distributed backend ("homagg", registered by ``import homagg.torch``); ``simulate``
+the encodings; ``distributed`` plugs it into torch.distributed: its ``hook`` into DDP, its
+``backend`` as a backend ("homagg", registered by ``import homagg.torch``); ``simulate``
 runs the whole all-reduce in memory (``simulate_allreduce``; ``simulate_ints`` on integers).
 """
 

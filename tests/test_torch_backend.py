@@ -966,7 +966,7 @@ def test_an_agent_that_cannot_start_fails_init_on_every_rank(tmp_path):
 
 
 def test_work_reraises_and_reports_a_failed_future():
-    from homagg.host_agent.torch_backend import HomaggWork
+    from homagg.host_agent.distributed.backend import HomaggWork
 
     fut = torch.futures.Future()
     work = HomaggWork(fut)
@@ -986,7 +986,7 @@ def test_work_reraises_and_reports_a_failed_future():
 
 def test_agent_config_takes_rank_and_world_size_from_the_process_group(monkeypatch):
     from homagg.host_agent.config import AgentConfig, AgentError
-    from homagg.host_agent.torch_backend import _agent_config
+    from homagg.host_agent.distributed.backend import _agent_config
 
     env = {"HOMAGG_JOB": "7", "HOMAGG_SWITCH": "10.0.0.254", "HOMAGG_BIND": "10.0.0.2:50000"}
     cfg = _agent_config(1, 3, env)
@@ -1142,3 +1142,26 @@ def test_the_ddp_example_with_each_backend(tmp_path):
         assert len(losses) == 5 and np.abs(np.array(losses) - gloo_losses).max() <= 1e-6
         assert len(digests) == WORLD and len(set(digests)) == 1
     assert runs["hook"][1] == runs["homagg"][1]
+
+
+def test_the_old_module_names_still_import_with_a_deprecation_warning():
+    """The torch modules moved to ``homagg.host_agent.distributed``; each old name is the same
+    module object for one more release, and says so."""
+    import importlib
+    import sys
+
+    import homagg.host_agent.distributed.backend as backend
+    import homagg.host_agent.distributed.group as group
+    import homagg.host_agent.distributed.hook as hook
+    import homagg.host_agent.distributed.switch as switch
+    import homagg.host_agent.distributed.work as work
+
+    for old, new in (("torch_backend", backend), ("torch_group", group), ("torch_hook", hook),
+                     ("torch_switch", switch), ("torch_work", work)):
+        name = f"homagg.host_agent.{old}"
+        sys.modules.pop(name, None)
+        with pytest.warns(DeprecationWarning, match=f"{name} moved to {new.__name__}"):
+            mod = importlib.import_module(name)
+        assert mod is new
+    from homagg.host_agent.torch_hook import HookState, homagg_hook  # noqa: F401 - the old use
+    assert HookState is hook.HookState

@@ -41,7 +41,7 @@ def local_grads(model, rank, step):
 
 def worker(rank, world, addrs, out_dir, overlap):
     from homagg.host_agent import Agent, AgentConfig
-    from homagg.host_agent.torch_hook import HookState, homagg_hook
+    from homagg.host_agent.distributed.hook import HookState, homagg_hook
 
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank,
                             world_size=world)
@@ -113,7 +113,7 @@ def test_ddp_hook_gives_the_exact_mean(tmp_path, overlap):
 
 def scaler_worker(rank, world, addrs, out_dir):
     from homagg.host_agent import Agent, AgentConfig
-    from homagg.host_agent.torch_hook import HookState, homagg_hook
+    from homagg.host_agent.distributed.hook import HookState, homagg_hook
 
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank,
                             world_size=world)
@@ -183,7 +183,7 @@ class FakeBucket:
 
 def test_the_hooks_state_is_a_hookstate_and_a_bare_agent_is_told_so():
     from homagg.host_agent import MemoryJob
-    from homagg.host_agent.torch_hook import HookState, homagg_hook
+    from homagg.host_agent.distributed.hook import HookState, homagg_hook
 
     model = torch.nn.Linear(3, 2)
     for p in model.parameters():
@@ -198,7 +198,7 @@ def test_the_hooks_state_is_a_hookstate_and_a_bare_agent_is_told_so():
 
 def test_hook_errors_name_the_parameter_and_its_index():
     from homagg.host_agent import AgentError, MemoryJob
-    from homagg.host_agent.torch_hook import HookState, homagg_hook
+    from homagg.host_agent.distributed.hook import HookState, homagg_hook
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 5), torch.nn.Linear(5, 60))
     for p in model.parameters():
@@ -223,7 +223,7 @@ def make_sparse_model():
 
 def sparse_worker(rank, world, addrs, out_dir):
     from homagg.host_agent import Agent, AgentConfig
-    from homagg.host_agent.torch_hook import HookState, homagg_hook
+    from homagg.host_agent.distributed.hook import HookState, homagg_hook
 
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank,
                             world_size=world)

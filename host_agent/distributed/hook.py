@@ -1,0 +1,150 @@
+"""PyTorch DDP communication hook: gradient buckets all-reduced through homagg.
+
+    from homagg.host_agent import Agent, AgentConfig
+    from homagg.host_agent.distributed.hook import HookState, homagg_hook
+    agent = Agent(AgentConfig(job=1, worker=rank, workers=world, ...))
+    ddp_model.register_comm_hook(state=HookState.of(agent, model), hook=homagg_hook)
+
+That is all a user adds: no patched PyTorch. The hook returns the *mean* over workers, as DDP's
+default all-reduce does; the sum behind it is exact on the quantized gradients. A NaN or Inf in
+any worker's bucket makes the whole bucket NaN on every worker (``Agent.allreduce``), so AMP's
+``GradScaler`` sees it on every rank and skips the step, as with DDP's own all-reduce.
+
+The state is a ``HookState``: ``HookState.of(agent, model)`` overlaps (the agent's own thread
+sums a bucket while autograd computes the next) and names a parameter and the element within
+it in errors (from ``model.named_parameters()``), not a bucket offset. ``HookState(agent,
+overlap=False)`` blocks in the hook, and names a parameter by its place in
+``bucket.parameters()`` and its shape.
+Sparse COO gradients (``sparse=True`` embeddings) go through ``Agent.allreduce_rows`` and come
+back sparse. torch is an optional dependency
+(the CPU build is enough); only this subpackage (``backend``: the "homagg" process group, no
+hook needed) and ``homagg.torch`` import it. (No ``from __future__ import
+annotations`` here: DDP checks the hook's annotations as objects.)
+"""
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from homagg.host_agent.allreduce import Agent
+from homagg.host_agent.config import AgentError
+
+
+@dataclass
+class HookState:
+    """The hook's state: the agent, parameter names by ``id(parameter)``, and whether the
+    all-reduce overlaps the backward pass.
+
+    With ``overlap`` (the default), the hook hands the bucket to the agent's own thread (one
+    thread, first in first out) and returns at once a future that thread completes, as
+    torch's built-in hooks do with their process group: autograd computes the next buckets'
+    gradients while this one is on the wire. DDP calls the hook in bucket order on every rank
+    (its reducer launches buckets in index order), so one FIFO thread keeps every worker's
+    agent on the same tensor sequence. An error in that thread reaches DDP through the future
+    (``set_exception``): it is raised where the gradients are waited for, never a hang.
+    """
+
+    agent: Agent
+    names: dict[int, str] = field(default_factory=dict)
+    overlap: bool = True
+    _thread: ThreadPoolExecutor | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def of(cls, agent: Agent, model: torch.nn.Module, overlap: bool = True) -> "HookState":
+        return cls(agent, {id(p): name for name, p in model.named_parameters()}, overlap)
+
+    def submit(self, work) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="homagg-agent")
+        self._thread.submit(work)
+
+    def close(self) -> None:
+        """Wait for the buckets in flight, stop the thread (the agent stays open)."""
+        with self._lock:
+            if self._thread is not None:
+                self._thread.shutdown(wait=True)
+                self._thread = None
+
+
+def locate(bucket, index: int, names: dict[int, str] | None = None) -> str:
+    """Which parameter element the bucket's flat ``index`` is: "parameter NAME (#k of bucket
+    B, shape S), index j" (j: the flat index within the parameter)."""
+    start = 0
+    for k, p in enumerate(bucket.parameters()):
+        if index < start + p.numel():
+            name = (names or {}).get(id(p), f"#{k}")
+            where = f"parameter {name} (#{k} of bucket {bucket.index()}, shape "
+            return f"{where}{tuple(p.shape)}), index {index - start}"
+        start += p.numel()
+    return f"bucket {bucket.index()} offset {index}"
+
+
+def homagg_hook(state: HookState, bucket: torch.distributed.GradBucket
+                ) -> torch.futures.Future[torch.Tensor]:
+    if not isinstance(state, HookState):  # register_comm_hook takes any state: say what fits
+        raise TypeError(f"homagg_hook's state is a HookState, not {type(state).__name__}: "
+                        "HookState.of(agent, model), or HookState(agent, overlap=False)")
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    if state.overlap:
+        def work() -> None:
+            try:
+                fut.set_result(_mean(state.agent, bucket, state.names))
+            except BaseException as err:  # noqa: BLE001 - DDP raises it where it waits
+                fut.set_exception(err)  # type: ignore[arg-type]  # (torch annotates Tensor)
+
+        state.submit(work)  # DDP keeps the bucket's buffer until the future completes
+        return fut
+    fut.set_result(_mean(state.agent, bucket, state.names))
+    return fut
+
+
+def _mean(agent: Agent, bucket, names) -> torch.Tensor:
+    """The bucket's mean over the workers (dense, or sparse for a sparse bucket)."""
+    buf = bucket.buffer()
+    if buf.is_sparse:  # DDP gives a sparse gradient a bucket of its own
+        return _sparse_mean(agent, bucket, buf, names)
+    arr = buf.detach().to("cpu", torch.float32).numpy()
+    try:
+        summed = agent.allreduce(np.ascontiguousarray(arr).reshape(-1),
+                                 key=("ddp", bucket.index()))
+    except AgentError as err:
+        raise _named(err, bucket, names) from err
+    out = torch.from_numpy(summed).to(buf.device, buf.dtype).div_(agent.cfg.workers)
+    return out.reshape(buf.shape)
+
+
+def _sparse_mean(agent: Agent, bucket, grad: torch.Tensor, names) -> torch.Tensor:
+    """The mean of a sparse COO gradient (``nn.Embedding(sparse=True)``, ``EmbeddingBag``),
+    sparse again: its rows (the sparse dimensions, flattened) go through
+    ``Agent.allreduce_rows``, so only the rows some worker touched are ever dense."""
+    g = grad.detach().coalesce().to("cpu")
+    sparse_shape = tuple(g.shape[:g.sparse_dim()])
+    n_rows = int(np.prod(sparse_shape, dtype=np.int64))
+    idx = g.indices().numpy()
+    rows = np.ravel_multi_index(tuple(idx), sparse_shape) if idx.size else np.zeros(0, np.int64)
+    values = g.values().to(torch.float32).numpy()
+    try:
+        r = agent.allreduce_rows(n_rows, rows, values, key=("ddp", bucket.index()))
+    except AgentError as err:  # its index is already the parameter's flat index
+        raise _named(err, bucket, names) from err
+    indices = torch.from_numpy(np.stack(np.unravel_index(r.rows, sparse_shape))
+                               if r.rows.size else np.zeros((len(sparse_shape), 0), np.int64))
+    out = torch.from_numpy(np.ascontiguousarray(r.values)).to(grad.dtype)
+    return torch.sparse_coo_tensor(indices, out.div_(agent.cfg.workers), g.shape,
+                                   device=grad.device).coalesce()
+
+
+def _named(err: AgentError, bucket, names) -> AgentError:
+    """``err`` with its bucket offset named as a parameter and an index within it."""
+    index = getattr(err, "index", None)
+    if index is None:
+        return err
+    msg = str(err).replace(f"at index {index}", f"at bucket offset {index}", 1)
+    named = AgentError(f"{msg} [{locate(bucket, index, names)}]")
+    named.index = index  # type: ignore[attr-defined]
+    return named
