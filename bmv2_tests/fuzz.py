@@ -1,11 +1,12 @@
 """Malformed and hostile homagg packets, crafted with scapy, sent raw from one host.
 
     python -m bmv2_tests.fuzz --iface h1-eth0 --src 10.0.0.1 --mac 00:00:0a:00:00:01 \\
-        --job 1 --worker 0 --slots 16 --peer 10.0.0.2 --count 50 --out sent.json
+        --job 1 --worker 0 --slots 16 --key 1234 --peer 10.0.0.2 --count 50 --out sent.json
 
 Each category is built to hit one drop reason of the switch and nothing else (none is a valid
-contribution); ``--out`` records how many of each were sent, for the test to compare with the
-switch's counters.
+contribution); the packets carry the job's key (``--key``), but for ``wrong_key``'s.
+``--out`` records how many of each were sent, for the test to compare with the switch's
+counters.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ EXPECT = {
     "wrong_worker": "DROP_WRONG_IDENTITY",
     "bad_slot": "DROP_BAD_SLOT",
     "spoofed_peer": "DROP_SPOOFED",
+    "wrong_key": "DROP_SPOOFED",
 }
 
 
@@ -45,14 +47,16 @@ def payloads(category: str, a, rng) -> tuple[bytes, str, int]:
     words = rng.integers(-(2**31), 2**31, wire.WORDS_PER_PACKET, dtype=np.int64).astype(np.int32)
     slot = int(rng.integers(0, a.slots))
     seq = int(rng.integers(1, 2**32))
-    good = dict(op=wire.OP_ADD, job=a.job, worker=a.worker, slot=slot, seq=seq, words=words)
+    good = dict(op=wire.OP_ADD, job=a.job, worker=a.worker, slot=slot, seq=seq, words=words,
+                auth=a.key)
     src, sport = a.src, a.sport
     if category == "truncated":
         return wire.pack(**good)[: int(rng.integers(1, wire.PACKET_BYTES))], src, sport
     if category == "overlong":
         return wire.pack(**good) + bytes(int(rng.integers(1, 200))), src, sport
     if category == "bad_version":
-        return wire.pack(**good, version=int(rng.choice([0, 2, 7, 15]))), src, sport
+        other = [v for v in (0, 1, 2, 7, 15) if v != wire.HOMAGG_VERSION]
+        return wire.pack(**good, version=int(rng.choice(other))), src, sport
     if category == "bad_op":
         bad = [op for op in range(16) if op not in wire.OPS]  # OPS: every op the switch takes
         return wire.pack(**{**good, "op": int(rng.choice(bad))}), src, sport
@@ -70,6 +74,8 @@ def payloads(category: str, a, rng) -> tuple[bytes, str, int]:
         return wire.pack(**{**good, "slot": int(rng.integers(a.slots, 65536))}), src, sport
     if category == "spoofed_peer":
         return wire.pack(**good), a.peer, sport
+    if category == "wrong_key":  # one to all 32 bits off
+        return wire.pack(**{**good, "auth": a.key ^ int(rng.integers(1, 2**32))}), src, sport
     raise ValueError(category)
 
 
@@ -84,6 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--worker", type=int, required=True)
     ap.add_argument("--slots", type=int, required=True)
     ap.add_argument("--peer", help="another worker's address (spoofed_peer)")
+    ap.add_argument("--key", type=int, default=0, help="the job's key")
     ap.add_argument("--categories", nargs="+", default=list(EXPECT))
     ap.add_argument("--count", type=int, default=50, help="packets per category")
     ap.add_argument("--interval", type=float, default=0.002)

@@ -77,6 +77,7 @@ def test_fuzzed_packets_during_a_job_leave_sums_exact_and_are_counted(target):
         fuzz = net.popen(h1, [sys.executable, "-m", "bmv2_tests.fuzz", "--iface",
                               str(h1.defaultIntf()), "--src", host_ip(0), "--mac", host_mac(0),
                               "--job", "1", "--worker", "0", "--slots", str(net.opts.slots),
+                              "--key", str(net.job_key(1)),
                               "--peer", host_ip(1), "--count", "40", "--seed", "7",
                               "--categories", *cats, "--out", str(sent_file)],
                          net.opts.log_dir / "fuzz.out")
