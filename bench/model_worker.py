@@ -44,7 +44,9 @@ def main(argv=None) -> int:
         from homagg.host_agent import Agent, AgentConfig
         from homagg.host_agent.distributed.hook import HookState, homagg_hook
 
-        agent = Agent(AgentConfig.from_env(mode=a.mode))
+        # (a join waits for the slowest rank's start: DDP's first broadcast of a large model
+        # takes seconds at 100 Mbit/s)
+        agent = Agent(AgentConfig.from_env(mode=a.mode, deadline=60.0))
         detailed = agent.allreduce_detailed
 
         def tally(x, key=None):  # which mode and index each bucket took
@@ -72,6 +74,7 @@ def main(argv=None) -> int:
         return 1e3 * (time.perf_counter() - t0), float(loss.item())
 
     compute = [step(n, False)[0] for n in range(a.compute_steps)]
+    dist.barrier()  # every rank at the first synced step at once
     sent0 = agent.counters.bytes_sent if agent else 0
     times, losses = [], []
     for n in range(a.steps):
