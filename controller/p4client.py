@@ -103,10 +103,6 @@ def _client_class(p4runtime: Any) -> Any:
         primary = False
         primary_election: tuple[int, int] = (0, 0)  # the primary's, as the switch last said
         ended = False  # the stream ended (the switch went away)
-        #: (primary, the primary's election id) of every arbitration update since the
-        #: handshake, for a holder to read (and clear): a loss and a regain between two reads
-        #: show
-        changes: list[tuple[bool, tuple[int, int]]]
 
         def arbitration(self) -> bool:
             """Whether this session is primary now: the switch's arbitration updates since
@@ -124,10 +120,8 @@ def _client_class(p4runtime: Any) -> Any:
             e = rep.arbitration.election_id
             self.primary_election = (e.high, e.low)
             self.primary = rep.arbitration.status.code == 0  # google.rpc OK
-            self.changes.append((self.primary, self.primary_election))
 
         def handshake(self) -> None:
-            self.changes = []
             _, p4runtime_pb2 = _pb()
             req = p4runtime_pb2.StreamMessageRequest()
             req.arbitration.device_id = self.device_id
@@ -140,7 +134,6 @@ def _client_class(p4runtime: Any) -> Any:
             if rep is None:
                 raise SystemExit(1)  # as p4runtime-shell's own handshake; open() names it
             self._arbitrated(rep)
-            self.changes.clear()
             if not self.primary:
                 log.info("a backup P4Runtime session (read access only): another client is "
                          "primary")
