@@ -13,7 +13,8 @@ cd "$(dirname "$0")"
 ROOT=$PWD
 VENV=${HOMAGG_VENV:-$ROOT/.venv}
 PY=${HOMAGG_PYTHON:-/usr/bin/python3}
-APT_PACKAGES=(mininet bridge-utils iputils-ping iproute2 ethtool python3-venv)
+# gcc and libc6-dev: the native data path (homagg/native), built with the package
+APT_PACKAGES=(mininet bridge-utils iputils-ping iproute2 ethtool python3-venv gcc libc6-dev)
 
 log() { printf '[run.sh] %s\n' "$*" >&2; }
 
@@ -48,6 +49,7 @@ setup_venv() {
             "grpcio-tools==1.49.1" || log "grpcio-tools not installed: the stubs' test will skip"
         touch "$stamp"
     fi
+    build_native
     # numba's kernels, compiled now rather than inside the first run's rounds (a no-op, a few
     # hundred milliseconds, once they are in numba's cache beside the sources)
     "$VENV/bin/python" -c 'import sys; from homagg.host_agent.warm import main; sys.exit(main())'
@@ -62,6 +64,32 @@ setup_venv() {
         else
             log "no local CPU torch wheel: the DDP hook test will skip"
         fi
+    fi
+}
+
+# The native data path (homagg/native, setup.py): pip builds it with the package; this builds
+# it again whenever its sources are newer than the library (an editable install does not).
+# Without a compiler, or if the build fails, homagg runs its Python engines and says so.
+build_native() {
+    local so newer
+    so=$(ls homagg/native/_homagg_native*.so 2>/dev/null | head -n 1 || true)
+    if [ -n "$so" ]; then
+        newer=$(find setup.py homagg/native -newer "$so" \( -name '*.c' -o -name '*.h' \
+                -o -name setup.py \) 2>/dev/null | head -n 1)
+        [ -z "$newer" ] && return 0
+    fi
+    if ! command -v cc >/dev/null; then
+        log "no C compiler: the native data path is not built (the Python engines run)"
+        return 0
+    fi
+    log "building the native data path (homagg/native)"
+    local out
+    if ! out=$("$VENV/bin/python" setup.py -q build_ext --inplace 2>&1); then
+        printf '%s\n' "$out" >&2
+        log "the native build failed: the Python engines run"
+    elif [ -z "$(ls homagg/native/_homagg_native*.so 2>/dev/null)" ]; then
+        printf '%s\n' "$out" >&2
+        log "the native library was not built (see above): the Python engines run"
     fi
 }
 

@@ -155,3 +155,34 @@ def ddp_step(panels: list[tuple[str, list[dict]]]):
                  fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def linerate(rows: list[dict]):
+    """bench.linerate: payload Gbit/s per CPU core of each target, one group per K, with each
+    bar's fraction of the C GSO/GRO loop's."""
+    plt = pyplot()
+    ks = sorted({r["k"] for r in rows})
+    targets = list(dict.fromkeys(r["target"] for r in rows))
+    colors = {"c-plain": "lightgrey", "c-gso": "grey", "python": "tab:orange",
+              "native": "tab:blue"}
+    fig, ax = plt.subplots(figsize=(5.5, 2.8))
+    width = 0.8 / len(targets)
+    for i, t in enumerate(targets):
+        xs, ys, fr = [], [], []
+        for j, k in enumerate(ks):
+            r = next((r for r in rows if r["k"] == k and r["target"] == t), None)
+            if r is not None:
+                xs.append(j + (i - (len(targets) - 1) / 2) * width)
+                ys.append(r["gbit_core"])
+                fr.append(r["of_c_gso"])
+        ax.bar(xs, ys, width, label=t, color=colors.get(t))
+        for x, y, f in zip(xs, ys, fr):
+            ax.text(x, y, f"{y:.1f}" if t.startswith("c-") else f"{f:.0%}", ha="center",
+                    va="bottom", fontsize=6)
+    ax.set_xticks(range(len(ks)), [f"K = {k}" for k in ks])
+    ax.set_ylabel("payload Gbit/s per CPU core")
+    ax.set_title("software aggregator vs C UDP loops, loopback, 4 workers "
+                 "(%: of the C GSO/GRO loop)", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -131,19 +131,37 @@ class SoftTarget(_Inbox):
         return self.sw.read_stats()
 
 
+def soft_engine(param: str) -> str:
+    """The engine of a ``soft-native``/``soft-python`` fixture param; skips the native one,
+    with the reason, where the native data path is off (not built, or HOMAGG_PURE_PYTHON)."""
+    engine = param.split("-", 1)[1]
+    if engine == "native":
+        from homagg.targets.soft import native
+
+        if not native.available():
+            import pytest
+
+            pytest.skip(f"the native engine is off: {native.why()}")
+    return engine
+
+
 class SoftUdpTarget:
     """The software aggregator's server on 127.0.0.254; host i sends from 127.0.0.(i+1), from
     a port the kernel gives (``addr``). With ``p4runtime``, the controller writes its jobs and
     reads its counters over P4Runtime (``homagg.targets.p4runtime_server``, on a port the
-    kernel gives), as it does bmv2's; else in process."""
+    kernel gives), as it does bmv2's; else in process. ``engine``: the server's
+    (``SoftSwitchServer``); ``words``: K."""
 
     name = "soft-udp"
     synchronous = False
     GRACE = 0.1  # seconds (recv_all)
 
-    def __init__(self, hosts: int = 4, p4runtime: bool = False):
-        self.sw = SoftSwitch()
-        self.server = SoftSwitchServer(self.sw, ("127.0.0.254", wire.HOMAGG_UDP_PORT_MIN))
+    def __init__(self, hosts: int = 4, p4runtime: bool = False, engine: str = "auto",
+                 words: int = wire.WORDS_PER_PACKET):
+        self.sw = SoftSwitch(words=words)
+        self.server = SoftSwitchServer(self.sw, ("127.0.0.254", wire.HOMAGG_UDP_PORT_MIN),
+                                       engine=engine)
+        self.name = f"soft-udp-{self.server.engine}"
         self.p4rt = None
         if p4runtime:
             from homagg.controller.p4client import P4RuntimeSwitch
@@ -178,6 +196,22 @@ class SoftUdpTarget:
     def send(self, host, payload, sport=None, src_ip=None):
         self.socks[host].sendto(payload, self.server.address)
 
+    def recv(self, host, timeout=1.0, count=None, port=PORT) -> list[wire.Packet]:
+        """What reaches ``host`` within ``timeout`` seconds, up to ``count`` packets
+        (``port``: unused, each host has one socket)."""
+        s, out = self.socks[host], []
+        deadline = time.monotonic() + timeout
+        while count is None or len(out) < count:
+            try:
+                out.append(wire.unpack(s.recv(65536)))
+                continue
+            except BlockingIOError:
+                pass
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.002)
+        return out
+
     def recv_all(self, timeout: float, hosts, expect: int | None = None
                   ) -> dict[int, list[wire.Packet]]:
         """What reaches ``hosts`` within ``timeout`` seconds; with ``expect``, until that many
@@ -191,7 +225,7 @@ class SoftUdpTarget:
                 s = self.socks[h]
                 try:
                     while True:
-                        out.setdefault(h, []).append(wire.unpack(s.recv(4096)))
+                        out.setdefault(h, []).append(wire.unpack(s.recv(65536)))
                         got += 1
                 except BlockingIOError:
                     pass

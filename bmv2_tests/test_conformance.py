@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from bmv2_tests.conftest import bmv2_skip_reason
-from bmv2_tests.targets import Bmv2Target, ModelTarget, SoftUdpTarget
+from bmv2_tests.targets import Bmv2Target, ModelTarget, SoftUdpTarget, soft_engine
 from homagg import wire
 from homagg.netconfig import Uplink as UplinkSpec
 from homagg.targets.testbed import host_mac
@@ -330,13 +330,14 @@ CASES = [replace(c, replies=(Reply(c.probe.host, R | F | (P if c.probe.phase els
 # -- targets ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=["model", "soft", "bmv2"])
+@pytest.fixture(scope="module", params=["model", "soft-native", "soft-python", "bmv2"])
 def target(request):
-    """``soft``: the software aggregator behind its UDP server (the server's rules too)."""
+    """``soft-*``: the software aggregator behind its UDP server (the server's rules too), with
+    each of its engines."""
     if request.param == "model":
         t = ModelTarget()
-    elif request.param == "soft":
-        t = SoftUdpTarget(WORKERS + 1)
+    elif request.param.startswith("soft"):
+        t = SoftUdpTarget(WORKERS + 1, engine=soft_engine(request.param))
     else:
         reason = bmv2_skip_reason()
         if reason:

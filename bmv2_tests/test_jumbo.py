@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bmv2_tests.conftest import LOG_DIR, bmv2_skip_reason
-from bmv2_tests.targets import Bmv2Target, ModelTarget, SoftTarget
+from bmv2_tests.targets import Bmv2Target, ModelTarget, SoftTarget, SoftUdpTarget, soft_engine
 from homagg import wire
 
 K = wire.MAX_WORDS_PER_PACKET // wire.CHUNK_WORDS * wire.CHUNK_WORDS  # 2176: 34 chunks
@@ -52,13 +52,22 @@ def jumbo_testbed():
         stop_testbed(bed)
 
 
-@pytest.fixture(scope="module", params=["model", "soft", "bmv2"])
+@pytest.fixture(scope="module", params=["model", "soft", "soft-native", "soft-python", "bmv2"])
 def target(request):
+    """``soft``: the software aggregator's switch in process; ``soft-*``: behind its UDP
+    server, with each of its engines (jumbo datagrams on loopback)."""
     if request.param == "model":
-        return ModelTarget(K)
+        yield ModelTarget(K)
+        return
     if request.param == "soft":
-        return SoftTarget(words=K)
-    return Bmv2Target(request.getfixturevalue("jumbo_testbed"))
+        yield SoftTarget(words=K)
+        return
+    if request.param.startswith("soft-"):
+        t = SoftUdpTarget(WORKERS, engine=soft_engine(request.param), words=K)
+        yield t
+        t.close()
+        return
+    yield Bmv2Target(request.getfixturevalue("jumbo_testbed"))
 
 
 @pytest.fixture

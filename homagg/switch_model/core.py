@@ -3,6 +3,8 @@ control plane's writes, and the replies every rule shares (a drop, a refusal, a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from homagg import wire
@@ -38,6 +40,9 @@ class SwitchCore:
         # belongs to); per (job, worker) nonce
         self.join_state: dict[int, list[int]] = {}
         self.join_nonce: dict[tuple[int, int], int] = {}
+        #: called with this model after every change to its jobs (the native data path's copy
+        #: of the job table, ``homagg.targets.soft.native``)
+        self.jobs_changed: Callable[[SwitchCore], None] | None = None
 
     # -- the control plane's writes ------------------------------------------------------------
     def install(self, job: JobEntry) -> None:
@@ -46,6 +51,8 @@ class SwitchCore:
             self.senders[addr] = (job, w)
         if job.uplink is not None:
             self.children_of[(job.uplink.parent, job.uplink.job, job.uplink.auth)] = job
+        if self.jobs_changed is not None:
+            self.jobs_changed(self)
 
     def uninstall(self, job_id: int) -> JobEntry:
         job = self.jobs.pop(job_id)
@@ -53,6 +60,8 @@ class SwitchCore:
             self.senders.pop(addr, None)
         if job.uplink is not None:
             self.children_of.pop((job.uplink.parent, job.uplink.job, job.uplink.auth), None)
+        if self.jobs_changed is not None:
+            self.jobs_changed(self)
         return job
 
     def clear_job_stats(self, job_id: int) -> None:

@@ -93,10 +93,51 @@ class Outcome:
     replies: list[tuple[bytes, Address]] = field(default_factory=list)
 
 
+class Cells:
+    """A numpy array that reads and writes as a list of Python ints (or bools): the slot
+    memory the native data path shares (``SlotMemory.shared``), for the model's per-packet
+    code, which compares and combines Python ints (a 64-bit worker bitmap included)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def __getitem__(self, i: int):
+        return self.array.item(i)
+
+    def __setitem__(self, i: int, value) -> None:
+        self.array[i] = value
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __iter__(self):
+        return iter(self.array.tolist())
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class SlotMemory:
     """The slot registers, 2 copies per slot (index 2 * slot + phase). The bookkeeping is in
     Python lists, not arrays: the per-packet path reads and writes single cells, which a list
-    does several times faster than numpy's scalar indexing."""
+    does several times faster than numpy's scalar indexing. ``shared``: the same registers in
+    numpy arrays, which the native data path reads and writes in place (``Cells``)."""
+
+    #: the bookkeeping registers and their array types (``shared``)
+    CELLS = {"seen": np.uint64, "count": np.int64, "tag": np.int64, "op": np.int64,
+             "epoch": np.int64, "gen": np.int64, "overflow": np.bool_, "final": np.bool_}
+
+    @classmethod
+    def shared(cls, slots: int, k: int = wire.WORDS_PER_PACKET) -> SlotMemory:
+        """Registers in arrays (``Cells``), zeroed, for the native data path to share."""
+        self = cls(slots, k)
+        for name, dtype in cls.CELLS.items():
+            setattr(self, name, Cells(np.zeros(2 * slots, dtype)))
+        return self
 
     def __init__(self, slots: int, k: int = wire.WORDS_PER_PACKET):
         n = 2 * slots

@@ -29,7 +29,13 @@ from pathlib import Path
 
 from homagg import wire
 from homagg.errors import HomaggError
-from homagg.targets.soft.server import SoftSwitchError, SoftSwitchServer, ports_text
+from homagg.targets.soft.server import (
+    ENGINES,
+    SoftSwitchError,
+    SoftSwitchServer,
+    choose_engine,
+    ports_text,
+)
 from homagg.targets.soft.tables import SoftSwitch
 
 log = logging.getLogger("homagg.softswitch")
@@ -84,6 +90,9 @@ def parser() -> argparse.ArgumentParser:
                     help="aggregate on N cores: N processes, jobs spread over them, each "
                          "job's datagrams steered to its process by the kernel (default "
                          "%(default)s: this process alone)")
+    ap.add_argument("--engine", choices=ENGINES, default="auto",
+                    help="the datagram loop: 'native' (C, homagg/native), 'python' (the "
+                         "reference), 'auto' (default: native where it is built)")
     ap.add_argument("--grpc", metavar="HOST:PORT",
                     help="serve P4Runtime here (default: the config's [switch] grpc, else "
                          f"{DEFAULT_GRPC}); 'none': do not")
@@ -133,7 +142,7 @@ def main(argv=None) -> int:
             log.info("job %d: %d workers, slots %d-%d", j.id, job.workers, job.base,
                      job.base + job.size - 1)
         server = SoftSwitchServer(sw, (a.bind or (cfg.switch.ip if cfg else "0.0.0.0"), a.port),
-                                  ports=() if a.single_port else None)
+                                  ports=() if a.single_port else None, engine=a.engine)
         for j in cfg.jobs if cfg else ():
             if j.uplink is not None and j.uplink.src_port not in server.socks:
                 server.stop()
@@ -153,8 +162,9 @@ def main(argv=None) -> int:
     # The operator's "reset": every job starts afresh. In a thread of its own: the handler
     # runs in the main thread, which may hold the switch's lock (the stats file) when it fires.
     signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=reset_all).start())
-    log.info("software aggregator listening on %s:%d (ports %s)%s", *server.address,
-             ports_text(server.ports), f", {a.shards} shards" if a.shards > 1 else "")
+    engine = choose_engine(a.engine, server.faults) if server.shards > 1 else server.engine
+    log.info("software aggregator listening on %s:%d (ports %s)%s, %s engine", *server.address,
+             ports_text(server.ports), f", {a.shards} shards" if a.shards > 1 else "", engine)
     if p4rt is not None:
         log.info("P4Runtime on %s (device id %d)", p4rt.address, p4rt.device_id)
     try:

@@ -15,11 +15,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from homagg import udpio, wire
 from homagg.errors import HomaggError
 from homagg.faults import FaultSpec, ImpairedSocket
 from homagg.targets.soft.tables import SoftSwitch
+
+if TYPE_CHECKING:
+    from homagg.targets.soft.native import NativeLoop
 
 log = logging.getLogger("homagg.softswitch")
 
@@ -40,7 +44,7 @@ class SoftSwitchServer:
 
     def __init__(self, switch: SoftSwitch | None = None, bind: tuple[str, int] = ("0.0.0.0",
                  wire.HOMAGG_UDP_PORT_MIN), faults: FaultSpec | None = None,
-                 ports: Iterable[int] | None = None):
+                 ports: Iterable[int] | None = None, engine: str = "auto"):
         self.switch = switch or SoftSwitch()
         #: a ``ShardedSwitch``'s processes (``shards``): each binds every port (SO_REUSEPORT)
         self.shards = int(getattr(self.switch, "shards", 1))
@@ -67,11 +71,19 @@ class SoftSwitchServer:
         self.shard_socks = [{port: group[k] for port, group in raws.items()}
                             for k in range(self.shards)] if self.shards > 1 else []
         self._adopt({port: group[0] for port, group in raws.items()},
-                    faults if self.shards == 1 else None)
+                    faults if self.shards == 1 else None, engine)
+        self.requested_engine = engine
         self._procs: list = []
 
-    def _adopt(self, raws: dict[int, socket.socket], faults: FaultSpec | None) -> None:
+    def _adopt(self, raws: dict[int, socket.socket], faults: FaultSpec | None,
+               engine: str = "auto") -> None:
         """Serve ``raws`` (port -> bound socket, the bind port's first)."""
+        #: "native" (homagg.targets.soft.native: the datagram loop in C) or "python"; a
+        #: sharded server's main process serves nothing itself ("shards"): its shards run
+        #: the engine asked for
+        self.engine = choose_engine(engine, faults) if self.shards == 1 else "shards"
+        self.native: NativeLoop | None = None
+        self._native_counts: dict[str, int] = {}
         self.socks: dict[int, udpio.BatchSocket | ImpairedSocket] = {}
         for k, (port, raw) in enumerate(raws.items()):
             # Non-blocking: serve() waits on all the ports at once (epoll), then drains each.
@@ -95,12 +107,12 @@ class SoftSwitchServer:
 
     @classmethod
     def on_sockets(cls, switch: SoftSwitch, raws: dict[int, socket.socket],
-                   faults: FaultSpec | None = None) -> SoftSwitchServer:
+                   faults: FaultSpec | None = None, engine: str = "auto") -> SoftSwitchServer:
         """A server of sockets bound elsewhere (a shard's, ``shards``)."""
         self = cls.__new__(cls)
         self.switch, self.shards, self.shard_socks, self._procs = switch, 1, [], []
-        self.faults = faults
-        self._adopt(raws, faults)
+        self.faults, self.requested_engine = faults, engine
+        self._adopt(raws, faults, engine)
         return self
 
     @staticmethod
@@ -138,6 +150,11 @@ class SoftSwitchServer:
         for sock in self.socks.values():
             for name, n in udpio.io_counts(sock).items():
                 total[name] = total.get(name, 0) + n
+        native = self.native
+        for name, n in (native.io_counts() if native is not None
+                        else self._native_counts).items():
+            if name in total:
+                total[name] += n
         return total
 
     def serve(self, control: tuple[int, Callable[[], None]] | None = None) -> None:
@@ -145,6 +162,8 @@ class SoftSwitchServer:
         readable), waited on with the ports (a shard's pipe from the main process)."""
         if self.shards > 1:
             return self._watch_shards()
+        if self.engine == "native":
+            return self._serve_native(control)
         socks, sw = self.socks, self.switch
         buf = bytearray(udpio.RECV_BYTES)
         poller = select.epoll()
@@ -177,16 +196,51 @@ class SoftSwitchServer:
                                 return
                             log.debug("receive on port %d failed: %s", port, e)
                             break
-                        replies = sw.handle_run(memoryview(buf)[:nb], seg, src)
-                        up = sw.uplink_ports
-                        for a, out in replies.items():
-                            ups = up.get(a) if up else None
-                            if ups is None:
-                                self._send(sock, out, a)
-                            else:
-                                self._send_up(sock, port, ups, out, a)
+                        self._answer(sock, port, sw.handle_run(memoryview(buf)[:nb], seg, src))
         finally:
             poller.close()
+
+    def _serve_native(self, control: tuple[int, Callable[[], None]] | None) -> None:
+        """``serve`` with the native engine: the C loop serves the ports; the packets it hands
+        back are the model's to decide, here (``soft.native``)."""
+        from homagg.targets.soft.native import CONTROL, SLOW, NativeLoop
+
+        ports = list(self.socks)
+        loop = NativeLoop(self.switch, [self.socks[p].fileno() for p in ports],
+                          None if control is None else control[0])
+        self.native = loop
+        sw = self.switch
+        try:
+            while not self._stop.is_set():
+                try:
+                    r = loop.serve(200)
+                except OSError as e:
+                    if self._stop.is_set():
+                        return
+                    raise SoftSwitchError(str(e)) from None
+                if r == SLOW:
+                    data, src, at = loop.slow()
+                    out: dict[tuple[str, int], list[bytes]] = {}
+                    for d, a in sw.handle(data, src):
+                        out.setdefault(a, []).append(d)
+                    port = ports[at]
+                    self._answer(self.socks[port], port, out)
+                elif r == CONTROL and control is not None:
+                    control[1]()
+        finally:
+            self._native_counts = loop.io_counts()
+            self.native = None
+            loop.close()
+
+    def _answer(self, sock, port: int, replies: dict[tuple[str, int], list[bytes]]) -> None:
+        """Send the replies to a request that came to ``port`` (on ``sock``)."""
+        up = self.switch.uplink_ports
+        for a, out in replies.items():
+            ups = up.get(a) if up else None
+            if ups is None:
+                self._send(sock, out, a)
+            else:
+                self._send_up(sock, port, ups, out, a)
 
     def _send_up(self, sock, port: int, ups: dict[int, int], out: list[bytes], a) -> None:
         """Datagrams to a parent switch (``a``): each leaves from the src_port of the uplink of
@@ -256,7 +310,7 @@ class SoftSwitchServer:
             from homagg.targets.soft import shards
 
             self._procs = shards.start(self.switch, self.shard_socks,  # type: ignore[arg-type]
-                                       self.faults)
+                                       self.faults, self.requested_engine)
         self._thread = threading.Thread(target=self.serve, name="softswitch", daemon=True)
         self._thread.start()
         return self
@@ -297,6 +351,31 @@ class SoftSwitchServer:
 
 class SoftSwitchError(HomaggError):
     """The software aggregator cannot run as asked (a port it cannot bind)."""
+
+
+#: the engines a server runs: "auto" is native where built, Python with faults or without it
+ENGINES = ("auto", "native", "python")
+
+
+def choose_engine(engine: str, faults: FaultSpec | None = None) -> str:
+    """The engine a server runs for ``engine`` (ENGINES): "native" or "python". The native
+    loop has no fault injection: with faults, "auto" is Python and "native" is refused."""
+    from homagg.targets.soft import native
+
+    if engine not in ENGINES:
+        raise SoftSwitchError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
+    impaired = faults is not None and faults.active
+    if engine == "python" or (engine == "auto" and impaired):
+        return "python"
+    if not native.available():
+        if engine == "native":
+            raise SoftSwitchError("the native engine was asked for, but the native data path "
+                                  f"is off: {native.why()}")
+        return "python"
+    if impaired:
+        raise SoftSwitchError("the native engine injects no faults: run the Python engine "
+                              "(--engine python) to impair the aggregator's sockets")
+    return "native"
 
 
 #: Runs received from one port before the others get their turn.

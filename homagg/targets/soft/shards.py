@@ -247,7 +247,7 @@ class ShardedSwitch(SoftSwitch):
 
 # -- the shard processes ---------------------------------------------------------------------
 def start(switch: ShardedSwitch, socks: list[dict[int, socket.socket]],
-          faults: FaultSpec | None = None) -> list:
+          faults: FaultSpec | None = None, engine: str = "auto") -> list:
     """One process per shard, serving ``socks[k]`` (port -> its socket of the port's
     reuseport group); returns the processes once ``switch`` has given them its state."""
     ctx = multiprocessing.get_context("spawn")  # (forking a process with threads is unsafe)
@@ -257,7 +257,8 @@ def start(switch: ShardedSwitch, socks: list[dict[int, socket.socket]],
         for k, mine in enumerate(socks):
             here, there = ctx.Pipe()
             p = ctx.Process(target=_shard_main, name=f"homagg-softswitch-shard{k}",
-                            args=(k, mine, there, switch.slots, switch.words, faults, level),
+                            args=(k, mine, there, switch.slots, switch.words, faults, level,
+                                  engine),
                             daemon=True)
             p.start()
             there.close()
@@ -282,7 +283,7 @@ def stop(switch: ShardedSwitch, procs: list) -> None:
 
 
 def _shard_main(index: int, socks: dict[int, socket.socket], conn: Connection, slots: int,
-                words: int, faults: FaultSpec | None, level: int) -> None:
+                words: int, faults: FaultSpec | None, level: int, engine: str = "auto") -> None:
     """A shard: its switch model on its sockets, told its jobs over ``conn``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process stops the shards
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -290,7 +291,7 @@ def _shard_main(index: int, socks: dict[int, socket.socket], conn: Connection, s
     sw = SoftSwitch(slots, words)
     if faults is not None:  # each shard its own draw
         faults = dataclasses.replace(faults, seed=faults.seed + 7919 * index)
-    server = SoftSwitchServer.on_sockets(sw, socks, faults)
+    server = SoftSwitchServer.on_sockets(sw, socks, faults, engine)
 
     def control() -> None:
         try:

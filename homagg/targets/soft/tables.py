@@ -29,7 +29,7 @@ import logging
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from homagg import wire
 from homagg.errors import TableError
 from homagg.netconfig import int_ip
 from homagg.switch_model import Address, JobEntry, ParentLink, SwitchModel
+
+if TYPE_CHECKING:
+    from homagg.targets.soft.native import NativeLoop
 
 log = logging.getLogger("homagg.softswitch")
 
@@ -66,6 +69,8 @@ class SoftSwitch:
         self.slots = slots
         self.words = words  # K (SwitchModel checks it): agents learn it from the join's reply
         self.lock = threading.Lock()
+        #: the server's native loop while one serves this switch (``soft.native``)
+        self.native: NativeLoop | None = None
         self._fresh()
 
     def _fresh(self) -> None:
@@ -80,6 +85,8 @@ class SoftSwitch:
         #: src_port} of the active child jobs (replaced whole on every change, so the server
         #: reads it without the lock)
         self.uplink_ports: dict[Address, dict[int, int]] = {}
+        if self.native is not None:
+            self.native.bind(self.model)
 
     @property
     def jobs(self) -> dict[int, JobEntry]:

@@ -1,0 +1,213 @@
+"""The software aggregator's native engine: ``NativeLoop`` runs a server's datagram loop in C
+(homagg/native/soft_loop.c), with the GIL released, on the switch model's own state.
+
+The loop takes the common packet whole: a job's worker adding into a slot, its round's result
+sent to the job's workers when it completes. Every other packet (a join, a refusal, a
+retransmission, a status, a tree's partial or result, an unknown sender, a malformed packet)
+it hands back untouched, and the switch model decides it in Python (``SoftSwitch.handle``);
+then the loop goes on after it. So the model stays the one authority on the protocol, and
+both engines decide the same packets in the same order.
+
+What the loop shares with the model, and how it stays current:
+- the slot memory and the counters, in place: the model's registers become numpy arrays
+  (``SlotMemory.shared``) when the loop binds to it, and again whenever the pipeline reloads;
+- a copy of the job table, pushed whole on every change (``SwitchCore.jobs_changed``);
+- one lock: the switch's lock also takes the loop's mutex (``_BothLock``), so a table write,
+  a counter read or a Python decision never meets the loop inside a run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from homagg import native
+from homagg.switch_model import SwitchModel
+from homagg.switch_model.state import Cells, SlotMemory
+
+if TYPE_CHECKING:
+    from homagg.targets.soft.tables import SoftSwitch
+
+log = logging.getLogger("homagg.softswitch")
+
+IDLE, SLOW, CONTROL = 0, 1, 2  # soft_loop.c's hx_serve answers
+
+
+def available() -> bool:
+    """Whether the native library is built and not turned off."""
+    return native.load() is not None
+
+
+def why() -> str:
+    return native.why()
+
+
+class _BothLock:
+    """The switch's lock, then the native loop's mutex (released in the other order): what
+    holds the switch's state still for Python holds it still for the loop too."""
+
+    def __init__(self, inner, lib, ctx):
+        self.inner, self._lib, self._ctx = inner, lib, ctx
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not self.inner.acquire(blocking, timeout):
+            return False
+        self._lib.hx_lock(self._ctx)  # (ctypes lets the GIL go while it waits)
+        return True
+
+    def release(self) -> None:
+        self._lib.hx_unlock(self._ctx)
+        self.inner.release()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class NativeLoop:
+    """The C loop over ``fds`` (one per served port, in order) for ``switch``; ``control``: a
+    descriptor the loop also waits on (a shard's pipe), or None."""
+
+    def __init__(self, switch: SoftSwitch, fds: list[int], control: int | None = None):
+        lib = native.load()
+        if lib is None:
+            raise RuntimeError(f"the native data path is off: {native.why()}")
+        self.lib, self.switch = lib, switch
+        self.ctx = lib.hx_new()
+        if not self.ctx:
+            raise MemoryError("hx_new")
+        arr = (ctypes.c_int32 * len(fds))(*fds)
+        rc = lib.hx_set_sockets(self.ctx, arr, len(fds), -1 if control is None else control)
+        if rc < 0:
+            lib.hx_free(self.ctx)
+            raise OSError(-rc, f"native loop: cannot wait on the sockets: errno {-rc}")
+        self._keep: list = []  # arrays whose addresses the loop holds
+        self._data = ctypes.c_void_p()
+        self._ip = ctypes.c_uint32()
+        self._port = ctypes.c_uint16()
+        with switch.lock:
+            self._inner = switch.lock
+            switch.lock = _BothLock(self._inner, lib, self.ctx)  # type: ignore[assignment]
+            switch.native = self
+            self.bind(switch.model)
+        self._closed = False
+
+    # -- the model's state ---------------------------------------------------------------------
+    def bind(self, model: SwitchModel) -> None:
+        """Share ``model``'s state (called with the switch's lock held: at start, and by
+        ``SoftSwitch._fresh`` when the pipeline reloads)."""
+        lib, ctx = self.lib, self.ctx
+        lib.hx_lock(ctx)
+        try:
+            if not isinstance(model.mem.seen, Cells):
+                model.mem = _shared_copy(model.mem, model.slots, model.k)
+            m = model.mem
+            cells = [getattr(m, n).array for n in ("seen", "count", "tag", "op", "epoch", "gen",
+                                                   "final", "overflow")]
+            arrays = cells + [m.words, model.stats, model.job_stats]
+            for a in arrays:
+                assert a.flags.c_contiguous
+            self._mem = arrays
+            lib.hx_set_memory(ctx, 2 * model.slots, model.k,
+                              *[a.ctypes.data for a in arrays])
+            model.jobs_changed = self.jobs_changed
+            self.jobs_changed(model)
+        finally:
+            lib.hx_unlock(ctx)
+
+    def jobs_changed(self, model) -> None:
+        """Push ``model``'s job table to the loop, whole."""
+        jobs: list[tuple] = []
+        senders: list[tuple] = []
+        res: list[tuple[int, int]] = []
+        for row, job in enumerate(model.jobs.values()):
+            addrs = job.result_addresses
+            jobs.append((job.id, job.auth, job.base, job.size, job.epoch, len(job.workers),
+                         1 if job.uplink is None else 0, len(res), len(addrs)))
+            res += [(_ip(a[0]), a[1]) for a in addrs]
+            senders += [(_ip(ip), port, row, w) for w, (ip, port) in enumerate(job.workers)]
+        j = np.array(jobs or [(0,) * 9], np.int64)
+        s = np.array(senders or [(0,) * 4], np.int64)
+        r = np.array(res or [(0, 0)], np.int64)
+        self.lib.hx_lock(self.ctx)
+        try:
+            rc = self.lib.hx_set_jobs(self.ctx, j.ctypes.data, len(jobs), s.ctypes.data,
+                                      len(senders), r.ctypes.data, len(res))
+        finally:
+            self.lib.hx_unlock(self.ctx)
+        if rc < 0:
+            raise MemoryError("native loop: cannot copy the job table")
+
+    # -- serving -------------------------------------------------------------------------------
+    def serve(self, timeout_ms: int) -> int:
+        """One wait of the loop (the GIL released): IDLE, SLOW (``slow()`` has the packet), or
+        CONTROL."""
+        rc = self.lib.hx_serve(self.ctx, timeout_ms)
+        if rc < 0:
+            raise OSError(-rc, f"native loop: wait failed: errno {-rc}")
+        return rc
+
+    def slow(self) -> tuple[bytes, tuple[str, int], int]:
+        """The packet the last ``serve`` handed over: (its bytes, its source, the index of the
+        port it came to)."""
+        n = self.lib.hx_slow(self.ctx, ctypes.byref(self._data), ctypes.byref(self._ip),
+                             ctypes.byref(self._port))
+        data = ctypes.string_at(self._data.value or 0, n) if n else b""
+        src = (str(ipaddress.IPv4Address(self._ip.value)), self._port.value)
+        return data, src, self.lib.hx_slow_port(self.ctx)
+
+    def io_counts(self) -> dict[str, int]:
+        """The loop's system calls and datagrams each way (``udpio.io_counts``' names), the
+        datagrams it dropped on a full send buffer, and the packets it decided itself
+        (``taken``: not handed to the model)."""
+        out = (ctypes.c_int64 * 6)()
+        self.lib.hx_io_counts(self.ctx, out)
+        return dict(zip(("send_calls", "sent", "recv_calls", "received", "send_dropped",
+                         "taken"), out))
+
+    @property
+    def gso(self) -> bool:
+        return bool(self.lib.hx_gso(self.ctx))
+
+    def close(self) -> None:
+        """Give the switch its own lock and list registers back; free the loop."""
+        if self._closed:
+            return
+        self._closed = True
+        sw = self.switch
+        with self._inner:
+            sw.lock = self._inner
+            sw.native = None
+            sw.model.jobs_changed = None
+            self.lib.hx_free(self.ctx)
+            self.ctx = None
+
+
+_IPS: dict[str, int] = {}
+_IPS_LOCK = threading.Lock()
+
+
+def _ip(text: str) -> int:
+    v = _IPS.get(text)
+    if v is None:
+        v = int(ipaddress.IPv4Address(text))
+        with _IPS_LOCK:
+            _IPS[text] = v
+    return v
+
+
+def _shared_copy(mem: SlotMemory, slots: int, k: int) -> SlotMemory:
+    """``mem``'s registers, moved into arrays the loop shares (``SlotMemory.shared``)."""
+    out = SlotMemory.shared(slots, k)
+    for name in SlotMemory.CELLS:
+        getattr(out, name).array[:] = getattr(mem, name)
+    out.words = mem.words
+    return out

@@ -1,0 +1,280 @@
+"""The native data path: its generated header, its build, and the software aggregator's native
+engine held to the Python engine packet for packet.
+
+The scenario test sends the same seeded stream through a server of each engine: rounds of two
+jobs (ADD with overflowing lanes, OR), in single datagrams and in GSO runs, mixed with every
+kind of packet the native loop hands to the model (duplicates, stale rounds, wrong keys and
+identities, bad slots and lengths, joins, forged results, unknown senders, another version)
+and a job reset in the middle. Both engines must end with the same counters, the same slot
+memory and the same replies to every host, bit for bit; and the native loop must have decided
+most packets itself.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from homagg import native, udpio, wire
+from homagg.controller import jobs
+from homagg.controller.local import LocalSwitch, install
+from homagg.native import genheader
+from homagg.targets.soft import SoftSwitch, SoftSwitchServer
+from homagg.targets.soft import native as soft_native
+from homagg.targets.soft.server import SoftSwitchError, choose_engine
+
+SERVER_IP = "127.0.0.254"
+HOSTS = 6  # 0-2: job 1's workers; 3-4: job 2's; 5: no job's
+KEYS = {1: 0x5EC0DE01, 2: 0x0BADF00D}
+SLOTS = 4
+
+
+def test_wire_header_is_current():
+    assert genheader.OUT.read_text() == genheader.render(), (
+        "homagg/native/wire.h is out of date with homagg.wire: run "
+        "python -m homagg.native.genheader")
+
+
+def test_built_where_a_compiler_is():
+    if native.pure_python():
+        pytest.skip(f"{native.PURE_ENV} is set")
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler on this machine: the Python engine runs")
+    assert native.load() is not None, native.why()
+
+
+def test_pure_python_turns_the_native_engine_off():
+    code = ("from homagg.targets.soft.server import choose_engine, SoftSwitchError\n"
+            "print(choose_engine('auto'))\n"
+            "try:\n    choose_engine('native')\nexcept SoftSwitchError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, native.PURE_ENV: "1"}, check=True).stdout
+    assert out.splitlines()[0] == "python"
+    assert "HOMAGG_PURE_PYTHON is set" in out
+
+
+def test_engines_by_name():
+    with pytest.raises(SoftSwitchError, match="one of auto, native, python"):
+        choose_engine("fast")
+    assert choose_engine("python") == "python"
+
+
+# -- the scenario ----------------------------------------------------------------------------
+class Scenario:
+    """A seeded stream of packets for two jobs, with every kind of packet the model decides."""
+
+    def __init__(self, seed: int, k: int):
+        self.rng = random.Random(seed)
+        self.k = k
+        self.members = {1: [0, 1, 2], 2: [3, 4]}
+        # per (job, slot): [seq, phase, op, workers that sent this round]
+        self.rounds = {(j, s): [1, 0, wire.OP_ADD if j == 1 else wire.OP_OR, set()]
+                       for j in self.members for s in range(SLOTS)}
+        self.sent: list[tuple[int, bytes]] = []
+        self.kinds: list[int] = []
+
+    def words(self) -> np.ndarray:
+        r = self.rng
+        if r.random() < 0.1:  # lanes near the top: sums that overflow
+            return np.full(self.k, 2**31 - r.randrange(1, 1000), np.int32)
+        return np.array([r.randrange(-2**20, 2**20) for _ in range(self.k)], np.int32)
+
+    def contribution(self, job: int, slot: int) -> tuple[int, bytes]:
+        st = self.rounds[(job, slot)]
+        seq, phase, op, done = st
+        w = self.rng.choice([m for m in self.members[job] if m not in done])
+        worker = self.members[job].index(w)
+        pkt = wire.pack(op, job, worker, slot, seq, self.words(),
+                        flags=wire.FLAG_PHASE if phase else 0, k=self.k, auth=KEYS[job])
+        done.add(w)
+        if len(done) == len(self.members[job]):
+            st[0], st[1], st[3] = seq + 1, phase ^ 1, set()
+            if job == 2:
+                st[2] = wire.OP_ADD if op == wire.OP_OR else wire.OP_OR
+        return w, pkt
+
+    def odd(self) -> tuple[int, bytes]:
+        """A packet the native loop hands to the model."""
+        r = self.rng
+        if not self.kinds:  # every kind, in a shuffled cycle
+            self.kinds = list(range(10))
+            r.shuffle(self.kinds)
+        kind = self.kinds.pop()
+        if kind == 0 and self.sent:
+            return r.choice(self.sent)  # a duplicate, or a stale round by now
+        job = r.choice([1, 2])
+        host = r.choice(self.members[job])
+        worker = self.members[job].index(host)
+        slot = r.randrange(SLOTS)
+        seq, op = self.rounds[(job, slot)][0], self.rounds[(job, slot)][2]
+        args = dict(k=self.k, auth=KEYS[job])
+        if kind == 1:
+            args["auth"] = KEYS[job] ^ 1  # DROP_SPOOFED
+        elif kind == 2:
+            worker = (worker + 1) % len(self.members[job])  # DROP_WRONG_IDENTITY
+        elif kind == 3:
+            slot = SLOTS + 3  # DROP_BAD_SLOT
+        elif kind == 4:
+            return host, wire.pack(wire.OP_ADD, job, worker, slot, seq, self.words(),
+                                   **args)[:-4]  # DROP_MALFORMED
+        elif kind == 5:
+            return host, wire.pack(wire.OP_JOIN, job, worker, 0, 1, [], k=wire.JOIN_WORDS,
+                                   auth=KEYS[job])
+        elif kind == 6:
+            return host, wire.pack(wire.OP_ADD, job, worker, slot, seq, self.words(),
+                                   flags=wire.FLAG_RESULT, **args)  # DROP_FORGED_RESULT
+        elif kind == 7:
+            host = 5  # DROP_UNKNOWN_SENDER
+        elif kind == 8:
+            pkt = bytearray(wire.pack(wire.OP_ADD, job, worker, slot, seq, self.words(), **args))
+            pkt[0] = (1 << 4) | wire.OP_ADD  # DROP_BAD_VERSION
+            return host, bytes(pkt)
+        else:
+            seq -= 2  # a stale round
+        return host, wire.pack(op, job, worker, slot, seq, self.words(), **args)
+
+    def burst(self, job: int) -> tuple[int, list[bytes]] | None:
+        """One worker's contributions to every slot whose round it has not sent, as a run."""
+        r = self.rng
+        host = r.choice(self.members[job])
+        slots = [s for s in range(SLOTS) if host not in self.rounds[(job, s)][3]]
+        out = []
+        for s in slots:
+            st = self.rounds[(job, s)]
+            worker = self.members[job].index(host)
+            out.append(wire.pack(st[2], job, worker, s, st[0], self.words(),
+                                 flags=wire.FLAG_PHASE if st[1] else 0, k=self.k,
+                                 auth=KEYS[job]))
+            st[3].add(host)
+            if len(st[3]) == len(self.members[job]):
+                st[0], st[1], st[3] = st[0] + 1, st[1] ^ 1, set()
+                if job == 2:
+                    st[2] = wire.OP_ADD if st[2] == wire.OP_OR else wire.OP_OR
+        return (host, out) if len(out) > 1 else None
+
+
+def _rx(sw: SoftSwitch) -> int:
+    return sw.read_stats()["switch"]["STAT_RX"]
+
+
+def _wait_rx(sw: SoftSwitch, target: int) -> None:
+    deadline = time.monotonic() + 5
+    while _rx(sw) < target:
+        assert time.monotonic() < deadline, f"the aggregator took {_rx(sw)} of {target}"
+        time.sleep(0.0005)
+
+
+def run_scenario(engine: str, seed: int, k: int, events: int = 300) -> dict:
+    sw = SoftSwitch(slots=16, words=k)
+    server = SoftSwitchServer(sw, (SERVER_IP, 0), ports=(), engine=engine).start()
+    socks = []
+    try:
+        for i in range(HOSTS):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind((f"127.0.0.{i + 1}", 0))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            s.setblocking(False)
+            socks.append(s)
+        addrs = [s.getsockname() for s in socks]
+        for job, members in ((1, [0, 1, 2]), (2, [3, 4])):
+            install(sw, job, [addrs[i] for i in members], SLOTS, key=KEYS[job])
+        sc = Scenario(seed, k)
+        dest = server.address
+        rx = _rx(sw)
+        for e in range(events):
+            pick = sc.rng.random()
+            if e == events // 2:  # a control-plane write mid-stream: job 1 starts afresh
+                jobs.reset_job(LocalSwitch(sw), 1)
+                for s in range(SLOTS):
+                    sc.rounds[(1, s)][3] = set()
+            if pick < 0.2 and (b := sc.burst(sc.rng.choice([1, 2]))) is not None:
+                host, pkts = b
+                batch = udpio.BatchSocket(socks[host], gro=False)
+                sent = batch.send_many(b"".join(pkts), len(pkts[0]), dest)
+                assert sent == len(pkts)
+                rx += len(pkts)
+            else:
+                if pick < 0.7:
+                    host, pkt = sc.contribution(sc.rng.choice([1, 2]), sc.rng.randrange(SLOTS))
+                    sc.sent.append((host, pkt))
+                else:
+                    host, pkt = sc.odd()
+                socks[host].sendto(pkt, dest)
+                rx += 1
+            _wait_rx(sw, rx)  # in order: the next packet after this one is decided
+        time.sleep(0.2)
+        replies: dict[int, list[bytes]] = {}
+        for i, s in enumerate(socks):
+            got = replies.setdefault(i, [])
+            while True:
+                try:
+                    got.append(s.recv(65536))
+                except BlockingIOError:
+                    break
+        counts = server.native.io_counts() if server.native is not None else {}
+        with sw.lock:
+            m = sw.model.mem
+            mem = {name: list(getattr(m, name)) for name in
+                   ("seen", "count", "tag", "op", "epoch", "gen", "overflow", "final")}
+            mem["words"] = m.words.copy()
+            stats, job_stats = sw.model.stats.copy(), sw.model.job_stats.copy()
+        return {"stats": stats, "job_stats": job_stats, "mem": mem,
+                "replies": {i: sorted(r) for i, r in replies.items()}, "native": counts,
+                "engine": server.engine}
+    finally:
+        server.stop()
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.parametrize("seed,k", [(1, 64), (2, 256), (3, 2239)])
+def test_native_engine_decides_as_the_python_engine(seed, k):
+    if not soft_native.available():
+        pytest.skip(f"the native engine is off: {soft_native.why()}")
+    py = run_scenario("python", seed, k)
+    nat = run_scenario("native", seed, k)
+    assert (py["engine"], nat["engine"]) == ("python", "native")
+    names = {i: wire.STATS.get(i, f"stats[{i}]") for i in range(len(py["stats"]))}
+    assert {names[i]: int(v) for i, v in enumerate(nat["stats"]) if v} == \
+        {names[i]: int(v) for i, v in enumerate(py["stats"]) if v}
+    assert np.array_equal(nat["job_stats"], py["job_stats"])
+    for name in ("seen", "count", "tag", "op", "epoch", "gen", "overflow", "final"):
+        assert nat["mem"][name] == py["mem"][name], name
+    assert np.array_equal(nat["mem"]["words"], py["mem"]["words"])
+    for host in py["replies"]:
+        assert nat["replies"][host] == py["replies"][host], f"replies to host {host}"
+    # the stream had every kind of packet, and the loop took the common one itself
+    stats = {names[i]: int(v) for i, v in enumerate(py["stats"])}
+    for c in ("STAT_COMPLETED", "STAT_OVERFLOW", "DROP_SPOOFED", "DROP_STALE",
+              "DROP_WRONG_IDENTITY", "DROP_BAD_SLOT", "DROP_MALFORMED", "DROP_UNKNOWN_SENDER",
+              "DROP_FORGED_RESULT", "DROP_BAD_VERSION"):
+        assert stats[c] > 0, c
+    assert nat["native"]["taken"] >= stats["STAT_ACCEPTED"] // 2, nat["native"]
+    assert nat["native"]["taken"] <= stats["STAT_ACCEPTED"]
+
+
+def test_linerate_benchmark_runs(tmp_path):
+    """bench.linerate on a short run: every target answered, every answer exact (the bench
+    fails a run with a wrong sum), the figures written."""
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler for the benchmark's loops")
+    from bench import linerate
+
+    targets = ["c-gso", "python"] + (["native"] if soft_native.available() else [])
+    out = tmp_path / "linerate.json"
+    assert linerate.main(["--words", "64", "--seconds", "0.5", "--repeat", "1",
+                          "--targets", ",".join(targets), "--quiet-wait", "0",
+                          "--out", str(out)]) == 0
+    import json
+
+    table = json.loads(out.read_text())["table"]
+    assert [r["target"] for r in table] == targets
+    assert all(r["gbit_core"] > 0 for r in table)
