@@ -141,6 +141,10 @@ def pps() -> Path:
     return _save(fig, "pps")
 
 
+def linerate() -> Path:
+    return _save(figures.linerate(_rows(_data()["linerate"])), "linerate")
+
+
 def codec() -> Path:
     rows = _rows(_data()["codec"])
     fig, ax = plt.subplots(figsize=(5.5, 2.6))
@@ -308,6 +312,7 @@ FIGURES: dict[str, Callable[[], Path]] = {
     "aggregation": aggregation, "training": training, "tree": tree,
     "switch_cost": switch_cost, "ddp_step": ddp_step, "pps": pps, "codec": codec,
     "reliability": reliability, "topology": topology, "sequence": sequence,
+    "linerate": linerate,
 }
 
 
