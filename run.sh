@@ -83,6 +83,7 @@ build_native() {
         return 0
     fi
     log "building the native data path (homagg/native)"
+    rm -f homagg/native/_homagg_native*.so  # (a failed build must not leave the old one in use)
     local out
     if ! out=$("$VENV/bin/python" setup.py -q build_ext --inplace 2>&1); then
         printf '%s\n' "$out" >&2

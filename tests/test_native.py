@@ -2,12 +2,13 @@
 engine held to the Python engine packet for packet.
 
 The scenario test sends the same seeded stream through a server of each engine: rounds of two
-jobs (ADD with overflowing lanes, OR), in single datagrams and in GSO runs, mixed with every
-kind of packet the native loop hands to the model (duplicates, stale rounds, wrong keys and
-identities, bad slots and lengths, joins, forged results, unknown senders, another version)
-and a job reset in the middle. Both engines must end with the same counters, the same slot
-memory and the same replies to every host, bit for bit; and the native loop must have decided
-most packets itself.
+jobs (ADD with overflowing lanes, contributions flagged as overflowed, OR), in single datagrams
+and in GSO runs (in the tree runs, job 1's partial sums go up to a parent that answers each),
+mixed with every kind of packet the native loop hands to the model (duplicates, stale rounds,
+wrong keys and identities, bad slots and lengths, joins, forged results, unknown senders,
+another version) and a job reset in the middle. Both engines must end with the same counters,
+the same slot memory, the same replies to every host and the same partial sums, bit for bit;
+and the native loop must have decided most packets itself.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from homagg import native, udpio, wire
 from homagg.controller import jobs
 from homagg.controller.local import LocalSwitch, install
 from homagg.native import genheader
+from homagg.netconfig import Uplink
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
 from homagg.targets.soft import native as soft_native
 from homagg.targets.soft.server import SoftSwitchError, choose_engine
@@ -87,13 +89,18 @@ class Scenario:
             return np.full(self.k, 2**31 - r.randrange(1, 1000), np.int32)
         return np.array([r.randrange(-2**20, 2**20) for _ in range(self.k)], np.int32)
 
+    def flagged(self) -> int:
+        """Now and then a contribution that says FLAG_OVERFLOW (a child switch's partial)."""
+        return wire.FLAG_OVERFLOW if self.rng.random() < 0.05 else 0
+
     def contribution(self, job: int, slot: int) -> tuple[int, bytes]:
         st = self.rounds[(job, slot)]
         seq, phase, op, done = st
         w = self.rng.choice([m for m in self.members[job] if m not in done])
         worker = self.members[job].index(w)
         pkt = wire.pack(op, job, worker, slot, seq, self.words(),
-                        flags=wire.FLAG_PHASE if phase else 0, k=self.k, auth=KEYS[job])
+                        flags=(wire.FLAG_PHASE if phase else 0) | self.flagged(), k=self.k,
+                        auth=KEYS[job])
         done.add(w)
         if len(done) == len(self.members[job]):
             st[0], st[1], st[3] = seq + 1, phase ^ 1, set()
@@ -151,8 +158,8 @@ class Scenario:
             st = self.rounds[(job, s)]
             worker = self.members[job].index(host)
             out.append(wire.pack(st[2], job, worker, s, st[0], self.words(),
-                                 flags=wire.FLAG_PHASE if st[1] else 0, k=self.k,
-                                 auth=KEYS[job]))
+                                 flags=(wire.FLAG_PHASE if st[1] else 0) | self.flagged(),
+                                 k=self.k, auth=KEYS[job]))
             st[3].add(host)
             if len(st[3]) == len(self.members[job]):
                 st[0], st[1], st[3] = st[0] + 1, st[1] ^ 1, set()
@@ -172,9 +179,43 @@ def _wait_rx(sw: SoftSwitch, target: int) -> None:
         time.sleep(0.0005)
 
 
-def run_scenario(engine: str, seed: int, k: int, events: int = 300) -> dict:
+def _stat(sw: SoftSwitch, *names: str) -> int:
+    st = sw.read_stats()["switch"]
+    return sum(st[n] for n in names)
+
+
+def _answer_partials(sw: SoftSwitch, parent: socket.socket, partials: list[bytes], dest) -> None:
+    """The parent switch of a tree (host PARENT): every partial sum the aggregator has sent
+    up so far is kept in ``partials`` and answered with a result (its words, the parent job's
+    id and key), taken by the aggregator before this returns."""
+    want = _stat(sw, "STAT_PARTIAL_UP", "STAT_PARTIAL_RESENT")
+    deadline = time.monotonic() + 5
+    while len(partials) < want:
+        try:
+            part = bytearray(parent.recv(65536))
+        except BlockingIOError:
+            assert time.monotonic() < deadline, f"{len(partials)} of {want} partials came up"
+            time.sleep(0.0005)
+            continue
+        partials.append(bytes(part))
+        h = wire.decode_header(part)
+        assert (h.job, h.worker, h.auth) == (PARENT_JOB, PARENT_WORKER, PARENT_KEY)
+        part[wire.OFFSETS["flags"]] = wire.FLAG_RESULT | (h.flags & (wire.FLAG_PHASE
+                                                                     | wire.FLAG_OVERFLOW))
+        rx = _rx(sw)
+        parent.sendto(bytes(part), dest)
+        _wait_rx(sw, rx + 1)
+
+
+PARENT, PARENT_JOB, PARENT_WORKER, PARENT_KEY = 5, 9, 1, 0x7EA7E
+
+
+def run_scenario(engine: str, seed: int, k: int, events: int = 300, tree: bool = False) -> dict:
+    """The scenario on a server of ``engine``; with ``tree``, job 1 is a tree's child job whose
+    parent is host PARENT, which answers every partial sum (the uplink's port served)."""
     sw = SoftSwitch(slots=16, words=k)
-    server = SoftSwitchServer(sw, (SERVER_IP, 0), ports=(), engine=engine).start()
+    server = SoftSwitchServer(sw, (SERVER_IP, wire.HOMAGG_UDP_PORT_MIN if tree else 0),
+                              ports=(), engine=engine).start()
     socks = []
     try:
         for i in range(HOSTS):
@@ -185,7 +226,10 @@ def run_scenario(engine: str, seed: int, k: int, events: int = 300) -> dict:
             socks.append(s)
         addrs = [s.getsockname() for s in socks]
         for job, members in ((1, [0, 1, 2]), (2, [3, 4])):
-            install(sw, job, [addrs[i] for i in members], SLOTS, key=KEYS[job])
+            up = (Uplink(PARENT_JOB, PARENT_WORKER, *addrs[PARENT], key=PARENT_KEY,
+                         src_port=wire.HOMAGG_UDP_PORT_MIN) if tree and job == 1 else None)
+            install(sw, job, [addrs[i] for i in members], SLOTS, uplink=up, key=KEYS[job])
+        partials: list[bytes] = []
         sc = Scenario(seed, k)
         dest = server.address
         rx = _rx(sw)
@@ -210,6 +254,9 @@ def run_scenario(engine: str, seed: int, k: int, events: int = 300) -> dict:
                 socks[host].sendto(pkt, dest)
                 rx += 1
             _wait_rx(sw, rx)  # in order: the next packet after this one is decided
+            if tree:
+                _answer_partials(sw, socks[PARENT], partials, dest)
+                rx = _rx(sw)
         time.sleep(0.2)
         replies: dict[int, list[bytes]] = {}
         for i, s in enumerate(socks):
@@ -228,6 +275,7 @@ def run_scenario(engine: str, seed: int, k: int, events: int = 300) -> dict:
             stats, job_stats = sw.model.stats.copy(), sw.model.job_stats.copy()
         return {"stats": stats, "job_stats": job_stats, "mem": mem,
                 "replies": {i: sorted(r) for i, r in replies.items()}, "native": counts,
+                "partials": partials,
                 "engine": server.engine}
     finally:
         server.stop()
@@ -235,12 +283,13 @@ def run_scenario(engine: str, seed: int, k: int, events: int = 300) -> dict:
             s.close()
 
 
-@pytest.mark.parametrize("seed,k", [(1, 64), (2, 256), (3, 2239)])
-def test_native_engine_decides_as_the_python_engine(seed, k):
+@pytest.mark.parametrize("seed,k,tree", [(1, 64, False), (2, 256, False), (3, 2239, False),
+                                         (4, 256, True), (5, 2239, True)])
+def test_native_engine_decides_as_the_python_engine(seed, k, tree):
     if not soft_native.available():
         pytest.skip(f"the native engine is off: {soft_native.why()}")
-    py = run_scenario("python", seed, k)
-    nat = run_scenario("native", seed, k)
+    py = run_scenario("python", seed, k, tree=tree)
+    nat = run_scenario("native", seed, k, tree=tree)
     assert (py["engine"], nat["engine"]) == ("python", "native")
     names = {i: wire.STATS.get(i, f"stats[{i}]") for i in range(len(py["stats"]))}
     assert {names[i]: int(v) for i, v in enumerate(nat["stats"]) if v} == \
@@ -257,6 +306,11 @@ def test_native_engine_decides_as_the_python_engine(seed, k):
               "DROP_WRONG_IDENTITY", "DROP_BAD_SLOT", "DROP_MALFORMED", "DROP_UNKNOWN_SENDER",
               "DROP_FORGED_RESULT", "DROP_BAD_VERSION"):
         assert stats[c] > 0, c
+    assert nat["partials"] == py["partials"]  # (in order: each answered before the next)
+    if tree:  # job 1's partial sums went up, and the parent's results came down
+        assert stats["STAT_PARTIAL_UP"] > 0 and stats["STAT_FROM_PARENT"] > 0, stats
+        flags = [p[wire.OFFSETS["flags"]] for p in py["partials"]]
+        assert any(f & wire.FLAG_OVERFLOW for f in flags), "no partial overflowed"
     assert nat["native"]["taken"] >= stats["STAT_ACCEPTED"] // 2, nat["native"]
     assert nat["native"]["taken"] <= stats["STAT_ACCEPTED"]
 

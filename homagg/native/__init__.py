@@ -95,6 +95,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "hx_slow_port": (i32, [p]),
         "hx_io_counts": (None, [p, p]),
         "hx_gso": (i32, [p]),
+        "hx_job_cols": (i32, []),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)

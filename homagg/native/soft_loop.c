@@ -60,14 +60,27 @@ _Static_assert(HX_MAX_WORKERS <= 64, "a slot's bitmap of workers is 64 bits");
 typedef struct {
     uint32_t id, auth;
     int64_t base, size, epoch;
-    int32_t workers, native; /* native: 0 for a tree's child job (its partials go up: Python) */
+    int32_t workers, native; /* native: 0 for a job this loop leaves to Python whole */
     int32_t res_at, res_n;   /* its result addresses: res_ip/res_port[res_at .. res_at+res_n) */
+    /* a tree's child job (uplink.p4): its partial sums go to the parent, as worker up_worker
+     * of job up_job with key up_auth, from port up_fdi (-1: the one the request came to) */
+    int32_t up, up_job, up_worker, up_fdi;
+    uint32_t up_auth, up_ip;
+    uint16_t up_port;
 } hx_job;
 
 typedef struct {
     uint64_t key; /* (1 << 48) | ip << 16 | port; 0: empty */
     int32_t job, worker;
 } hx_sender;
+
+typedef struct { /* a queued message, while the queue is rebuilt (split_queue) */
+    int fd;
+    uint8_t *data;
+    size_t len;
+    uint32_t ip;
+    uint16_t port;
+} hx_queued;
 
 typedef struct {
     pthread_mutex_t mu; /* the model's state: held while a run is decided, and by Python's lock */
@@ -107,8 +120,9 @@ typedef struct {
     struct mmsghdr omsgs[HX_MAX_OUT];
     struct iovec oiov[HX_MAX_OUT];
     struct sockaddr_in odst[HX_MAX_OUT];
+    int ofd[HX_MAX_OUT]; /* the socket each message leaves from */
     union { char buf[CMSG_SPACE(sizeof(uint16_t))]; struct cmsghdr align; } ocbuf[HX_MAX_OUT];
-    size_t ooff[HX_MAX_OUT];
+    hx_queued split[HX_MAX_OUT];
     int nout, gso;
     /* system calls and datagrams, each way (homagg.udpio.io_counts' names) */
     int64_t send_calls, sent, recv_calls, received, send_dropped, taken;
@@ -224,9 +238,13 @@ static hx_sender *sender_find(hx_ctx *c, uint64_t key) {
     }
 }
 
-/* The job table, whole: jobs[njobs] rows of (id, auth, base, size, epoch, workers, native,
- * res_at, res_n); senders[nsend] rows of (ip, port, job row, worker); the result addresses.
- * IPs in host order. Copied: the caller's arrays may go. Called with the lock held. */
+/* The job table, whole: jobs[njobs] rows of HX_JOB_COLS (id, auth, base, size, epoch, workers,
+ * native, res_at, res_n, up, up_job, up_worker, up_auth, up_ip, up_port, up_fdi); senders[nsend]
+ * rows of (ip, port, job row, worker); the result addresses (ip, port). IPs in host order.
+ * Copied: the caller's arrays may go. Called with the lock held. */
+#define HX_JOB_COLS 16
+int32_t hx_job_cols(void) { return HX_JOB_COLS; }
+
 int hx_set_jobs(hx_ctx *c, const int64_t *jobs, int32_t njobs, const int64_t *senders,
                 int32_t nsend, const int64_t *res, int32_t nres) {
     hx_job *j = calloc((size_t)(njobs ? njobs : 1), sizeof *j);
@@ -243,9 +261,14 @@ int hx_set_jobs(hx_ctx *c, const int64_t *jobs, int32_t njobs, const int64_t *se
         return -ENOMEM;
     }
     for (int i = 0; i < njobs; i++) {
-        const int64_t *r = jobs + 9 * i;
-        j[i] = (hx_job){(uint32_t)r[0], (uint32_t)r[1], r[2], r[3], r[4], (int32_t)r[5],
-                        (int32_t)r[6], (int32_t)r[7], (int32_t)r[8]};
+        const int64_t *r = jobs + HX_JOB_COLS * i;
+        j[i] = (hx_job){.id = (uint32_t)r[0], .auth = (uint32_t)r[1], .base = r[2],
+                        .size = r[3], .epoch = r[4], .workers = (int32_t)r[5],
+                        .native = (int32_t)r[6], .res_at = (int32_t)r[7], .res_n = (int32_t)r[8],
+                        .up = (int32_t)r[9], .up_job = (int32_t)r[10],
+                        .up_worker = (int32_t)r[11], .up_auth = (uint32_t)r[12],
+                        .up_ip = (uint32_t)r[13], .up_port = (uint16_t)r[14],
+                        .up_fdi = (int32_t)r[15]};
     }
     for (int i = 0; i < nres; i++) {
         rip[i] = (uint32_t)res[2 * i];
@@ -284,50 +307,73 @@ static int64_t now_ms(void) {
     return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-/* One message per datagram from `from` on (GSO refused): rewrite the queue in place. */
-static void split_queue(hx_ctx *c, int from) {
-    /* count what it grows to; what does not fit the queue is dropped (the workers recover) */
-    struct mmsghdr m[HX_MAX_OUT];
-    struct iovec v[HX_MAX_OUT];
-    struct sockaddr_in d[HX_MAX_OUT];
-    int n = 0;
-    for (int i = from; i < c->nout && n < HX_MAX_OUT; i++) {
-        size_t len = c->oiov[i].iov_len, at = 0;
-        while (at < len && n < HX_MAX_OUT) {
-            size_t one = (size_t)c->pkt_bytes < len - at ? (size_t)c->pkt_bytes : len - at;
-            v[n].iov_base = (uint8_t *)c->oiov[i].iov_base + at;
-            v[n].iov_len = one;
-            d[n] = c->odst[i];
-            n++;
-            at += one;
-        }
+/* Queue one message: datagrams of pkt_bytes end to end at `data` (a GSO run where len is
+ * more than one), to (ip, port), from socket `fd`. The queue must have room. */
+static void queue_msg(hx_ctx *c, int fd, uint8_t *data, size_t len, uint32_t ip, uint16_t port) {
+    int i = c->nout++;
+    size_t size = (size_t)c->pkt_bytes;
+    c->ofd[i] = fd;
+    c->oiov[i].iov_base = data;
+    c->oiov[i].iov_len = len;
+    c->odst[i] = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons(port),
+                                      .sin_addr.s_addr = htonl(ip)};
+    struct msghdr *h = &c->omsgs[i].msg_hdr;
+    memset(h, 0, sizeof *h);
+    h->msg_name = &c->odst[i];
+    h->msg_namelen = sizeof(struct sockaddr_in);
+    h->msg_iov = &c->oiov[i];
+    h->msg_iovlen = 1;
+    if (len > size) {
+        h->msg_control = c->ocbuf[i].buf;
+        h->msg_controllen = sizeof c->ocbuf[i].buf;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(h);
+        cm->cmsg_level = SOL_UDP;
+        cm->cmsg_type = HX_UDP_SEGMENT;
+        cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        uint16_t seg = (uint16_t)size;
+        memcpy(CMSG_DATA(cm), &seg, sizeof seg);
     }
-    for (int i = 0; i < n; i++) {
-        c->oiov[from + i] = v[i];
-        c->odst[from + i] = d[i];
-        memset(&m[i], 0, sizeof m[i]);
-        m[i].msg_hdr.msg_name = &c->odst[from + i];
-        m[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
-        m[i].msg_hdr.msg_iov = &c->oiov[from + i];
-        m[i].msg_hdr.msg_iovlen = 1;
-        c->omsgs[from + i] = m[i];
-    }
-    c->nout = from + n > HX_MAX_OUT ? HX_MAX_OUT : from + n;
 }
 
-/* Send what is queued from socket `fd`: sendmmsg, each message a GSO run. A full send buffer
- * is waited on for up to HX_SEND_WAIT_MS, then the rest is dropped (the workers' timeouts
- * recover it), as the Python engine does. */
-static void flush(hx_ctx *c, int fd) {
+static int64_t datagrams(hx_ctx *c, size_t len) {
+    return (int64_t)((len + (size_t)c->pkt_bytes - 1) / (size_t)c->pkt_bytes);
+}
+
+/* GSO refused: the queue from `from` on again, one datagram per message (what does not fit
+ * is dropped, counted: the workers' timeouts recover it). */
+static void split_queue(hx_ctx *c, int from) {
+    hx_queued *q = c->split;
+    int n = c->nout - from;
+    for (int i = 0; i < n; i++)
+        q[i] = (hx_queued){c->ofd[from + i], c->oiov[from + i].iov_base,
+                               c->oiov[from + i].iov_len,
+                               ntohl(c->odst[from + i].sin_addr.s_addr),
+                               ntohs(c->odst[from + i].sin_port)};
+    c->nout = from;
+    for (int i = 0; i < n; i++)
+        for (size_t at = 0; at < q[i].len; at += (size_t)c->pkt_bytes) {
+            size_t one = q[i].len - at < (size_t)c->pkt_bytes ? q[i].len - at
+                                                                : (size_t)c->pkt_bytes;
+            if (c->nout == HX_MAX_OUT) {
+                c->send_dropped += datagrams(c, one);
+                continue;
+            }
+            queue_msg(c, q[i].fd, q[i].data + at, one, q[i].ip, q[i].port);
+        }
+}
+
+/* Send what is queued: sendmmsg over each stretch of messages from one socket, each message
+ * a GSO run. A full send buffer is waited on for up to HX_SEND_WAIT_MS, then the rest of the
+ * queue is dropped (the workers' timeouts recover it), as the Python engine does. */
+static void flush(hx_ctx *c) {
     int at = 0;
     int64_t deadline = 0;
     while (at < c->nout) {
-        int n = sendmmsg(fd, c->omsgs + at, (unsigned)(c->nout - at), MSG_DONTWAIT);
+        int fd = c->ofd[at], end = at + 1;
+        while (end < c->nout && c->ofd[end] == fd) end++;
+        int n = sendmmsg(fd, c->omsgs + at, (unsigned)(end - at), MSG_DONTWAIT);
         if (n > 0) {
-            for (int i = at; i < at + n; i++) {
-                size_t len = c->oiov[i].iov_len;
-                c->sent += (int64_t)((len + (size_t)c->pkt_bytes - 1) / (size_t)c->pkt_bytes);
-            }
+            for (int i = at; i < at + n; i++) c->sent += datagrams(c, c->oiov[i].iov_len);
             c->send_calls++;
             at += n;
             continue;
@@ -350,14 +396,13 @@ static void flush(hx_ctx *c, int fd) {
         /* a worker gone (ECONNREFUSED...): the others still get theirs */
         at++;
     }
-    for (int i = at; i < c->nout; i++)
-        c->send_dropped += (int64_t)((c->oiov[i].iov_len + (size_t)c->pkt_bytes - 1) /
-                                     (size_t)c->pkt_bytes);
-    c->nout = 0;
-    c->out_len = 0;
+    for (int i = at; i < c->nout; i++) c->send_dropped += datagrams(c, c->oiov[i].iov_len);
+    c->nout = 0; /* (out's bytes are free again once the caller says so: out_len) */
 }
 
-/* Queue the datagrams out[first .. out_len) (equal sizes) to each of a job's result addresses. */
+/* Queue the datagrams out[first .. out_len) (equal sizes) where a job's rounds go: to each of
+ * its result addresses from `fd` (the port the request came to), or a tree's child job's to
+ * its parent, from its uplink's port. */
 static void queue_results(hx_ctx *c, const hx_job *job, size_t first, int fd) {
     size_t total = c->out_len - first;
     if (!total) return;
@@ -365,33 +410,14 @@ static void queue_results(hx_ctx *c, const hx_job *job, size_t first, int fd) {
     size_t per = size * (c->gso ? (HX_MAX_GSO_BYTES / size < HX_MAX_SEGMENTS
                                        ? HX_MAX_GSO_BYTES / size : HX_MAX_SEGMENTS)
                                 : 1);
-    if (per < size) per = size;
-    for (int r = 0; r < job->res_n; r++) {
+    int dests = job->up ? 1 : job->res_n;
+    if (job->up && job->up_fdi >= 0) fd = c->fds[job->up_fdi];
+    for (int r = 0; r < dests; r++) {
+        uint32_t ip = job->up ? job->up_ip : c->res_ip[job->res_at + r];
+        uint16_t port = job->up ? job->up_port : c->res_port[job->res_at + r];
         for (size_t at = 0; at < total; at += per) {
-            if (c->nout == HX_MAX_OUT) flush(c, fd);
-            int i = c->nout++;
-            size_t len = total - at < per ? total - at : per;
-            c->oiov[i].iov_base = c->out + first + at;
-            c->oiov[i].iov_len = len;
-            c->odst[i] = (struct sockaddr_in){.sin_family = AF_INET,
-                                              .sin_port = htons(c->res_port[job->res_at + r]),
-                                              .sin_addr.s_addr = htonl(c->res_ip[job->res_at + r])};
-            struct msghdr *h = &c->omsgs[i].msg_hdr;
-            memset(h, 0, sizeof *h);
-            h->msg_name = &c->odst[i];
-            h->msg_namelen = sizeof(struct sockaddr_in);
-            h->msg_iov = &c->oiov[i];
-            h->msg_iovlen = 1;
-            if (len > size) {
-                h->msg_control = c->ocbuf[i].buf;
-                h->msg_controllen = sizeof c->ocbuf[i].buf;
-                struct cmsghdr *cm = CMSG_FIRSTHDR(h);
-                cm->cmsg_level = SOL_UDP;
-                cm->cmsg_type = HX_UDP_SEGMENT;
-                cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-                uint16_t seg = (uint16_t)size;
-                memcpy(CMSG_DATA(cm), &seg, sizeof seg);
-            }
+            if (c->nout == HX_MAX_OUT) flush(c);
+            queue_msg(c, fd, c->out + first + at, total - at < per ? total - at : per, ip, port);
         }
     }
 }
@@ -510,7 +536,7 @@ static int take(hx_ctx *c, const uint8_t *p, size_t n, uint32_t ip, uint16_t por
     if (first)
         words_load(acc, w, k);
     else if (op == HX_OP_ADD)
-        over = over || words_add(acc, w, k) < 0;
+        over = (words_add(acc, w, k) < 0) || over; /* (the add first: always) */
     else
         words_or(acc, w, k);
     c->overflow[idx] = (uint8_t)(over || (!first && c->overflow[idx]));
@@ -519,7 +545,20 @@ static int take(hx_ctx *c, const uint8_t *p, size_t n, uint32_t ip, uint16_t por
     c->stats[HX_STAT_RX]++;
     c->stats[HX_STAT_ACCEPTED]++;
     js[HX_JOB_STAT_ACCEPTED]++;
-    if (count == workers) { /* reply.p4: complete, multicast to the job's workers */
+    if (count == workers && job->up) { /* uplink.p4: the partial sum goes up */
+        c->stats[HX_STAT_PARTIAL_UP]++;
+        uint8_t *r = c->out + c->out_len;
+        memcpy(r, p, HX_OFF_WORDS);
+        r[HX_OFF_FLAGS] = (uint8_t)((flags & HX_FLAG_PHASE) |
+                                    (c->overflow[idx] ? HX_FLAG_OVERFLOW : 0));
+        r[HX_OFF_JOB] = (uint8_t)(job->up_job >> 8);
+        r[HX_OFF_JOB + 1] = (uint8_t)job->up_job;
+        r[HX_OFF_WORKER] = (uint8_t)job->up_worker;
+        for (int b = 0; b < 4; b++) r[HX_OFF_AUTH + b] = (uint8_t)(job->up_auth >> (24 - 8 * b));
+        words_store(r + HX_OFF_WORDS, acc, k);
+        c->out_len += (size_t)c->pkt_bytes;
+        *done_job = job;
+    } else if (count == workers) { /* reply.p4: complete, multicast to the job's workers */
         c->final[idx] = 1;
         c->stats[HX_STAT_COMPLETED]++;
         js[HX_JOB_STAT_COMPLETED]++;
@@ -565,7 +604,10 @@ static int decide(hx_ctx *c) {
         /* an empty datagram is one packet too (Python counts it DROP_MALFORMED) */
         size_t step = seg ? seg : 1;
         size_t end = nb ? nb : 1;
-        if (c->out_len + HX_RUN_BYTES > c->out_cap) flush(c, fd); /* (a run's results fit) */
+        if (c->out_len + HX_RUN_BYTES > c->out_cap) { /* (a run's results fit) */
+            flush(c);
+            c->out_len = 0;
+        }
         const hx_job *job = NULL;
         size_t first = c->out_len;
         pthread_mutex_lock(&c->mu);
@@ -576,7 +618,8 @@ static int decide(hx_ctx *c) {
             if (!take(c, base + at, len, ip, port, &done)) {
                 if (job) queue_results(c, job, first, fd);
                 pthread_mutex_unlock(&c->mu);
-                flush(c, fd);
+                flush(c);
+                c->out_len = 0;
                 c->slow = base + at;
                 c->slow_len = (int32_t)len;
                 c->slow_ip = ip;
@@ -592,7 +635,8 @@ static int decide(hx_ctx *c) {
         if (job) queue_results(c, job, first, fd);
         pthread_mutex_unlock(&c->mu);
     }
-    flush(c, fd);
+    flush(c);
+    c->out_len = 0;
     c->nmsg = 0;
     return 0;
 }

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("homagg.softswitch")
 
 IDLE, SLOW, CONTROL = 0, 1, 2  # soft_loop.c's hx_serve answers
+JOB_COLS = 16  # soft_loop.c's HX_JOB_COLS: a job row's columns
 
 
 def available() -> bool:
@@ -73,14 +74,16 @@ class _BothLock:
 
 
 class NativeLoop:
-    """The C loop over ``fds`` (one per served port, in order) for ``switch``; ``control``: a
-    descriptor the loop also waits on (a shard's pipe), or None."""
+    """The C loop over ``fds`` (the sockets of ``ports``, in order) for ``switch``;
+    ``control``: a descriptor the loop also waits on (a shard's pipe), or None."""
 
-    def __init__(self, switch: SoftSwitch, fds: list[int], control: int | None = None):
+    def __init__(self, switch: SoftSwitch, fds: list[int], ports: list[int],
+                 control: int | None = None):
         lib = native.load()
         if lib is None:
             raise RuntimeError(f"the native data path is off: {native.why()}")
-        self.lib, self.switch = lib, switch
+        self.lib, self.switch, self.ports = lib, switch, list(ports)
+        self._unserved: set[int] = set()  # uplink src_ports warned about
         self.ctx = lib.hx_new()
         if not self.ctx:
             raise MemoryError("hx_new")
@@ -131,10 +134,11 @@ class NativeLoop:
         for row, job in enumerate(model.jobs.values()):
             addrs = job.result_addresses
             jobs.append((job.id, job.auth, job.base, job.size, job.epoch, len(job.workers),
-                         1 if job.uplink is None else 0, len(res), len(addrs)))
+                         1, len(res), len(addrs)) + self._uplink(job))
             res += [(_ip(a[0]), a[1]) for a in addrs]
             senders += [(_ip(ip), port, row, w) for w, (ip, port) in enumerate(job.workers)]
-        j = np.array(jobs or [(0,) * 9], np.int64)
+        j = np.array(jobs or [(0,) * JOB_COLS], np.int64)
+        assert j.shape[1] == self.lib.hx_job_cols()
         s = np.array(senders or [(0,) * 4], np.int64)
         r = np.array(res or [(0, 0)], np.int64)
         self.lib.hx_lock(self.ctx)
@@ -145,6 +149,21 @@ class NativeLoop:
             self.lib.hx_unlock(self.ctx)
         if rc < 0:
             raise MemoryError("native loop: cannot copy the job table")
+
+    def _uplink(self, job) -> tuple[int, ...]:
+        """A job row's uplink columns (soft_loop.c's hx_job): where its partial sums go, and
+        from which port (the server's rule, ``SoftSwitchServer._send_up``)."""
+        up = job.uplink
+        if up is None:
+            return (0, 0, 0, 0, 0, 0, -1)
+        src = self.switch.uplink_ports.get(up.parent, {}).get(up.job)
+        fdi = self.ports.index(src) if src in self.ports else -1
+        if src is not None and fdi < 0 and src not in self._unserved:
+            self._unserved.add(src)
+            log.warning("an uplink's src_port %d is not served here (ports %s): its partials "
+                        "leave from the port their requests came to, where the parent does not "
+                        "know them", src, self.ports)
+        return (1, up.job, up.worker, up.auth, _ip(up.parent[0]), up.parent[1], fdi)
 
     # -- serving -------------------------------------------------------------------------------
     def serve(self, timeout_ms: int) -> int:

@@ -206,7 +206,7 @@ class SoftSwitchServer:
         from homagg.targets.soft.native import CONTROL, SLOW, NativeLoop
 
         ports = list(self.socks)
-        loop = NativeLoop(self.switch, [self.socks[p].fileno() for p in ports],
+        loop = NativeLoop(self.switch, [self.socks[p].fileno() for p in ports], ports,
                           None if control is None else control[0])
         self.native = loop
         sw = self.switch

@@ -325,6 +325,8 @@ def _apply(sw: SoftSwitch, server: SoftSwitchServer, msg: tuple) -> Any:
             m.install(job)
         m.children_of = {key: m.jobs[j] for key, j in children.items()}
         sw.uplink_ports = uplink_ports
+        if sw.native is not None:  # (its uplinks' ports too)
+            sw.native.jobs_changed(m)
     elif op == "counts":
         return m.stats.copy(), m.job_stats.copy(), server.io_counts()
     elif op == "counts_set":

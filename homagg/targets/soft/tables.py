@@ -296,6 +296,8 @@ class SoftSwitch:
                 p = e.params
                 ports.setdefault((int_ip(p["ip"]), p["udp_port"]), {})[p["job"]] = p["src_port"]
         self.uplink_ports = ports
+        if self.native is not None:  # (its uplinks' ports too)
+            self.native.jobs_changed(m)
 
     def read_stats(self) -> dict:
         with self.lock:
