@@ -33,14 +33,15 @@ _switch_ips = itertools.count(2)
 
 
 class Job:
-    """A soft switch on its own loopback address and W agents, one thread each."""
+    """A soft switch on its own loopback address and W agents, one thread each. ``engine``:
+    the soft switch's (its server's: ``SoftSwitchServer``)."""
 
     def __init__(self, workers, slots=16, faults=None, per_worker=None,
-                 switch_words=wire.WORDS_PER_PACKET, key=0, **agent_kw):
+                 switch_words=wire.WORDS_PER_PACKET, key=0, engine="auto", **agent_kw):
         self.switch_ip = f"127.0.1.{next(_switch_ips)}"
         self.server = SoftSwitchServer(SoftSwitch(words=switch_words),
                                        (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN),
-                                       faults).start()
+                                       faults, engine=engine).start()
         self.addrs = addrs = agent_addresses(workers)
         install(self.server.switch, 1, addrs, slots, key=key)  # key: the job's (auth)
         kw = dict(timeout=0.01, deadline=5.0, key=key)

@@ -92,9 +92,12 @@ class Stall:
     took since have sent ``after`` results to every worker (past a round's first chunks, and
     past round 1's single chunk), the next run waits that long before it is taken. A switch
     that pauses (a reprogrammed pipeline, an overrun queue) is what a timeout means: chunks
-    out and no result for a timeout's length, which every worker of the job sees."""
+    out and no result for a timeout's length, which every worker of the job sees. It wraps
+    the Python engine's ``handle_run``, which the native loop does not call: the job's switch
+    must run the Python engine."""
 
     def __init__(self, job, seconds, after=64):
+        assert job.server.engine == "python", "Stall instruments the Python engine only"
         self.seconds, self.after, self.workers = seconds, after, len(job.agents)
         self.armed = self.due = False
         self.results = self.stalls = 0
@@ -123,7 +126,7 @@ def test_rounds_stay_exact_with_congestion_control_under_loss(make_job):
     timeout: the silence cuts the windows, every sum is exact, and the windows stay within
     1 .. slots. (Random loss alone need not cut: RACK and the probe resend before a round
     goes silent, as a window's worth of results keeps coming.)"""
-    job = make_job(4, slots=32, deadline=10, congestion=True,
+    job = make_job(4, slots=32, deadline=10, congestion=True, engine="python",
                    per_worker=lambda w: {"faults": FaultSpec(0.08, 0.02, 0.05, seed=40 + w)})
     assert all(a.transport.cc is not None for a in job.agents)
     stall = Stall(job, 0.5)  # past max_timeout (0.1 s): every worker times out
@@ -148,7 +151,7 @@ def test_a_silent_switch_cuts_every_window(make_job):
     (a job's windows are cut together: none holds back chunks its peers have sent), and the
     sum is exact. A window then grows on its own results' timing, so they need not stay
     equal to the slot."""
-    job = make_job(4, slots=32, deadline=10, congestion=True)
+    job = make_job(4, slots=32, deadline=10, congestion=True, engine="python")
     stall = Stall(job, 0.5)
     rng = np.random.default_rng(43)
     xs = sparse_tensors(rng, 4, 200_000, 1.0)
