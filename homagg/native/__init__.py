@@ -96,6 +96,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "hx_io_counts": (None, [p, p]),
         "hx_gso": (i32, [p]),
         "hx_job_cols": (i32, []),
+        "hx_set_parents": (ctypes.c_int, [p, p, i32]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)

@@ -4,13 +4,14 @@
  *
  * The switch model (homagg.switch_model) stays the authority. This loop works on the model's
  * own state: its slot memory, its counters (numpy arrays, by pointer) and a copy of its job
- * table (hx_set_jobs, on every table change). A packet it does not take whole, anything but an
- * ACCEPT on a job with no uplink (a join, a refusal, a retransmission, a status, a tree's
- * partial or result, an unknown sender, a malformed packet), it hands to Python untouched
- * (HX_SLOW): the model decides it, and the loop goes on after it, so packets are decided in
- * the order they came, as the Python engine does. The fast path here mirrors
- * SwitchModel.process line by line: its verdicts, its words (int32 lanes that wrap, overflow
- * per lane), its counters and its replies; tests hold the two to the same results bit for bit.
+ * and parents tables (hx_set_jobs, hx_set_parents, on every table change). It takes an ACCEPT
+ * (the round's result multicast, or a tree's partial sum sent up to the parent) and a parent's
+ * final result for a tree's child job; any other packet (a join, a refusal, a retransmission,
+ * a status, an unknown sender, a malformed packet) it hands to Python untouched (HX_SLOW): the
+ * model decides it, and the loop goes on after it, so packets are decided in the order they
+ * came, as the Python engine does. The fast path here mirrors SwitchModel.process line by
+ * line: its verdicts, its words (int32 lanes that wrap, overflow per lane), its counters and
+ * its replies; tests hold the two to the same results bit for bit.
  *
  * Built by the package's own build (setup.py, setuptools' Extension); loaded with ctypes, which
  * releases the GIL for every call (homagg.native). Plain C11 and Linux's socket API: no Python
@@ -69,6 +70,12 @@ typedef struct {
     uint16_t up_port;
 } hx_job;
 
+typedef struct { /* admission.p4's parents table: whose results reach which job row */
+    uint32_t ip, job, auth;
+    uint16_t port;
+    int32_t row;
+} hx_parent;
+
 typedef struct {
     uint64_t key; /* (1 << 48) | ip << 16 | port; 0: empty */
     int32_t job, worker;
@@ -101,6 +108,8 @@ typedef struct {
     uint64_t smask;
     uint32_t *res_ip;
     uint16_t *res_port;
+    hx_parent *parents;
+    int32_t nparents;
     /* the batch received, and where deciding it stands */
     uint8_t *buf;
     struct mmsghdr msgs[HX_BATCH];
@@ -180,6 +189,7 @@ void hx_free(hx_ctx *c) {
     free(c->senders);
     free(c->res_ip);
     free(c->res_port);
+    free(c->parents);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -295,6 +305,22 @@ int hx_set_jobs(hx_ctx *c, const int64_t *jobs, int32_t njobs, const int64_t *se
     return 0;
 }
 
+/* The parents table, whole: rows of (parent ip, port, parent job, parent key, job row). Called
+ * with the lock held. */
+int hx_set_parents(hx_ctx *c, const int64_t *rows, int32_t n) {
+    hx_parent *q = calloc((size_t)(n ? n : 1), sizeof *q);
+    if (!q) return -ENOMEM;
+    for (int i = 0; i < n; i++) {
+        const int64_t *r = rows + 5 * i;
+        q[i] = (hx_parent){.ip = (uint32_t)r[0], .port = (uint16_t)r[1], .job = (uint32_t)r[2],
+                           .auth = (uint32_t)r[3], .row = (int32_t)r[4]};
+    }
+    free(c->parents);
+    c->parents = q;
+    c->nparents = n;
+    return 0;
+}
+
 /* -- sending ---------------------------------------------------------------------------------- */
 static void wait_writable(int fd, int ms) {
     struct pollfd p = {.fd = fd, .events = POLLOUT};
@@ -400,21 +426,22 @@ static void flush(hx_ctx *c) {
     c->nout = 0; /* (out's bytes are free again once the caller says so: out_len) */
 }
 
-/* Queue the datagrams out[first .. out_len) (equal sizes) where a job's rounds go: to each of
- * its result addresses from `fd` (the port the request came to), or a tree's child job's to
- * its parent, from its uplink's port. */
-static void queue_results(hx_ctx *c, const hx_job *job, size_t first, int fd) {
-    size_t total = c->out_len - first;
+/* Queue the datagrams out[first .. end) (equal sizes) where a job's rounds go: to each of its
+ * result addresses from `fd` (the port the request came to), or with `up`, a tree's child
+ * job's partial sums to its parent, from its uplink's port. */
+static void queue_results(hx_ctx *c, const hx_job *job, int up, size_t first, size_t end,
+                          int fd) {
+    size_t total = end - first;
     if (!total) return;
     size_t size = (size_t)c->pkt_bytes;
     size_t per = size * (c->gso ? (HX_MAX_GSO_BYTES / size < HX_MAX_SEGMENTS
                                        ? HX_MAX_GSO_BYTES / size : HX_MAX_SEGMENTS)
                                 : 1);
-    int dests = job->up ? 1 : job->res_n;
-    if (job->up && job->up_fdi >= 0) fd = c->fds[job->up_fdi];
+    int dests = up ? 1 : job->res_n;
+    if (up && job->up_fdi >= 0) fd = c->fds[job->up_fdi];
     for (int r = 0; r < dests; r++) {
-        uint32_t ip = job->up ? job->up_ip : c->res_ip[job->res_at + r];
-        uint16_t port = job->up ? job->up_port : c->res_port[job->res_at + r];
+        uint32_t ip = up ? job->up_ip : c->res_ip[job->res_at + r];
+        uint16_t port = up ? job->up_port : c->res_port[job->res_at + r];
         for (size_t at = 0; at < total; at += per) {
             if (c->nout == HX_MAX_OUT) flush(c);
             queue_msg(c, fd, c->out + first + at, total - at < per ? total - at : per, ip, port);
@@ -467,18 +494,70 @@ HX_WORD_LOOP static void words_store(uint8_t *restrict r, const int32_t *restric
 }
 
 /* -- deciding ----------------------------------------------------------------------------------
- * One datagram from (ip, port): 1 if it was taken here (accepted, and its round's result
+ * A parent switch's final result for a tree's child job here (SwitchModel._from_parent): kept
+ * in the slot copy (retransmissions get it) and multicast to the job's workers with this job's
+ * id and key. 1 if taken; 0 for anything else (a status or refusal relayed, a duplicate, a
+ * forged result, a bad slot: the model's). */
+static int from_parent(hx_ctx *c, const uint8_t *p, uint32_t ip, uint16_t port, uint8_t flags,
+                       const hx_job **done_job, int *up) {
+    if (flags & (HX_FLAG_STATUS | HX_FLAG_REFUSED)) return 0;
+    uint32_t pjob = rd16(p + HX_OFF_JOB), pauth = rd32(p + HX_OFF_AUTH);
+    const hx_job *job = NULL;
+    for (int i = 0; i < c->nparents; i++) {
+        const hx_parent *q = &c->parents[i];
+        if (q->ip == ip && q->port == port && q->job == pjob && q->auth == pauth) {
+            job = &c->jobs[q->row];
+            break;
+        }
+    }
+    if (!job || !job->native) return 0;
+    uint32_t slot = rd16(p + HX_OFF_SLOT);
+    if ((int64_t)slot >= job->size) return 0;
+    int64_t idx = 2 * (job->base + (int64_t)slot) + ((flags & HX_FLAG_PHASE) ? 1 : 0);
+    if (idx < 0 || idx >= c->copies) return 0;
+    /* the round must be the one this switch sent up and still waits for */
+    if (!(c->epoch[idx] == job->epoch && c->gen[idx] == (int64_t)p[HX_OFF_GEN] &&
+          (uint32_t)c->tag[idx] == rd32(p + HX_OFF_SEQ) && c->count[idx] == job->workers &&
+          !c->final[idx]))
+        return 0;
+    int k = c->k;
+    int32_t *acc = c->words + idx * k;
+    words_load(acc, p + HX_OFF_WORDS, k);
+    c->overflow[idx] = (uint8_t)(c->overflow[idx] || (flags & HX_FLAG_OVERFLOW));
+    c->final[idx] = 1;
+    c->stats[HX_STAT_RX]++;
+    c->stats[HX_STAT_FROM_PARENT]++;
+    c->stats[HX_STAT_COMPLETED]++;
+    c->job_stats[(int64_t)HX_JOB_STATS_PER_JOB * job->id + HX_JOB_STAT_COMPLETED]++;
+    uint8_t rflags = HX_FLAG_RESULT | (flags & HX_FLAG_PHASE);
+    if (c->overflow[idx]) {
+        rflags |= HX_FLAG_OVERFLOW;
+        c->stats[HX_STAT_OVERFLOW]++;
+    }
+    uint8_t *r = c->out + c->out_len;
+    memcpy(r, p, HX_OFF_WORDS);
+    r[HX_OFF_FLAGS] = rflags;
+    r[HX_OFF_JOB] = (uint8_t)(job->id >> 8);
+    r[HX_OFF_JOB + 1] = (uint8_t)job->id;
+    for (int b = 0; b < 4; b++) r[HX_OFF_AUTH + b] = (uint8_t)(job->auth >> (24 - 8 * b));
+    memcpy(r + HX_OFF_WORDS, p + HX_OFF_WORDS, 4 * (size_t)k); /* (the parent's words as sent) */
+    c->out_len += (size_t)c->pkt_bytes;
+    *done_job = job;
+    *up = 0;
+    return 1;
+}
+
+/* One datagram from (ip, port): 1 if it was taken here (accepted, and its round's result
  * queued if it completed), 0 if it goes to Python, untouched. Mirrors SwitchModel.process. */
 static int take(hx_ctx *c, const uint8_t *p, size_t n, uint32_t ip, uint16_t port,
-                const hx_job **done_job) {
+                const hx_job **done_job, int *up) {
     if (n != (size_t)c->pkt_bytes || !c->seen) return 0;
     uint8_t vo = p[HX_OFF_VERSION_OP];
     uint32_t version = (vo >> HX_SHIFT_VERSION) & HX_MASK_VERSION;
     uint32_t op = (vo >> HX_SHIFT_OP) & HX_MASK_OP;
     uint8_t flags = p[HX_OFF_FLAGS];
-    if (version != HX_HOMAGG_VERSION || (op != HX_OP_ADD && op != HX_OP_OR) ||
-        (flags & HX_FLAG_RESULT))
-        return 0;
+    if (version != HX_HOMAGG_VERSION || (op != HX_OP_ADD && op != HX_OP_OR)) return 0;
+    if (flags & HX_FLAG_RESULT) return from_parent(c, p, ip, port, flags, done_job, up);
     hx_sender *s = sender_find(c, sender_key(ip, port));
     if (!s) return 0;
     const hx_job *job = &c->jobs[s->job];
@@ -558,6 +637,7 @@ static int take(hx_ctx *c, const uint8_t *p, size_t n, uint32_t ip, uint16_t por
         words_store(r + HX_OFF_WORDS, acc, k);
         c->out_len += (size_t)c->pkt_bytes;
         *done_job = job;
+        *up = 1;
     } else if (count == workers) { /* reply.p4: complete, multicast to the job's workers */
         c->final[idx] = 1;
         c->stats[HX_STAT_COMPLETED]++;
@@ -573,6 +653,7 @@ static int take(hx_ctx *c, const uint8_t *p, size_t n, uint32_t ip, uint16_t por
         words_store(r + HX_OFF_WORDS, acc, k);
         c->out_len += (size_t)c->pkt_bytes;
         *done_job = job;
+        *up = 0;
     }
     return 1;
 }
@@ -608,15 +689,20 @@ static int decide(hx_ctx *c) {
             flush(c);
             c->out_len = 0;
         }
+        /* the run's replies so far, all of one job and one way (a run is one sender's:
+         * a worker's, or a parent's answers) */
         const hx_job *job = NULL;
+        int up = 0;
         size_t first = c->out_len;
         pthread_mutex_lock(&c->mu);
         while ((size_t)c->cur_off < end) {
             size_t at = (size_t)c->cur_off;
             size_t len = nb ? (seg < nb - at ? seg : nb - at) : 0;
             const hx_job *done = NULL;
-            if (!take(c, base + at, len, ip, port, &done)) {
-                if (job) queue_results(c, job, first, fd);
+            int done_up = 0;
+            size_t before = c->out_len;
+            if (!take(c, base + at, len, ip, port, &done, &done_up)) {
+                if (job) queue_results(c, job, up, first, c->out_len, fd);
                 pthread_mutex_unlock(&c->mu);
                 flush(c);
                 c->out_len = 0;
@@ -629,10 +715,17 @@ static int decide(hx_ctx *c) {
                 return 1;
             }
             c->taken++;
-            if (done) job = done; /* (a run is one sender's: one job) */
+            if (done && job && (done != job || done_up != up)) { /* (another job's reply) */
+                queue_results(c, job, up, first, before, fd);
+                first = before;
+            }
+            if (done) {
+                job = done;
+                up = done_up;
+            }
             c->cur_off = (int)(at + step);
         }
-        if (job) queue_results(c, job, first, fd);
+        if (job) queue_results(c, job, up, first, c->out_len, fd);
         pthread_mutex_unlock(&c->mu);
     }
     flush(c);

@@ -1,9 +1,10 @@
 """The software aggregator's native engine: ``NativeLoop`` runs a server's datagram loop in C
 (homagg/native/soft_loop.c), with the GIL released, on the switch model's own state.
 
-The loop takes the common packet whole: a job's worker adding into a slot, its round's result
-sent to the job's workers when it completes. Every other packet (a join, a refusal, a
-retransmission, a status, a tree's partial or result, an unknown sender, a malformed packet)
+The loop takes the common packets whole: a job's worker adding into a slot, its round's result
+sent to the job's workers when it completes (or a tree's child job's partial sum to its
+parent), and a parent's final result for a child job, multicast to its workers. Every other
+packet (a join, a refusal, a retransmission, a status, an unknown sender, a malformed packet)
 it hands back untouched, and the switch model decides it in Python (``SoftSwitch.handle``);
 then the loop goes on after it. So the model stays the one authority on the protocol, and
 both engines decide the same packets in the same order.
@@ -139,12 +140,19 @@ class NativeLoop:
             senders += [(_ip(ip), port, row, w) for w, (ip, port) in enumerate(job.workers)]
         j = np.array(jobs or [(0,) * JOB_COLS], np.int64)
         assert j.shape[1] == self.lib.hx_job_cols()
+        # admission.p4's parents table: whose results reach which job
+        rows = {job.id: row for row, job in enumerate(model.jobs.values())}
+        parents = [(_ip(a[0]), a[1], pjob, pauth, rows[job.id])
+                   for (a, pjob, pauth), job in model.children_of.items() if job.id in rows]
+        q = np.array(parents or [(0,) * 5], np.int64)
         s = np.array(senders or [(0,) * 4], np.int64)
         r = np.array(res or [(0, 0)], np.int64)
         self.lib.hx_lock(self.ctx)
         try:
             rc = self.lib.hx_set_jobs(self.ctx, j.ctypes.data, len(jobs), s.ctypes.data,
                                       len(senders), r.ctypes.data, len(res))
+            if rc == 0:
+                rc = self.lib.hx_set_parents(self.ctx, q.ctypes.data, len(parents))
         finally:
             self.lib.hx_unlock(self.ctx)
         if rc < 0:
