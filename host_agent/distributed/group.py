@@ -153,8 +153,8 @@ class HomaggProcessGroup(dist.ProcessGroup):
                 if self._thread is None:
                     raise RuntimeError("homagg: the process group is shut down")
                 self._thread.submit(job)
-            event._call_end_callbacks_on_future(fut)  # the event ends when the work does
-        return HomaggWork(fut)
+            ended = event._call_end_callbacks_on_future(fut)  # the event ends when the work does
+        return HomaggWork(fut, ended)
 
     def _gloo_call(self, name: str, outputs: list[torch.Tensor], *args) -> HomaggWork:
         ready = _ready_events(outputs, args)
