@@ -138,6 +138,13 @@ typedef struct {
 } hx_ctx;
 
 static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+/* A reply's job and key fields (a tree's answers take on the job they go to: uplink.p4) */
+static inline void put_identity(uint8_t *r, uint32_t job, uint32_t auth) {
+    r[HX_OFF_JOB] = (uint8_t)(job >> 8);
+    r[HX_OFF_JOB + 1] = (uint8_t)job;
+    for (int b = 0; b < 4; b++) r[HX_OFF_AUTH + b] = (uint8_t)(auth >> (24 - 8 * b));
+}
+
 static inline uint32_t rd32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
@@ -537,9 +544,7 @@ static int from_parent(hx_ctx *c, const uint8_t *p, uint32_t ip, uint16_t port, 
     uint8_t *r = c->out + c->out_len;
     memcpy(r, p, HX_OFF_WORDS);
     r[HX_OFF_FLAGS] = rflags;
-    r[HX_OFF_JOB] = (uint8_t)(job->id >> 8);
-    r[HX_OFF_JOB + 1] = (uint8_t)job->id;
-    for (int b = 0; b < 4; b++) r[HX_OFF_AUTH + b] = (uint8_t)(job->auth >> (24 - 8 * b));
+    put_identity(r, job->id, job->auth);
     memcpy(r + HX_OFF_WORDS, p + HX_OFF_WORDS, 4 * (size_t)k); /* (the parent's words as sent) */
     c->out_len += (size_t)c->pkt_bytes;
     *done_job = job;
@@ -630,10 +635,8 @@ static int take(hx_ctx *c, const uint8_t *p, size_t n, uint32_t ip, uint16_t por
         memcpy(r, p, HX_OFF_WORDS);
         r[HX_OFF_FLAGS] = (uint8_t)((flags & HX_FLAG_PHASE) |
                                     (c->overflow[idx] ? HX_FLAG_OVERFLOW : 0));
-        r[HX_OFF_JOB] = (uint8_t)(job->up_job >> 8);
-        r[HX_OFF_JOB + 1] = (uint8_t)job->up_job;
+        put_identity(r, (uint32_t)job->up_job, job->up_auth);
         r[HX_OFF_WORKER] = (uint8_t)job->up_worker;
-        for (int b = 0; b < 4; b++) r[HX_OFF_AUTH + b] = (uint8_t)(job->up_auth >> (24 - 8 * b));
         words_store(r + HX_OFF_WORDS, acc, k);
         c->out_len += (size_t)c->pkt_bytes;
         *done_job = job;

@@ -131,13 +131,14 @@ class SlotMemory:
     CELLS = {"seen": np.uint64, "count": np.int64, "tag": np.int64, "op": np.int64,
              "epoch": np.int64, "gen": np.int64, "overflow": np.bool_, "final": np.bool_}
 
-    @classmethod
-    def shared(cls, slots: int, k: int = wire.WORDS_PER_PACKET) -> SlotMemory:
-        """Registers in arrays (``Cells``), zeroed, for the native data path to share."""
-        self = cls(slots, k)
-        for name, dtype in cls.CELLS.items():
-            setattr(self, name, Cells(np.zeros(2 * slots, dtype)))
-        return self
+    def shared(self) -> SlotMemory:
+        """These registers moved into arrays (``Cells``) the native data path shares; the
+        words are this memory's own array."""
+        out = object.__new__(SlotMemory)
+        for name, dtype in self.CELLS.items():
+            setattr(out, name, Cells(np.array(list(getattr(self, name)), dtype)))
+        out.words = self.words
+        return out
 
     def __init__(self, slots: int, k: int = wire.WORDS_PER_PACKET):
         n = 2 * slots

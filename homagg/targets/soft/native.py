@@ -20,16 +20,15 @@ What the loop shares with the model, and how it stays current:
 from __future__ import annotations
 
 import ctypes
-import ipaddress
 import logging
-import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from homagg import native
+from homagg.netconfig import int_ip, ip_int
 from homagg.switch_model import SwitchModel
-from homagg.switch_model.state import Cells, SlotMemory
+from homagg.switch_model.state import Cells
 
 if TYPE_CHECKING:
     from homagg.targets.soft.tables import SoftSwitch
@@ -93,7 +92,6 @@ class NativeLoop:
         if rc < 0:
             lib.hx_free(self.ctx)
             raise OSError(-rc, f"native loop: cannot wait on the sockets: errno {-rc}")
-        self._keep: list = []  # arrays whose addresses the loop holds
         self._data = ctypes.c_void_p()
         self._ip = ctypes.c_uint32()
         self._port = ctypes.c_uint16()
@@ -112,7 +110,7 @@ class NativeLoop:
         lib.hx_lock(ctx)
         try:
             if not isinstance(model.mem.seen, Cells):
-                model.mem = _shared_copy(model.mem, model.slots, model.k)
+                model.mem = model.mem.shared()
             m = model.mem
             cells = [getattr(m, n).array for n in ("seen", "count", "tag", "op", "epoch", "gen",
                                                    "final", "overflow")]
@@ -136,13 +134,13 @@ class NativeLoop:
             addrs = job.result_addresses
             jobs.append((job.id, job.auth, job.base, job.size, job.epoch, len(job.workers),
                          1, len(res), len(addrs)) + self._uplink(job))
-            res += [(_ip(a[0]), a[1]) for a in addrs]
-            senders += [(_ip(ip), port, row, w) for w, (ip, port) in enumerate(job.workers)]
+            res += [(ip_int(a[0]), a[1]) for a in addrs]
+            senders += [(ip_int(ip), port, row, w) for w, (ip, port) in enumerate(job.workers)]
         j = np.array(jobs or [(0,) * JOB_COLS], np.int64)
         assert j.shape[1] == self.lib.hx_job_cols()
         # admission.p4's parents table: whose results reach which job
         rows = {job.id: row for row, job in enumerate(model.jobs.values())}
-        parents = [(_ip(a[0]), a[1], pjob, pauth, rows[job.id])
+        parents = [(ip_int(a[0]), a[1], pjob, pauth, rows[job.id])
                    for (a, pjob, pauth), job in model.children_of.items() if job.id in rows]
         q = np.array(parents or [(0,) * 5], np.int64)
         s = np.array(senders or [(0,) * 4], np.int64)
@@ -171,7 +169,7 @@ class NativeLoop:
             log.warning("an uplink's src_port %d is not served here (ports %s): its partials "
                         "leave from the port their requests came to, where the parent does not "
                         "know them", src, self.ports)
-        return (1, up.job, up.worker, up.auth, _ip(up.parent[0]), up.parent[1], fdi)
+        return (1, up.job, up.worker, up.auth, ip_int(up.parent[0]), up.parent[1], fdi)
 
     # -- serving -------------------------------------------------------------------------------
     def serve(self, timeout_ms: int) -> int:
@@ -188,7 +186,7 @@ class NativeLoop:
         n = self.lib.hx_slow(self.ctx, ctypes.byref(self._data), ctypes.byref(self._ip),
                              ctypes.byref(self._port))
         data = ctypes.string_at(self._data.value or 0, n) if n else b""
-        src = (str(ipaddress.IPv4Address(self._ip.value)), self._port.value)
+        src = (int_ip(self._ip.value), self._port.value)
         return data, src, self.lib.hx_slow_port(self.ctx)
 
     def io_counts(self) -> dict[str, int]:
@@ -217,24 +215,3 @@ class NativeLoop:
             self.lib.hx_free(self.ctx)
             self.ctx = None
 
-
-_IPS: dict[str, int] = {}
-_IPS_LOCK = threading.Lock()
-
-
-def _ip(text: str) -> int:
-    v = _IPS.get(text)
-    if v is None:
-        v = int(ipaddress.IPv4Address(text))
-        with _IPS_LOCK:
-            _IPS[text] = v
-    return v
-
-
-def _shared_copy(mem: SlotMemory, slots: int, k: int) -> SlotMemory:
-    """``mem``'s registers, moved into arrays the loop shares (``SlotMemory.shared``)."""
-    out = SlotMemory.shared(slots, k)
-    for name in SlotMemory.CELLS:
-        getattr(out, name).array[:] = getattr(mem, name)
-    out.words = mem.words
-    return out
