@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -46,6 +46,7 @@ from homagg import wire
 from homagg.host_agent import codec
 from homagg.host_agent.codec import AUTO, Mode
 from homagg.host_agent.config import AgentConfig, AgentError
+from homagg.host_agent.local import HostTensor, Scales
 from homagg.host_agent.negotiation import (
     HEAD_WORDS,
     Negotiation,
@@ -273,87 +274,81 @@ class Agent:
             raise fail from None
         return RowsResult(union, res.out.reshape(on_union.shape), res)
 
-    def allreduce_detailed(self, x: np.ndarray, key=None) -> Result:
+    def allreduce_detailed(self, x, key=None) -> Result:
         """``allreduce`` with the exact integers behind the sum (``Result``), in five steps:
         negotiate (round 1: scale, non-finite flag, block words, the index), choose (the
         value mode, from the union), the split round (blocks that need per-element scales),
         the value rounds (rescaled on the switch's overflow flag), and decode. ``key``
-        names the tensor across calls (the index and mode choices remember it)."""
+        names the tensor across calls (the index and mode choices remember it).
+
+        ``x``: a float array, or a local tensor (``local.HostTensor``, or
+        ``distributed.device.DeviceTensor``: the per-element work on a GPU, ``Result.out``
+        there too)."""
         cfg = self.cfg
-        x = np.asarray(x)
-        if not np.issubdtype(x.dtype, np.floating):
-            raise AgentError(f"{cfg.who}: allreduce wants floats, got {x.dtype} "
-                             "(use allreduce_int for integers)")
-        flat = x.reshape(-1)
+        if isinstance(x, np.ndarray) or not hasattr(x, "round1"):
+            x = np.asarray(x)
+            if not np.issubdtype(x.dtype, np.floating):
+                raise AgentError(f"{cfg.who}: allreduce wants floats, got {x.dtype} "
+                                 "(use allreduce_int for integers)")
+            x = HostTensor(x)
+        local = x
+        n, dtype = local.n, local.dtype
         before = self.counters.bytes_sent
-        neg = self._negotiate(flat, key)
+        neg = self._negotiate(local, key)
         if neg.nonfinite:
             # Every worker saw the flag in round 1: no further round, on any of them.
             log.info("%s: non-finite values in the job's tensor: NaN", cfg.who)
-            return Result(np.full(flat.size, np.nan, x.dtype),
-                          0, Mode(neg.mode if neg.mode != AUTO else Mode.DENSE), flat.size, None,
+            return Result(local.nan(dtype),
+                          0, Mode(neg.mode if neg.mode != AUTO else Mode.DENSE), n, None,
                           np.zeros(0, np.int64), self.counters.bytes_sent - before,
                           dict(neg.index_rounds), index=neg.index,
-                          block_shifts=np.zeros(codec.block_count(flat.size, cfg.block),
-                                                np.int64),
+                          block_shifts=np.zeros(codec.block_count(n, cfg.block), np.int64),
                           block=cfg.block, nonfinite=True)
         mode, union_words, union = self._choose(neg, key)
         assert neg.block_words is not None
         block_offsets = codec.block_offsets(neg.block_words)
-        at, split_offsets, split_rounds = self._split_round(neg, block_offsets)
-        offsets, scale_block = ((block_offsets, cfg.block) if at is None else
-                                (split_offsets, 1))
         shift = codec.shift_for(max_exponent(neg.ored[:wire.EXP_WORDS]), cfg.workers,
                                 cfg.headroom) + cfg.shift_bias
-        shift, values, rounds = self._rescaled_rounds(flat, neg.scan, shift, offsets,
-                                                      scale_block, mode, union_words, union)
-        # Decoded at the blocks' scales, then the split blocks' elements again at their own:
-        # per-element scales over the whole tensor cost 40x the block decode (a 642k-element
-        # DDP bucket: 9.2 ms against 0.2 ms), and only the split blocks need them.
-        out = self._decode(values, shift + block_offsets, cfg.block, mode, union_words, union,
-                           flat.size, x.dtype)
-        if at is not None:
-            out[at] = codec.scale_blocks(self._exact_at(at, values, mode, union_words, union,
-                                                        flat.size),
-                                         shift + split_offsets[at], 1, x.dtype)
-        return Result(out, shift, Mode(mode), flat.size, union_words, values,
+        scales, split_rounds = self._split_round(
+            neg, local, Scales(shift, block_offsets, cfg.block))
+        scales, values, rounds = self._rescaled_rounds(local, scales, mode, union_words, union)
+        out = local.decode(values, scales, mode, union_words, union, dtype)
+        return Result(out, scales.shift, Mode(mode), n, union_words, values,
                       self.counters.bytes_sent - before,
                       {**neg.index_rounds, **split_rounds, **rounds}, union, index=neg.index,
-                      block_shifts=shift + block_offsets, block=cfg.block,
-                      split=shift + split_offsets if at is not None else None)
+                      block_shifts=scales.blocks(), block=cfg.block,
+                      split=scales.elements(n) if scales.at is not None else None)
 
-    def _negotiate(self, flat: np.ndarray, key) -> Negotiation:
+    def _negotiate(self, local, key) -> Negotiation:
         """Round 1 (and, with the hierarchical index, its two further OR rounds): this
         worker's max exponent (or the non-finite flag), its block words and split flags, and,
         unless the mode is dense (asked, or remembered for ``key``), the index of its
         non-zeros; what the switch ORed of every worker's."""
         cfg = self.cfg
-        n, B = flat.size, cfg.block
-        scan = codec.Scan.of(flat)
-        finite = scan.finite()
-        # A NaN or Inf: flag it in round 1 (every worker then returns NaN), no scales.
-        e = scan.max_exponent() if finite else None
+        n, B = local.n, cfg.block
+        r1 = local.round1(B, cfg.split)
         cost = getattr(self.transport, "round_cost", None)  # (in-memory transports: none)
         if cost is not None:
             cost.tensor_starts()
-        onehot = exponent_words(e, nonfinite=not finite,
+        # A NaN or Inf: flag it in round 1 (every worker then returns NaN), no scales.
+        onehot = exponent_words(r1.exponent, nonfinite=not r1.finite,
                                 cost=cost.word() if cost is not None else 0)
-        blocks = codec.block_words(scan.idx, scan.raw, n, B, e)
-        flags = codec.split_flags(scan.idx, scan.raw, n, B, cfg.split and finite)
+        blocks, flags = r1.blocks, r1.flags
         mode = codec.as_mode(cfg.mode, auto=True)
         if mode == AUTO and key is not None and self._last_mode.get(key) == Mode.DENSE:
             mode = Mode.DENSE  # last time this tensor was dense: skip the index (all agree)
         if mode == Mode.DENSE:
             agg = self.transport.stream(wire.OP_OR, np.concatenate([onehot, blocks, flags])
                                         ).view(np.uint32)
-            neg = Negotiation(scan, e, mode, agg, None, None, {},
+            neg = Negotiation(r1, r1.exponent, mode, agg, None, None, {},
                               agg[HEAD_WORDS:HEAD_WORDS + blocks.size],
                               codec.split_blocks(agg[HEAD_WORDS + blocks.size:], n, B))
         else:
             index = self._index(n, key)
             agg, union_words, sent, block_agg, split = index_rounds(
-                self.transport.stream, B, scan, onehot, blocks, flags, index)
-            neg = Negotiation(scan, e, mode, agg, union_words, index, sent, block_agg, split)
+                self.transport.stream, B, r1, onehot, blocks, flags, index)
+            neg = Negotiation(r1, r1.exponent, mode, agg, union_words, index, sent, block_agg,
+                              split)
         self._round_words = neg.round_words  # what every worker read in this round 1
         return neg
 
@@ -379,7 +374,7 @@ class Agent:
         """The value mode (``auto``: by the byte count, from the union's size u, which is
         remembered for ``key``), and the union it works on: (mode, the union bitmap or None
         for dense, the union's positions where the sketch needs them)."""
-        mode, union_words, n = neg.mode, neg.union_words, neg.scan.n
+        mode, union_words, n = neg.mode, neg.union_words, neg.mine.n
         assert union_words is not None or mode == Mode.DENSE
         if mode != Mode.DENSE:
             assert union_words is not None
@@ -397,36 +392,36 @@ class Agent:
             self._last_mode[key] = mode
         return mode, union_words, union
 
-    def _split_round(self, neg: Negotiation, block_offsets: np.ndarray
-                     ) -> tuple[np.ndarray | None, np.ndarray, dict[str, int]]:
+    def _split_round(self, neg: Negotiation, local, scales: Scales
+                     ) -> tuple[Scales, dict[str, int]]:
         """The split round, when some block split: one word per element of a split block,
         its elements' own offsets (every worker has the same blocks, from the OR). Returns
-        the split blocks' elements (None: no block split), every element's offset (the
-        block's, or its own in a split block) and the round's words."""
+        the scales with the split blocks' elements and their own offsets (their block's
+        where the element is zero on every worker), and the round's words."""
         if not neg.split.size:
-            return None, block_offsets, {}
-        n, B = neg.scan.n, self.cfg.block
+            return scales, {}
+        n, B = neg.mine.n, self.cfg.block
         at = codec.split_positions(neg.split, n, B)
-        ored = self.transport.stream(wire.OP_OR, codec.element_words(
-            neg.scan.idx, neg.scan.raw, at, neg.exponent)).view(np.uint32)
-        return at, codec.split_offsets(block_offsets, B, n, at, ored), {"split": at.size}
+        ored = self.transport.stream(wire.OP_OR, local.element_words(at, neg.exponent)
+                                     ).view(np.uint32)
+        own = np.where(ored != 0, codec.block_offsets(ored), scales.offsets[at // B])
+        return replace(scales, at=at, at_offsets=own), {"split": at.size}
 
-    def _rescaled_rounds(self, flat, scan, shift: int, offsets: np.ndarray, scale_block: int,
-                         mode, union_words, union) -> tuple[int, np.ndarray, dict]:
-        """The value rounds at the negotiated ``shift``; when the switch flags an overflow,
-        again with every block's scale 16 times coarser (every worker sees the flag and does
-        the same), up to ``max_rescales`` times. Returns the shift that went through, the
-        exact sums and the words per round."""
+    def _rescaled_rounds(self, local, scales: Scales, mode, union_words, union
+                         ) -> tuple[Scales, np.ndarray, dict]:
+        """The value rounds at the negotiated ``scales``; when the switch flags an overflow,
+        again with every scale 16 times coarser (every worker sees the flag and does the
+        same), up to ``max_rescales`` times. Returns the scales that went through, the exact
+        sums and the words per round."""
         cfg = self.cfg
         for _attempt in range(cfg.max_rescales + 1):
             try:
-                values, rounds = self._value_rounds(flat, scan, shift + offsets, scale_block,
-                                                    mode, union_words, union)
-                return shift, values, rounds
+                values, rounds = self._value_rounds(local, scales, mode, union_words, union)
+                return scales, values, rounds
             except SwitchOverflow:
                 self.counters.rescales += 1
-                log.info("%s: overflow at shift %d, rescaling", cfg.who, shift)
-                shift -= 4
+                log.info("%s: overflow at shift %d, rescaling", cfg.who, scales.shift)
+                scales = scales.coarser(4)
             except codec.CodecError as err:  # e.g. a local value out of int32 at this scale
                 self.transport.broken = str(err)
                 fail = AgentError(f"{cfg.who}: {err}; peers will time out on this tensor")
@@ -435,56 +430,26 @@ class Agent:
         raise AgentError(f"{cfg.who}: int32 overflow persists after "
                          f"{cfg.max_rescales} rescales")
 
-    @staticmethod
-    def _decode(values: np.ndarray, block_shifts: np.ndarray, scale_block: int, mode,
-                union_words, union, n: int, dtype) -> np.ndarray:
-        """The float sum: each element rounded once, from its exact value * 2**-(its
-        block's shift), dense, from the union bitmap (mode union) or on the union's
-        positions (sketch)."""
-        if union_words is None:
-            return codec.scale_blocks(values, block_shifts, scale_block, dtype)
-        if mode == Mode.UNION:
-            return codec.decode_union_blocks(union_words, n, values, block_shifts, scale_block,
-                                             dtype)
-        assert union is not None  # mode sketch
-        return codec.scale_blocks(codec.assemble(n, union, values, 0, np.float64),
-                                  block_shifts, scale_block, dtype)
-
-    @staticmethod
-    def _exact_at(at: np.ndarray, values: np.ndarray, mode, union_words, union,
-                  n: int) -> np.ndarray:
-        """The exact integer sums (float64: exact below 2**53) at positions ``at``."""
-        if union_words is None:
-            return np.asarray(values)[at]
-        if mode == Mode.UNION:
-            return codec.decode_union(union_words, n, values, 0, np.float64)[at]
-        assert union is not None  # mode sketch
-        return codec.assemble(n, union, values, 0, np.float64)[at]
-
-    def _value_rounds(self, flat, scan, block_shifts, B, mode, union_words, union):
+    def _value_rounds(self, local, scales: Scales, mode, union_words, union):
         """The value round (and the residual): exact sums, on the union (int32 words from the
-        switch in mode union, int64 for the sketch) or dense (int64), each element at the
-        shift of its block of ``B`` elements. An empty union (every worker sees it) sends
-        nothing."""
+        switch in mode union, int64 for the sketch) or dense (int64), each element at its
+        shift. An empty union (every worker sees it) sends nothing."""
         stream = self.transport.stream
+        if mode == Mode.SKETCH and union_words is not None and not union.size:
+            return np.zeros(0, np.int64), {}  # an empty union, on every worker
+        words = local.value_words(mode, scales, union_words, union, self.seed, self.cfg.ratio)
         if mode == Mode.DENSE or union_words is None:
-            q = codec.quantize(flat, codec.element_shifts(block_shifts, B, flat.size))
-            return stream(wire.OP_ADD, q).astype(np.int64), {"dense": q.size}
-        s = scan.quantize(block_shifts[scan.idx // B])
+            return stream(wire.OP_ADD, words).astype(np.int64), {"dense": words.size}
         if mode == Mode.UNION:  # straight from the bitmap: U is never listed
-            words = codec.encode_union(s, union_words)
             if not words.size:  # an empty union, on every worker: nothing to send
                 return words, {}
             return stream(wire.OP_ADD, words), {str(mode): words.size}
-        if not union.size:
-            return np.zeros(0, np.int64), {}
-        words = codec.encode_values(s, union, mode, self.seed, self.cfg.ratio)
         agg = stream(wire.OP_ADD, words)
         peeled = codec.decode_values(agg, union, mode, self.seed)
         values, left = peeled.values, peeled.unresolved
         rounds = {str(mode): words.size}
         if left.size:
-            resid = stream(wire.OP_ADD, codec.residual_values(s, union[left]))
+            resid = stream(wire.OP_ADD, local.residual_words(union[left]))
             values = values.copy()
             values[left] = resid
             rounds["residual"] = left.size

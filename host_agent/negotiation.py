@@ -21,6 +21,7 @@ import numpy as np
 from homagg import wire
 from homagg.host_agent import codec
 from homagg.host_agent.codec.index import BLOCK as INDEX_BLOCK
+from homagg.host_agent.local import Round1
 from homagg.host_agent.round_cost import agreed_words
 
 #: Bit 0 of the exponent words (e = -EXP_BIAS, below any float32 exponent): "I have a NaN or
@@ -71,11 +72,12 @@ def _blocks_touched(top_blocks: np.ndarray, n: int, block: int) -> np.ndarray:
 @dataclass
 class Negotiation:
     """What round 1 (and the index rounds) settled, for ``Agent.allreduce_detailed``'s later
-    steps: this worker's scan and max exponent, the mode asked (``auto`` still undecided), the
-    ORed round-1 words (exponents first), the union bitmap (None: dense), the index and its
-    words per round, the ORed block words and the split blocks."""
+    steps: what this worker's round 1 carried of its tensor and its max exponent, the mode
+    asked (``auto`` still undecided), the ORed round-1 words (exponents first), the union
+    bitmap (None: dense), the index and its words per round, the ORed block words and the
+    split blocks."""
 
-    scan: codec.Scan
+    mine: Round1
     exponent: int | None
     mode: str
     ored: np.ndarray
@@ -96,7 +98,7 @@ class Negotiation:
         return agreed_words(self.ored[wire.EXP_WORDS])
 
 
-def index_rounds(stream: Callable[[int, np.ndarray], np.ndarray], block: int, scan,
+def index_rounds(stream: Callable[[int, np.ndarray], np.ndarray], block: int, mine: Round1,
                  onehot, blocks, flags, index):
     """Round 1 (its head, and the flat bitmap after the block words and split flags,
     or the top level) and, for ``hier``, the mid round (with the block words and split
@@ -105,15 +107,15 @@ def index_rounds(stream: Callable[[int, np.ndarray], np.ndarray], block: int, sc
     split blocks). Round 1 flagging a non-finite value anywhere ends it there (union
     bitmap None)."""
     E = HEAD_WORDS
-    n, B = scan.n, block
+    n, B = mine.n, block
     if index == codec.FLAT:
-        agg = stream(wire.OP_OR, np.concatenate([onehot, blocks, flags, scan.words])
+        agg = stream(wire.OP_OR, np.concatenate([onehot, blocks, flags, mine.words])
                      ).view(np.uint32)
         union_words = agg[E + blocks.size + flags.size:]
         return (agg, union_words, {codec.ROUND_FLAT: union_words.size},
                 agg[E:E + blocks.size],
                 codec.split_blocks(agg[E + blocks.size:E + blocks.size + flags.size], n, B))
-    levels = codec.Levels.of(scan.words, n)
+    levels = codec.Levels.of(mine.words, n)
     agg = stream(wire.OP_OR, np.concatenate([onehot, levels.top])).view(np.uint32)
     split = np.zeros(0, np.int64)
     if _nonfinite(agg[:E]):
