@@ -1,16 +1,17 @@
 """The GPU check, for a session lent a GPU: ``python -m bench.gpu_check [--out FILE]``.
 
-One script, a few minutes: (1) the ``cuda`` tests (tests/test_torch_cuda.py); (2) 4 ranks on
-one GPU training CUDA models (the tests' embedding model, and a transformer encoder block) with
-DDP on the ``homagg`` backend and on gloo, in one run: ranks identical, losses within 1e-6, the
-gradients' all-reduces through the switch; (3) throughput, each against a baseline measured in
-the same run: a device-to-device copy of the bucket, the CPU codec's encode+decode of it (the
-in-memory simulator, one worker's share), and the all-reduce of a CUDA bucket on ``homagg``
-(staged through pinned host memory) and on gloo, 2 ranks. Prints its figures and writes them
+One script, a few minutes: (1) the ``cuda`` tests (tests/test_torch_cuda.py, and the device
+codec's table on the GPU against the numpy codec, bit for bit: tests/test_device_codec.py);
+(2) 4 ranks on one GPU training CUDA models (the tests' embedding model, and a transformer
+encoder block) with DDP on the ``homagg`` backend and on gloo, in one run: ranks identical,
+losses within 1e-6, the gradients' all-reduces through the switch; (3) throughput, each
+against a baseline measured in the same run: one worker's encode+decode of a bucket at 1%
+density (round 1's words, the value words and the decode, with the words' trips over PCIe;
+a job of one agent in memory) by the GPU codec and by the CPU codec, against a
+device-to-device copy of the same bytes; a profile of the GPU codec's kernels; and the
+all-reduce of a CUDA bucket on ``homagg`` (the GPU codec, and the tensor staged to the CPU
+codec: ``HOMAGG_CUDA_CODEC=host``) and on gloo, 2 ranks. Prints its figures and writes them
 as JSON (default ``bench/out/gpu_check.json``).
-
-The codec does not run on the GPU yet: a CUDA tensor crosses PCIe whole, both ways, and the
-CPU codec encodes it; the figures say what that costs.
 """
 
 from __future__ import annotations
@@ -94,6 +95,49 @@ def allreduce_worker(rank, world, ref, reps):
     return out
 
 
+def _timed(torch, fn, reps: int) -> float:
+    """Seconds per call of ``fn`` (GPU work included), after warm-up calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps
+
+
+def _codec_seconds(torch, x, reps: int) -> float:
+    """One worker's encode+decode of ``x`` per call (cuda: the GPU codec; cpu: numpy): a
+    job of one agent in memory, so the switch hands back its own words."""
+    from homagg.host_agent.distributed.device import DeviceTensor
+    from homagg.host_agent.simulate import MemoryJob
+
+    agent = MemoryJob(1, mode="auto").agents[0]
+    if x.is_cuda:
+        return _timed(torch, lambda: agent.allreduce_detailed(DeviceTensor(x), "k"), reps)
+    flat = x.numpy()
+    return _timed(torch, lambda: agent.allreduce_detailed(flat, "k"), reps)
+
+
+def _profile(torch, x) -> str:
+    """The GPU codec's top operations by GPU time, over 5 calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from homagg.host_agent.distributed.device import DeviceTensor
+    from homagg.host_agent.simulate import MemoryJob
+
+    agent = MemoryJob(1, mode="auto").agents[0]
+    for _ in range(3):
+        agent.allreduce_detailed(DeviceTensor(x), "k")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            agent.allreduce_detailed(DeviceTensor(x), "k")
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=18)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "gpu_check.json")
@@ -102,7 +146,6 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from homagg.host_agent import simulate_allreduce
     from tests.test_torch_backend import run_job
 
     if not torch.cuda.is_available():
@@ -114,8 +157,8 @@ def main() -> int:
     # (1) the cuda tests
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "-m", "cuda", "tests/test_torch_cuda.py"], cwd=ROOT,
-                       capture_output=True, text=True)
+                        "-m", "cuda", "tests/test_torch_cuda.py", "tests/test_device_codec.py"],
+                       cwd=ROOT, capture_output=True, text=True)
     tail = (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
     fig["cuda_tests"] = {"rc": r.returncode, "summary": tail[0],
                          "seconds": round(time.monotonic() - t0, 1)}
@@ -146,39 +189,38 @@ def main() -> int:
               f"{'ok' if ok else 'FAILED'}", flush=True)
 
     # (3) throughput
-    x = _sparse_bucket(torch, 0).cuda()
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    n = 50
-    for _ in range(n):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    d2d = n * x.numel() * 4 / (time.perf_counter() - t0) / 1e9
-    host = [_sparse_bucket(torch, w).numpy() for w in range(2)]
-    simulate_allreduce(host, mode="auto")  # warm
-    t0 = time.perf_counter()
-    simulate_allreduce(host, mode="auto")
-    codec = 2 * BUCKET * 4 / (time.perf_counter() - t0) / 1e9  # both workers' encode+decode
-    with tempfile.TemporaryDirectory() as d:
-        ranks = run_job(allreduce_worker, Path(d), 33, a.reps)
-    per = {k: max(rk["out"][k] for rk in ranks) for k in ("homagg", "gloo")}
-    fig["throughput"] = {
-        "bucket_elements": BUCKET, "density": DENSITY,
-        "d2d_copy_GBps": round(d2d, 1),
-        "cpu_codec_encode_decode_GBps": round(codec, 3),
-        "cpu_codec_vs_d2d": round(codec / d2d, 5),
-        "allreduce_ms": {k: round(1e3 * v, 2) for k, v in per.items()},
-        "homagg_vs_gloo_speed": round(per["gloo"] / per["homagg"], 3),
-        "gpu_codec": "not built yet: the CPU codec encodes a staged copy",
+    fig["codec"] = {}
+    for n in (BUCKET, 8 * BUCKET):
+        x = _sparse_bucket(torch, 0, n).cuda()
+        y = torch.empty_like(x)
+        d2d = n * 4 / _timed(torch, lambda x=x, y=y: y.copy_(x), 50)
+        gpu = n * 4 / _codec_seconds(torch, x, 20)
+        row = {"elements": n, "density": DENSITY, "d2d_copy_GBps": round(d2d / 1e9, 1),
+               "gpu_codec_GBps": round(gpu / 1e9, 2), "gpu_codec_vs_d2d": round(gpu / d2d, 4)}
+        if n == BUCKET:
+            cpu = n * 4 / _codec_seconds(torch, x.cpu(), 3)
+            row.update(cpu_codec_GBps=round(cpu / 1e9, 3), gpu_vs_cpu=round(gpu / cpu, 1))
+        fig["codec"][str(n)] = row
+        print(f"encode+decode, {n} float32 at {DENSITY:.0%}: GPU codec {gpu / 1e9:.2f} GB/s "
+              f"= {gpu / d2d:.4f} of a device-to-device copy ({d2d / 1e9:.0f} GB/s)"
+              + (f"; CPU codec {row['cpu_codec_GBps']} GB/s (GPU {row['gpu_vs_cpu']}x)"
+                 if "cpu_codec_GBps" in row else ""), flush=True)
+    fig["codec_profile"] = _profile(torch, _sparse_bucket(torch, 0).cuda())
+    print(fig["codec_profile"], flush=True)
+    per = {}
+    for place in ("device", "host"):
+        with tempfile.TemporaryDirectory() as d:
+            ranks = run_job(allreduce_worker, Path(d), 33, a.reps,
+                            env={"HOMAGG_CUDA_CODEC": place})
+        per[f"homagg ({place} codec)"] = max(rk["out"]["homagg"] for rk in ranks)
+        per["gloo"] = min(per.get("gloo", 1e9), max(rk["out"]["gloo"] for rk in ranks))
+    fig["allreduce"] = {
+        "bucket_elements": BUCKET, "density": DENSITY, "ranks": 2,
+        "ms": {k: round(1e3 * v, 2) for k, v in per.items()},
+        "speed_vs_gloo": {k: round(per["gloo"] / v, 3) for k, v in per.items() if k != "gloo"},
     }
-    print(f"bucket {BUCKET} float32 at {DENSITY:.0%} density: device-to-device copy "
-          f"{d2d:.1f} GB/s; CPU codec encode+decode {codec:.3f} GB/s ({codec / d2d:.5f} of the "
-          f"copy); all_reduce of the CUDA bucket, 2 ranks: homagg {1e3 * per['homagg']:.1f} "
-          f"ms, gloo {1e3 * per['gloo']:.1f} ms ({per['gloo'] / per['homagg']:.2f}x gloo's "
-          "speed)", flush=True)
+    print(f"all_reduce of a CUDA bucket of {BUCKET} at {DENSITY:.0%}, 2 ranks: "
+          + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in per.items()), flush=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(fig, indent=1, default=float))
     print(f"wrote {a.out}")

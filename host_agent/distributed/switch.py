@@ -10,6 +10,7 @@ The process group (``group``) calls these from its agent thread; the rules are i
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import warnings
 
@@ -20,6 +21,7 @@ from torch.distributed import ReduceOp
 from homagg import wire
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentError
+from homagg.host_agent.distributed.device import DeviceTensor
 from homagg.host_agent.transport import SwitchOverflow
 
 log = logging.getLogger("homagg.torch")
@@ -30,6 +32,9 @@ SMALL_INTS = (torch.int8, torch.int16, torch.uint8)
 #: The int32 limbs an integer is split into for an exact sum (16 bits each: a limb's sum
 #: stays in int32 for up to 32767 workers).
 LIMB_BITS = 16
+FLOAT64 = ("float64 all_reduce goes through the switch quantized to the codec's int32 grid "
+           "(exact sum of the quantized values, about 31 bits below each block's largest "
+           "value, not float64's 53)")
 
 _said: set[str] = set()
 _said_lock = threading.Lock()
@@ -86,9 +91,7 @@ def switch_allreduce(agent: Agent, t: torch.Tensor, op) -> None:
     key = ("torch", str(t.dtype), t.numel())
     if t.dtype in FLOATS:
         if t.dtype == torch.float64:
-            say_once("float64", "float64 all_reduce goes through the switch quantized to "
-                     "the codec's int32 grid (exact sum of the quantized values, about 31 "
-                     "bits below each block's largest value, not float64's 53)")
+            say_once("float64", FLOAT64)
         if t.dtype == torch.float32 and op == ReduceOp.SUM:  # the hook's path
             out = agent.allreduce(src.numpy().reshape(-1), key=key)
             t.copy_(torch.from_numpy(out).view(t.shape))
@@ -116,12 +119,14 @@ def switch_allreduce(agent: Agent, t: torch.Tensor, op) -> None:
 
 
 class CudaStager:
-    """CUDA tensors through the switch, staged through pinned host memory: the tensor is
-    copied to a reused pinned buffer on a side stream of its device (after the producing
-    stream's event), summed there by the CPU path (``switch_allreduce``, the same integers as a
-    CPU tensor's), and copied back on the side stream, which the group's thread then holds as
-    its current stream, so the collective's CUDA-aware future records its completion there.
-    The whole tensor crosses PCIe both ways: the codec does not run on the GPU yet."""
+    """CUDA tensors through the switch. A float tensor stays on its GPU: the codec's
+    per-element work runs there (``device.DeviceTensor``) and only the words cross PCIe
+    (``HOMAGG_CUDA_CODEC=host`` stages it whole and runs the CPU codec instead). Integer
+    tensors are staged through a reused pinned host buffer and summed by the CPU path
+    (``switch_allreduce``). Either way the same integers as a CPU tensor's, bit for bit.
+    The work runs on a side stream of the tensor's device, after the producing stream's
+    event; the group's thread then holds that stream as its current one, so the
+    collective's CUDA-aware future records its completion there."""
 
     #: pinned buffers kept (DDP's buckets repeat a few sizes); the oldest goes past it
     KEEP = 32
@@ -129,6 +134,7 @@ class CudaStager:
     def __init__(self):
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._pinned: dict[tuple, torch.Tensor] = {}
+        self.codec = codec_place()
 
     @staticmethod
     def ready(device: torch.device) -> torch.cuda.Event:
@@ -155,12 +161,41 @@ class CudaStager:
         if side is None:
             side = self._streams[t.device] = torch.cuda.Stream(t.device)
         torch.cuda.set_stream(side)  # (this thread's: the future records its event here)
-        host = self._buffer(t)
         side.wait_event(ready)
+        if t.dtype in FLOATS and self.codec == "device":
+            device_allreduce(agent, t, op)
+            return
+        host = self._buffer(t)
         host.copy_(t.detach().reshape(-1), non_blocking=True)
         side.synchronize()  # the values are on the host
         switch_allreduce(agent, host, op)
         t.detach().copy_(host.view(t.shape), non_blocking=True)
+
+
+def codec_place() -> str:
+    """Where a CUDA float tensor's codec runs: HOMAGG_CUDA_CODEC, ``device`` (default: on
+    the GPU) or ``host`` (the tensor staged whole, the CPU codec)."""
+    place = os.environ.get("HOMAGG_CUDA_CODEC", "device").strip().lower() or "device"
+    if place not in ("device", "host"):
+        raise AgentError(f"$HOMAGG_CUDA_CODEC={place!r}: device or host")
+    return place
+
+
+def device_allreduce(agent: Agent, t: torch.Tensor, op) -> None:
+    """A float tensor's SUM or AVG with the codec on its own device (``DeviceTensor``), in
+    place: the same words and sums as ``switch_allreduce`` of the same values on the CPU."""
+    if t.numel() == 0:
+        return
+    if t.dtype == torch.float64:
+        say_once("float64", FLOAT64)
+    key = ("torch", str(t.dtype), t.numel())  # the CPU path's: a mixed job remembers alike
+    sum32 = t.dtype == torch.float32 and op == ReduceOp.SUM
+    res = agent.allreduce_detailed(DeviceTensor(t, torch.float32 if sum32 else torch.float64),
+                                   key)
+    out: torch.Tensor = res.out  # type: ignore[assignment]  # (a DeviceTensor's: a tensor)
+    if op == ReduceOp.AVG:
+        out = out / agent.cfg.workers
+    t.detach().copy_(out.view(t.shape))  # rounded once to t's dtype
 
 
 def sparse_allreduce(agent: Agent, t: torch.Tensor, op) -> torch.Tensor:

@@ -1,0 +1,243 @@
+"""The codec's per-element work on the tensor's own device: ``DeviceTensor``, the torch twin of
+``host_agent.local.HostTensor`` (numpy), for CUDA tensors on the ``homagg`` backend.
+
+The agent runs the rounds as for any tensor (``Agent.allreduce_detailed``); a ``DeviceTensor``
+answers its questions with torch operations where the tensor lives, so only the words cross
+PCIe: round 1's words (the flat bitmap, n/32 words, with the block words and split flags),
+the split round's, the value round's (u words on the union, n when dense) and the sums coming
+back. Nothing of the tensor's size goes to the host but the bitmap.
+
+Bit for bit the numpy codec's: the same words in every round and the same float sums, so a
+job may mix CPU and GPU workers. What makes it so:
+
+- every product by a power of two is exact in float64 (the power built from its bits), and
+  rounding is torch.round's, half to even as numpy's rint; a sum is rounded once to the
+  output's dtype, from its exact value;
+- exponents are frexp's, of float64 values, as numpy's;
+- bitmaps are packed as ``codec.kernels.pack`` does: tensor bit i at bit 7 - i % 8 of byte
+  i // 8, the bytes read as little-endian uint32 words.
+
+The sketch's hashing and peeling stay on the host: a worker's quantized non-zeros go there
+(12 bytes each) and the sketch is built by the numpy codec. The default mode never takes it
+(``union`` is never dearer on the wire). The tests run this module on cpu tensors against the
+numpy codec (tests/test_device_codec.py); ``bench/gpu_check.py`` on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from homagg.host_agent import codec
+from homagg.host_agent.codec import Mode
+from homagg.host_agent.codec.blocks import MAX_OFFSET, SPLIT_BINADES, SPLIT_RUN
+from homagg.host_agent.codec.errors import CodecError
+from homagg.host_agent.codec.quantization import INT32_MAX, INT32_MIN
+from homagg.host_agent.local import Round1, Scales
+
+#: Bit weights of a byte's 8 elements, first element in the top bit (numpy's packbits).
+_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)
+
+
+class DeviceTensor:
+    """A worker's float tensor on its own device, for ``Agent.allreduce_detailed``; its
+    ``Result.out`` is a tensor of ``dtype`` (float32 or float64) on the same device.
+    bfloat16 and float16 are widened to float32 first (exactly)."""
+
+    def __init__(self, t: torch.Tensor, dtype: torch.dtype | None = None):
+        x = t.detach().reshape(-1)
+        if x.dtype in (torch.bfloat16, torch.float16):
+            x = x.float()
+        if x.dtype not in (torch.float32, torch.float64):
+            raise CodecError(f"expected a floating-point tensor, got {t.dtype}")
+        self.x = x
+        self.n = x.numel()
+        self.device = x.device
+        self.dtype = dtype or x.dtype
+        self._pos: torch.Tensor | None = None      # the union's positions, on the device
+        self._sparse: codec.Sparse | None = None   # the sketch's quantized non-zeros (host)
+
+    # -- round 1 ---------------------------------------------------------------------------
+    def round1(self, block: int, split: bool) -> Round1:
+        x, n = self.x, self.n
+        nb = codec.block_count(n, block)
+        mag = _padded(x.abs(), nb * block).view(nb, block)
+        peaks = mag.amax(1) if n else torch.zeros(0, dtype=x.dtype, device=self.device)
+        peak = float(peaks.amax()) if n else 0.0  # the one sync before the words
+        finite = math.isfinite(peak)
+        e = math.frexp(peak)[1] if finite and peak > 0 else None
+        nbw = codec.bitmap_words(nb)
+        if e is None:
+            blocks = torch.zeros(nb, dtype=torch.int32, device=self.device)
+            flags = torch.zeros(nbw, dtype=torch.int32, device=self.device)
+        else:
+            pe = torch.frexp(peaks.double())[1].long()
+            blocks = _wrap32(torch.where(peaks > 0, 1 << (e - pe).clamp(0, MAX_OFFSET), 0))
+            flags = (_pack(self._split_mask(mag, pe, block)) if split and block >= SPLIT_RUN
+                     else torch.zeros(nbw, dtype=torch.int32, device=self.device))
+        words = _pack(x != 0)  # NaN != 0: a NaN's position is in the bitmap, as numpy's
+        host = _host(torch.cat([blocks, flags, words]), unsigned=True)
+        return Round1(n, finite, e, host[:nb], host[nb:nb + nbw], host[nb + nbw:])
+
+    @staticmethod
+    def _split_mask(mag: torch.Tensor, pe: torch.Tensor, block: int) -> torch.Tensor:
+        """Per block: ``SPLIT_RUN`` consecutive non-zeros each below 2**(e_peak - 1 -
+        ``SPLIT_BINADES``) (``codec.blocks.split_flags``)."""
+        # 2**k in the tensor's own dtype compares as in float64: exact where float32 holds
+        # 2**k, and where it does not (k < -149: 0, k > 127: inf) the comparison is the same
+        limit = torch.ldexp(torch.ones_like(pe, dtype=torch.float64),
+                            pe - 1 - SPLIT_BINADES).to(mag.dtype)
+        small = (mag != 0) & (mag < limit[:, None])
+        k = block - SPLIT_RUN + 1  # windows of SPLIT_RUN elements in a block
+        run = small[:, :k].clone()
+        for j in range(1, SPLIT_RUN):
+            run &= small[:, j:j + k]
+        return run.any(1)
+
+    def element_words(self, positions: np.ndarray, e: int | None) -> np.ndarray:
+        if e is None or not positions.size:
+            return np.zeros(positions.size, np.uint32)
+        v = self.x[torch.from_numpy(np.asarray(positions, np.int64)).to(self.device)]
+        ee = torch.frexp(v.abs().double())[1].long()
+        return _host(_wrap32(torch.where(v != 0, 1 << (e - ee).clamp(0, MAX_OFFSET), 0)),
+                     unsigned=True)
+
+    # -- the value rounds ------------------------------------------------------------------
+    def value_words(self, mode, scales: Scales, union_words: np.ndarray | None,
+                    union: np.ndarray | None, seed: int, ratio: float) -> np.ndarray:
+        if mode == Mode.DENSE or union_words is None:
+            return _host(_quantize(self.x, self._shifts(scales)))
+        if mode == Mode.UNION:
+            pos = self._union(union_words)
+            v = self.x[pos]
+            mine, kept = torch.stack([torch.count_nonzero(self.x), torch.count_nonzero(v)]
+                                     ).tolist()
+            if mine != kept:
+                raise CodecError("worker's support is not contained in the union bitmap")
+            return _host(_quantize(v, self._shifts(scales, pos), pos))
+        assert union is not None  # mode sketch: the union listed, on the host
+        idx = torch.nonzero(self.x).reshape(-1)
+        val = _quantize(self.x[idx], self._shifts(scales, idx), idx)
+        s = self._sparse = codec.Sparse(self.n, idx.cpu().numpy(), _host(val))
+        self._union(union_words)
+        return codec.encode_values(s, union, mode, seed, ratio)
+
+    def residual_words(self, positions: np.ndarray) -> np.ndarray:
+        assert self._sparse is not None
+        return codec.residual_values(self._sparse, positions)
+
+    def decode(self, values: np.ndarray, scales: Scales, mode, union_words: np.ndarray | None,
+               union: np.ndarray | None, dtype) -> torch.Tensor:
+        v = torch.from_numpy(np.ascontiguousarray(values)).to(self.device).double()
+        if union_words is None:
+            return (v * _pow2(-self._shifts(scales))).to(dtype)
+        pos = self._union(union_words)
+        if pos.numel() != v.numel():
+            raise CodecError("union bitmap and values disagree on the union size")
+        out = torch.zeros(self.n, dtype=dtype, device=self.device)
+        out[pos] = (v * _pow2(-self._shifts(scales, pos))).to(dtype)
+        return out
+
+    def nan(self, dtype) -> torch.Tensor:
+        return torch.full((self.n,), math.nan, dtype=dtype, device=self.device)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _union(self, union_words: np.ndarray) -> torch.Tensor:
+        """The union's positions (sorted int64, on the device), from the ORed bitmap."""
+        if self._pos is None:
+            words = torch.from_numpy(codec.scan.checked_words(union_words, self.n)
+                                     .view(np.int32)).to(self.device)
+            self._pos = torch.nonzero(_unpack(words, self.n)).reshape(-1)
+        return self._pos
+
+    def _shifts(self, scales: Scales, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The shifts (int64, on the device) of every element, or of sorted ``positions``."""
+        lo = min(int(scales.blocks().min(initial=0)), int(scales.at_shifts().min(initial=0))
+                 if scales.at is not None else 0)
+        hi = max(int(scales.blocks().max(initial=0)), int(scales.at_shifts().max(initial=0))
+                 if scales.at is not None else 0)
+        if lo < -1022 or hi > 1022:
+            raise CodecError(f"scale shifts {lo}..{hi} leave float64's normal range: the "
+                             "device codec takes shifts in -1022..1022")
+        blocks = torch.from_numpy(scales.blocks()).to(self.device)
+        if positions is None:
+            out = blocks.repeat_interleave(scales.block)[:self.n]
+            if scales.at is not None:
+                out[torch.from_numpy(scales.at).to(self.device)] = torch.from_numpy(
+                    scales.at_shifts()).to(self.device)
+            return out
+        out = blocks[positions // scales.block]
+        if scales.at is not None and scales.at.size and positions.numel():
+            at = torch.from_numpy(scales.at).to(self.device)
+            k = torch.searchsorted(at, positions).clamp(max=at.numel() - 1)
+            own = torch.from_numpy(scales.at_shifts()).to(self.device)
+            out = torch.where(at[k] == positions, own[k], out)
+        return out
+
+
+def _padded(x: torch.Tensor, size: int) -> torch.Tensor:
+    """``x`` (1-D) zero-padded to ``size`` elements."""
+    if x.numel() == size:
+        return x
+    out = torch.zeros(size, dtype=x.dtype, device=x.device)
+    out[:x.numel()] = x
+    return out
+
+
+_weights: dict[torch.device, torch.Tensor] = {}
+
+
+def _bit_weights(device: torch.device) -> torch.Tensor:
+    w = _weights.get(device)
+    if w is None:
+        w = _weights[device] = torch.tensor(_WEIGHTS, dtype=torch.uint8, device=device)
+    return w
+
+
+def _pack(mask: torch.Tensor) -> torch.Tensor:
+    """A bool mask packed as ``codec.kernels.pack`` does, as int32 words (their bits)."""
+    w = codec.bitmap_words(mask.numel())
+    b = _padded(mask.to(torch.uint8), 32 * w).view(-1, 8)
+    return (b * _bit_weights(mask.device)).sum(1, dtype=torch.uint8).view(torch.int32)
+
+
+def _unpack(words: torch.Tensor, n: int) -> torch.Tensor:
+    """The first n bits of packed int32 words, as a bool mask."""
+    b = words.view(torch.uint8)
+    return ((b[:, None] & _bit_weights(words.device)) != 0).reshape(-1)[:n]
+
+
+def _wrap32(w: torch.Tensor) -> torch.Tensor:
+    """Words in [0, 2**32) (int64) as int32 with the same bits."""
+    return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+
+
+def _host(t: torch.Tensor, unsigned: bool = False) -> np.ndarray:
+    """Device int32 values on the host (``unsigned``: their bits as uint32 words)."""
+    a = t.cpu().numpy()
+    return a.view(np.uint32) if unsigned else a
+
+
+def _pow2(e: torch.Tensor) -> torch.Tensor:
+    """2.0**e (float64) exactly, built from its bits, for integer e in [-1022, 1022]
+    (``DeviceTensor._shifts`` checks)."""
+    return ((e + 1023) << 52).view(torch.float64)
+
+
+def _quantize(v: torch.Tensor, shifts: torch.Tensor,
+              positions: torch.Tensor | None = None) -> torch.Tensor:
+    """int32 rint(v * 2**shifts), as ``codec.quantize``; a value out of int32 (or not finite)
+    raises CodecError naming its index in the tensor (``positions[i]`` for value i)."""
+    q = torch.round(v.double() * _pow2(shifts))
+    bad = ~torch.isfinite(q) | (q > INT32_MAX) | (q < INT32_MIN)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0])
+        at = int(positions[i]) if positions is not None else i
+        x, s = float(v[i]), int(shifts[i])
+        if not math.isfinite(x):
+            raise CodecError(f"tensor has a non-finite value ({x}) at index {at}", index=at)
+        raise CodecError(f"value {x} at index {at} is out of int32 range at shift {s}: use "
+                         "shift_for()", index=at)
+    return q.to(torch.int32)
