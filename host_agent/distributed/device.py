@@ -61,25 +61,30 @@ class DeviceTensor:
 
     # -- round 1 ---------------------------------------------------------------------------
     def round1(self, block: int, split: bool) -> Round1:
-        x, n = self.x, self.n
+        """One trip to the host: the words are built on the device with the max exponent as
+        a device value (no sync before them), and come back with the tensor's peak."""
+        x, n, dev = self.x, self.n, self.device
         nb = codec.block_count(n, block)
-        mag = _padded(x.abs(), nb * block).view(nb, block)
-        peaks = mag.amax(1) if n else torch.zeros(0, dtype=x.dtype, device=self.device)
-        peak = float(peaks.amax()) if n else 0.0  # the one sync before the words
-        finite = math.isfinite(peak)
-        e = math.frexp(peak)[1] if finite and peak > 0 else None
         nbw = codec.bitmap_words(nb)
-        if e is None:
-            blocks = torch.zeros(nb, dtype=torch.int32, device=self.device)
-            flags = torch.zeros(nbw, dtype=torch.int32, device=self.device)
+        mag = _padded(x.abs(), nb * block).view(nb, block)
+        peaks = mag.amax(1) if n else torch.zeros(0, dtype=x.dtype, device=dev)
+        peak = peaks.amax().double() if n else torch.zeros((), dtype=torch.float64, device=dev)
+        pe = torch.frexp(peaks.double())[1].long()
+        e = torch.frexp(peak)[1].long()
+        use = torch.isfinite(peak) & (peak > 0)  # else: no scales (all zero, or a NaN/Inf)
+        blocks = _wrap32(torch.where(use & (peaks > 0), 1 << (e - pe).clamp(0, MAX_OFFSET), 0))
+        if split and block >= SPLIT_RUN:
+            flags = _pack(self._split_mask(mag, pe, block) & use)
         else:
-            pe = torch.frexp(peaks.double())[1].long()
-            blocks = _wrap32(torch.where(peaks > 0, 1 << (e - pe).clamp(0, MAX_OFFSET), 0))
-            flags = (_pack(self._split_mask(mag, pe, block)) if split and block >= SPLIT_RUN
-                     else torch.zeros(nbw, dtype=torch.int32, device=self.device))
+            flags = torch.zeros(nbw, dtype=torch.int32, device=dev)
         words = _pack(x != 0)  # NaN != 0: a NaN's position is in the bitmap, as numpy's
-        host = _host(torch.cat([blocks, flags, words]), unsigned=True)
-        return Round1(n, finite, e, host[:nb], host[nb:nb + nbw], host[nb + nbw:])
+        host = _host(torch.cat([peak.reshape(1).view(torch.int32), blocks, flags, words]),
+                     unsigned=True)
+        top = float(host[:2].view(np.float64)[0])
+        finite = math.isfinite(top)
+        e_host = math.frexp(top)[1] if finite and top > 0 else None
+        return Round1(n, finite, e_host, host[2:2 + nb], host[2 + nb:2 + nb + nbw],
+                      host[2 + nb + nbw:])
 
     @staticmethod
     def _split_mask(mag: torch.Tensor, pe: torch.Tensor, block: int) -> torch.Tensor:
@@ -108,15 +113,26 @@ class DeviceTensor:
     def value_words(self, mode, scales: Scales, union_words: np.ndarray | None,
                     union: np.ndarray | None, seed: int, ratio: float) -> np.ndarray:
         if mode == Mode.DENSE or union_words is None:
-            return _host(_quantize(self.x, self._shifts(scales)))
+            shifts = self._shifts(scales)
+            q, bad = _quantize_lazy(self.x, shifts)
+            host = _host(torch.cat([q, bad.reshape(1).int()]))  # one trip
+            if host[-1]:
+                _quantize(self.x, shifts)  # raises, naming the value
+            return host[:-1]
         if mode == Mode.UNION:
             pos = self._union(union_words)
             v = self.x[pos]
-            mine, kept = torch.stack([torch.count_nonzero(self.x), torch.count_nonzero(v)]
-                                     ).tolist()
+            q, bad = _quantize_lazy(v, self._shifts(scales, pos))
+            # one trip: the words, then this worker's non-zeros and how many of them the
+            # union kept, then how many values left int32
+            host = _host(torch.cat([q, torch.stack([torch.count_nonzero(self.x),
+                                                    torch.count_nonzero(v), bad]).int()]))
+            mine, kept, out = (int(c) for c in host[-3:])
             if mine != kept:
                 raise CodecError("worker's support is not contained in the union bitmap")
-            return _host(_quantize(v, self._shifts(scales, pos), pos))
+            if out:
+                _quantize(v, self._shifts(scales, pos), pos)  # raises, naming the value
+            return host[:-3]
         assert union is not None  # mode sketch: the union listed, on the host
         idx = torch.nonzero(self.x).reshape(-1)
         val = _quantize(self.x[idx], self._shifts(scales, idx), idx)
@@ -145,11 +161,12 @@ class DeviceTensor:
 
     # -- helpers ---------------------------------------------------------------------------
     def _union(self, union_words: np.ndarray) -> torch.Tensor:
-        """The union's positions (sorted int64, on the device), from the ORed bitmap."""
+        """The union's positions (sorted int64, on the device), from the ORed bitmap; its
+        size is counted on the host, so listing them needs no sync."""
         if self._pos is None:
-            words = torch.from_numpy(codec.scan.checked_words(union_words, self.n)
-                                     .view(np.int32)).to(self.device)
-            self._pos = torch.nonzero(_unpack(words, self.n)).reshape(-1)
+            words = codec.scan.checked_words(union_words, self.n)
+            mask = _unpack(torch.from_numpy(words.view(np.int32)).to(self.device), self.n)
+            self._pos = _nonzero(mask, codec.union_size(words, self.n))
         return self._pos
 
     def _shifts(self, scales: Scales, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -224,6 +241,25 @@ def _pow2(e: torch.Tensor) -> torch.Tensor:
     """2.0**e (float64) exactly, built from its bits, for integer e in [-1022, 1022]
     (``DeviceTensor._shifts`` checks)."""
     return ((e + 1023) << 52).view(torch.float64)
+
+
+def _nonzero(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """The positions (int64) of the ``count`` set elements of a bool mask."""
+    static = getattr(torch, "nonzero_static", None)
+    if static is not None:
+        try:
+            return static(mask, size=count).reshape(-1)
+        except (RuntimeError, NotImplementedError):  # a device without it: with a sync
+            pass
+    return torch.nonzero(mask).reshape(-1)
+
+
+def _quantize_lazy(v: torch.Tensor, shifts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 rint(v * 2**shifts), and (on the device) how many values left int32 or were
+    not finite: those words are garbage, and ``_quantize`` says which value it was."""
+    q = torch.round(v.double() * _pow2(shifts))
+    bad = ~torch.isfinite(q) | (q > INT32_MAX) | (q < INT32_MIN)
+    return torch.where(bad, 0, q).to(torch.int32), bad.sum()
 
 
 def _quantize(v: torch.Tensor, shifts: torch.Tensor,
