@@ -165,6 +165,8 @@ def main() -> int:
     print(f"cuda tests: {tail[0]} (rc {r.returncode})", flush=True)
     if r.returncode:
         print(r.stdout[-6000:], r.stderr[-3000:], flush=True)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.with_suffix(".pytest.txt").write_text(r.stdout + r.stderr)
 
     # (2) 4 ranks on one GPU: DDP on homagg against gloo
     fig["training"] = {}

@@ -152,3 +152,45 @@ def test_a_cuda_reduce_scatter_through_the_switch_is_the_cpu_ones(tmp_path):
     for r in ranks:
         assert torch.equal(r["out"]["gpu"], r["out"]["cpu"])
         assert r["out"]["counts"].get("switch:reduce_scatter", 0) == 2
+
+
+def own_gpu_worker(rank, world, ref):
+    """One rank, one GPU: the collectives the switch does not serve take NCCL."""
+    pg = dist.group.WORLD
+    x = torch.arange(1000.0, device="cuda")
+    dist.broadcast(x, src=0)
+    gathered = [torch.zeros(1000, device="cuda") for _ in range(world)]
+    dist.all_gather(gathered, x)
+    m = torch.full((10,), 3.0, device="cuda")
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    s = torch.linspace(-1, 1, 5000, device="cuda")
+    c = s.cpu()
+    dist.all_reduce(s)  # SUM: through the switch
+    dist.all_reduce(c)  # the CPU path: the same sum, bit for bit
+    torch.cuda.synchronize()
+    return {"inner": pg.cuda_inner, "counts": dict(pg.counts), "gathered": gathered[-1].cpu(),
+            "max": m.cpu(), "sum": s.cpu(), "cpu sum": c}
+
+
+def test_nccl_serves_what_the_switch_does_not_when_asked(tmp_path):
+    """One rank (auto keeps gloo for one rank: nothing to communicate), NCCL asked: the
+    collectives gloo would serve go to a NCCL group of the backend's own, with the right
+    results. (Two ranks of NCCL need two GPUs.)"""
+    ranks = run_job(own_gpu_worker, tmp_path, 25, world=1,
+                    env={"HOMAGG_TORCH_CUDA_INNER": "nccl"})
+    out = ranks[0]["out"]
+    assert out["inner"] == "nccl"
+    assert out["counts"].get("nccl:broadcast") == 1 and out["counts"].get("nccl:allgather") == 1
+    assert out["counts"].get("nccl:allreduce") == 1  # MAX
+    assert out["counts"].get("switch:allreduce cuda") == 1
+    assert torch.equal(out["gathered"], torch.arange(1000.0))
+    assert torch.equal(out["max"], torch.full((10,), 3.0))
+    assert torch.equal(out["sum"], out["cpu sum"])
+    assert out["counts"].get("switch:allreduce") == 2
+
+
+def test_ranks_sharing_a_gpu_keep_gloo(tmp_path):
+    ranks = run_job(own_gpu_worker, tmp_path, 26)  # 4 ranks on one GPU: NCCL would refuse
+    for r in ranks:
+        assert r["out"]["inner"] == "gloo"
+        assert r["out"]["counts"].get("gloo:broadcast") == 1

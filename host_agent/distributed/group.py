@@ -22,6 +22,7 @@ from torch.distributed.distributed_c10d import AllgatherOptions
 
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentError
+from homagg.host_agent.distributed import inner
 from homagg.host_agent.distributed.switch import (
     CudaStager,
     say_once,
@@ -63,6 +64,16 @@ def _wait_ready(ready: dict[torch.device, Any]) -> None:
         torch.cuda.current_stream(d).wait_event(ev)
 
 
+def _wait(work: Any, ready: dict[torch.device, Any]) -> None:
+    """Wait for an inner backend's work; NCCL may hand back none (seen with one rank, torch
+    2.11): then its devices are synchronized, so the result is there either way."""
+    if work is not None:
+        work.wait()
+        return
+    for d in ready:
+        torch.cuda.synchronize(d)
+
+
 def _reduce_op(opts) -> Any:
     op = getattr(opts, "reduceOp", ReduceOp.SUM)
     return getattr(op, "op", op)  # a ReduceOp's RedOpType (SUM, AVG, ...)
@@ -96,8 +107,14 @@ class HomaggProcessGroup(dist.ProcessGroup):
         # collectives this group served, "switch:allreduce", "gloo:<gloo's method>" (what C++
         # sends straight to the registered backend is not seen here)
         self.counts: Counter[str] = Counter()
-        self._stager = CudaStager()  # CUDA tensors through the switch, by pinned host memory
+        self._stager = CudaStager()  # CUDA tensors through the switch (their codec on the GPU)
+        self._nccl: Any = None
         self._start(make_agent)
+        # What serves CUDA tensors the switch does not: NCCL where every rank has a GPU of
+        # its own, else gloo (``inner``); the ranks decide together
+        self.cuda_inner = inner.agree(self._gloo, size)
+        if self.cuda_inner == "nccl":
+            self._nccl = inner.nccl_group(store, rank, size, timeout)
         # The registered cpu backend: what C++ reaches without going through Python.
         self._cpp = dist.ProcessGroupGloo(dist.PrefixStore("homagg-cpp/", store), rank, size,
                                           timeout)
@@ -159,13 +176,22 @@ class HomaggProcessGroup(dist.ProcessGroup):
     def _gloo_call(self, name: str, outputs: list[torch.Tensor], *args) -> HomaggWork:
         ready = _ready_events(outputs, args)
 
+        group, which = self._inner(ready)
+
         def run() -> list[torch.Tensor]:
             _wait_ready(ready)
-            self.counts[f"gloo:{name}"] += 1
-            getattr(self._gloo, name)(*args).wait()  # (CUDA: this thread's stream waits)
+            self.counts[f"{which}:{name}"] += 1
+            _wait(getattr(group, name)(*args), ready)  # (CUDA: this thread's stream waits)
             return outputs
 
         return self._submit(run, _OPS.get(name, name), ready)
+
+    def _inner(self, ready: dict) -> tuple[Any, str]:
+        """The group that serves a collective the switch does not, and its name: NCCL for
+        CUDA tensors where the ranks chose it (``inner``), else gloo."""
+        if ready and self._nccl is not None:
+            return self._nccl, "nccl"
+        return self._gloo, "gloo"
 
     @property
     def cpp_collectives(self) -> int:
@@ -180,7 +206,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
             thread.shutdown(wait=True)
         if self.agent is not None:
             self.agent.close()
-        for g in (self._gloo, self._cpp):
+        for g in (self._gloo, self._nccl, self._cpp):
             if g is None:
                 continue
             try:
@@ -264,11 +290,13 @@ class HomaggProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else AllgatherOptions()
         ready = _ready_events(outputs, inputs)
 
+        group, which = self._inner(ready)
+
         def run() -> list[torch.Tensor]:
             _wait_ready(ready)
-            self.counts["gloo:_allgather_base"] += len(outputs)
+            self.counts[f"{which}:_allgather_base"] += len(outputs)
             for o, i in zip(outputs, inputs):
-                self._gloo._allgather_base(o, i, opts).wait()
+                _wait(group._allgather_base(o, i, opts), ready)
             return outputs
 
         return self._submit(run, "all_gather_into_tensor_coalesced",
@@ -315,11 +343,13 @@ class HomaggProcessGroup(dist.ProcessGroup):
 
         ready = _ready_events(outputs, inputs)
 
+        group, which = self._inner(ready)
+
         def run() -> list[torch.Tensor]:
             _wait_ready(ready)
-            self.counts["gloo:_reduce_scatter_base"] += len(outputs)
+            self.counts[f"{which}:_reduce_scatter_base"] += len(outputs)
             for o, i in zip(outputs, inputs):
-                self._gloo._reduce_scatter_base(o, i, opts).wait()
+                _wait(group._reduce_scatter_base(o, i, opts), ready)
             return outputs
 
         return self._submit(run, "reduce_scatter_tensor_coalesced",
