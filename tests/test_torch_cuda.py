@@ -1,7 +1,9 @@
-"""CUDA tensors through the switch on the ``homagg`` backend (staged through pinned host
-memory): the same integers as CPU tensors', bit for bit; the collective waits for the stream
+"""CUDA tensors through the switch on the ``homagg`` backend (floats with the codec on the
+GPU, integers staged through pinned host memory): the same integers as CPU tensors', bit for
+bit; the collective waits for the stream
 that produced its tensor, and the result is there for the stream that waits on its work; DDP
-on CUDA through the switch tracks gloo. Marked ``cuda``: they skip without a GPU, and
+on CUDA through the switch tracks gloo; the inner backend for CUDA tensors is NCCL when asked
+(one rank here) and gloo for ranks sharing a GPU. Marked ``cuda``: they skip without a GPU, and
 ``bench/gpu_check.py`` runs them where one is lent.
 """
 

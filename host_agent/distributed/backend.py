@@ -24,10 +24,13 @@ bind its address fails ``init_process_group`` on every rank at once). What goes 
   limbs; int64 always in four 16-bit limbs (one round of 4x the words): the sum modulo 2**64,
   bit for bit gloo's.
 * Sparse COO tensors (SUM, AVG): ``Agent.allreduce_rows``, as the DDP hook does.
-* CUDA tensors: as CPU tensors' (the same integers, bit for bit), staged through pinned host
-  memory by ``switch.CudaStager``, with NCCL's stream promises: the collective waits for
-  the stream that produced the tensor, and its Work's CUDA-aware future makes the waiting
-  stream wait for the copy back. The codec runs on the CPU: the whole tensor crosses PCIe.
+* CUDA tensors: as CPU tensors' (the same integers, bit for bit), by ``switch.CudaStager``,
+  with NCCL's stream promises: the collective waits for the stream that produced the tensor,
+  and its Work's CUDA-aware future makes the waiting stream wait for the result. A float
+  tensor's codec runs on its GPU (``device.DeviceTensor``): only the words cross PCIe
+  (HOMAGG_CUDA_CODEC=host: staged whole to the CPU codec); integer tensors are staged through
+  pinned host memory. What the switch does not serve goes to NCCL where every rank has a GPU
+  of its own, else to gloo (``inner``; HOMAGG_TORCH_CUDA_INNER).
 * ``reduce_scatter`` (all three forms) SUM/AVG: gloo by default; with
   HOMAGG_TORCH_REDUCE_SCATTER=switch, an all_reduce through the switch of which each rank keeps
   its part (FSDP2's gradients then reach the switch; every rank sends the whole tensor).
