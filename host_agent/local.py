@@ -27,6 +27,9 @@ import numpy as np
 from homagg.host_agent import codec
 from homagg.host_agent.codec import Mode
 
+#: Elements quantized at a time by the dense path (``HostTensor``): 8 MB of float64.
+CHUNK = 1 << 20
+
 
 @dataclass(frozen=True)
 class Scales:
@@ -64,6 +67,15 @@ class Scales:
             k = np.searchsorted(self.at, positions)
             hit = (k < self.at.size) & (self.at[np.minimum(k, self.at.size - 1)] == positions)
             out[hit] = self.at_shifts()[k[hit]]
+        return out
+
+    def span(self, lo: int, hi: int) -> np.ndarray:
+        """The shifts (int64) of elements lo .. hi - 1, ``lo`` a multiple of ``block``."""
+        B = self.block
+        out = np.repeat(self.blocks()[lo // B:-(-hi // B)], B)[:hi - lo]
+        if self.at is not None:
+            k0, k1 = np.searchsorted(self.at, [lo, hi])
+            out[self.at[k0:k1] - lo] = self.at_shifts()[k0:k1]
         return out
 
     def coarser(self, bits: int) -> Scales:
@@ -119,12 +131,32 @@ class HostTensor:
         the sketch's counters on the listed ``union``. A value out of int32 at its scale
         raises CodecError naming its index."""
         if mode == Mode.DENSE or union_words is None:
-            return codec.quantize(self.x, scales.elements(self.n))
+            self._scan = None  # (its positions and values: 12 bytes an element, not needed)
+            return self._dense_words(scales)
         s = self._sparse = self.scan.quantize(scales.of(self.scan.idx))
         if mode == Mode.UNION:
             return codec.encode_union(s, union_words)
         assert union is not None  # mode sketch: the union listed
         return codec.encode_values(s, union, mode, seed, ratio)
+
+    def _dense_words(self, scales: Scales) -> np.ndarray:
+        """Every element quantized at its shift, a chunk of ``CHUNK`` elements at a time, so
+        the float64 products and shifts of a large tensor (a 100M-element layer) are never
+        whole: 4 bytes an element beyond the words, not 32."""
+        n, B = self.n, scales.block
+        out = np.empty(n, np.int32)
+        step = max(B, CHUNK // B * B)
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            try:
+                out[lo:hi] = codec.quantize(self.x[lo:hi], scales.span(lo, hi))
+            except codec.CodecError as err:
+                if err.index is None:
+                    raise
+                at = err.index + lo
+                raise codec.CodecError(str(err).replace(f"index {err.index}", f"index {at}", 1),
+                                       index=at) from None
+        return out
 
     def residual_words(self, positions: np.ndarray) -> np.ndarray:
         """The residual round's words: this worker's values (at the scales of the last

@@ -315,6 +315,9 @@ def test_split_mask_kernels_agree(reference, dtype):
             np.testing.assert_array_equal(got, want)
             if n >= 5000 and (binades, run) == (8, 3):
                 assert 0 < want.sum() < nb  # the case splits some blocks, not all
+        np.testing.assert_array_equal(
+            kernels.JIT.block_peaks(scan.idx, scan.raw, nb, block),
+            reference(kernels.REF.block_peaks, scan.idx, scan.raw, nb, block))
 
 
 def _bitmaps():

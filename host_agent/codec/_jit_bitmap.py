@@ -268,6 +268,8 @@ def _k_scan(x, xi, mag):
             idx, raw = _k_grow(idx, raw, k, k + 32)
         base = nfull * 32
         k = _k_scan_word(x, base, n - base, words, nfull, idx, raw, k)
+    if 5 * k >= 4 * idx.size:  # nearly full (a dense tensor): no second copy of n entries
+        return words, idx[:k], raw[:k]
     return words, idx[:k].copy(), raw[:k].copy()
 
 

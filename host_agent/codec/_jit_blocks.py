@@ -27,6 +27,13 @@ def split_mask(idx: np.ndarray, raw: np.ndarray, nb: int, block: int, binades: i
                          block, binades, run)
 
 
+def block_peaks(idx: np.ndarray, raw: np.ndarray, nb: int, block: int) -> np.ndarray:
+    if raw.dtype not in (np.float32, np.float64):
+        return _ref.block_peaks(idx, raw, nb, block)
+    return _k_block_peaks(np.ascontiguousarray(idx, np.int64), np.ascontiguousarray(raw), nb,
+                          block)
+
+
 def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype) -> np.ndarray:
     out = np.empty(values.size, dtype)
     if np.dtype(dtype) in (np.float32, np.float64):
@@ -38,6 +45,15 @@ def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype) -> n
 # --------------------------------------------------------------------------------------------
 # The compiled kernels
 # --------------------------------------------------------------------------------------------
+
+
+@_njit
+def _k_block_peaks(idx, raw, nb, block):
+    peaks = np.zeros(nb, np.float64)
+    for k in range(idx.size):  # no temporaries: a 100M-element layer's scan is enough
+        b = idx[k] // block
+        peaks[b] = max(peaks[b], abs(np.float64(raw[k])))
+    return peaks
 
 
 @_njit

@@ -197,6 +197,17 @@ def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype) -> n
     return out
 
 
+def block_peaks(idx: np.ndarray, raw: np.ndarray, nb: int, block: int) -> np.ndarray:
+    """Per block (float64, nb): the largest magnitude among its non-zeros (``idx`` sorted
+    int64 positions, ``raw`` their values), 0 for a block without one."""
+    peaks = np.zeros(nb, np.float64)
+    if idx.size:
+        b = idx // block
+        starts = np.flatnonzero(np.concatenate([[True], b[1:] != b[:-1]]))
+        peaks[b[starts]] = np.maximum.reduceat(np.abs(np.asarray(raw, np.float64)), starts)
+    return peaks
+
+
 def split_mask(idx: np.ndarray, raw: np.ndarray, nb: int, block: int, binades: int,
                run: int) -> np.ndarray:
     """Per block (bool, nb): does it hold ``run`` consecutive non-zeros each under

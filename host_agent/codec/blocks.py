@@ -64,15 +64,15 @@ def block_words(idx: np.ndarray, raw: np.ndarray, n: int, block: int,
     """One worker's negotiation words, one per block: bit min(31, e_max - e_block) set (uint32),
     0 for a block without non-zeros. ``idx`` (sorted) and ``raw`` are the tensor's non-zeros
     (``Scan``), all finite; ``e_max`` its max exponent."""
-    words = np.zeros(block_count(n, block), np.uint32)
+    nb = block_count(n, block)
+    words = np.zeros(nb, np.uint32)
     if e_max is None or idx.size == 0:
         return words
-    b = np.asarray(idx, np.int64) // block
-    starts = np.flatnonzero(np.concatenate([[True], b[1:] != b[:-1]]))
-    peak = np.maximum.reduceat(np.abs(np.asarray(raw, np.float64)), starts)
-    e = np.frexp(peak)[1].astype(np.int64)
+    peaks = kernels.active.block_peaks(np.asarray(idx, np.int64), raw, nb, block)
+    has = np.flatnonzero(peaks > 0)  # the blocks with a non-zero (|raw| > 0)
+    e = np.frexp(peaks[has])[1].astype(np.int64)
     d = np.clip(e_max - e, 0, MAX_OFFSET).astype(np.uint32)
-    words[b[starts]] = np.left_shift(np.uint32(1), d)
+    words[has] = np.left_shift(np.uint32(1), d)
     return words
 
 

@@ -22,6 +22,7 @@ reference: the tests run both and compare them bit for bit, selecting one with `
     assemble(n, union, values, shift, dt)     -> dense float tensor
     scale_blocks(values, scales, block, dt)   -> integer values times their block's scale,
                                                  rounded once to dt (``blocks``)
+    block_peaks(idx, raw, nb, block)          -> float64 per block: its largest magnitude
     split_mask(idx, raw, nb, block, binades, run)
                                               -> bool per block: a run of small values in it
                                                  (``blocks.split_flags``)
