@@ -2,11 +2,11 @@
 broadcast, an all_gather, MAX, ...) when their tensors are on GPUs.
 
 NCCL where every rank has a GPU of its own, as a job of one rank per GPU has (each host runs
-at most as many ranks as it has GPUs; two ranks at least); gloo otherwise (several ranks sharing a GPU, as in
-tests: NCCL refuses two ranks on one device). ``HOMAGG_TORCH_CUDA_INNER`` (``auto``, the
-default; ``gloo``; ``nccl``) decides instead. The ranks decide together, from what each says
-of itself in one gloo all_gather at start-up (its host, its GPUs, whether this torch has
-NCCL, what it was asked), so they cannot take different backends.
+at most as many ranks as it has GPUs; two ranks at least); gloo otherwise (several ranks
+sharing a GPU, as in tests: NCCL refuses two ranks on one device). HOMAGG_TORCH_CUDA_INNER
+(``auto``, the default; ``gloo``; ``nccl``) decides instead. The ranks decide together, from
+what each says of itself in one gloo all_gather at start-up (its host, its GPUs, whether this
+torch has NCCL, what it was asked), so they cannot take different backends.
 """
 
 from __future__ import annotations
