@@ -1,10 +1,11 @@
 """homagg host agent: the codec, the wire protocol, and the reliable all-reduce.
 
-``allreduce`` (the Agent: negotiation, modes, rescaling) over ``transport`` (the slot pool,
-retransmission, deadline, with ``rto``'s timeout), configured by ``config``; ``codec`` holds
-the encodings; ``distributed`` plugs it into torch.distributed: its ``hook`` into DDP, its
-``backend`` as a backend ("homagg", registered by ``import homagg.torch``); ``simulate``
-runs the whole all-reduce in memory (``simulate_allreduce``; ``simulate_ints`` on integers).
+``allreduce`` (the Agent: negotiation, modes, rescaling) over the streaming ``engine`` (its
+``transport``: the slot pool, retransmission, deadline, with ``rto``'s timeout), configured by
+``config``; ``local`` does a tensor's per-element work; ``codec`` holds the encodings;
+``distributed`` plugs it into torch.distributed: its ``hook`` into DDP, its ``backend`` as a
+backend ("homagg", registered by ``import homagg.torch``); ``simulate`` runs the whole
+all-reduce in memory (``simulate_allreduce``; ``simulate_ints`` on integers).
 """
 
 from homagg.host_agent.allreduce import Agent

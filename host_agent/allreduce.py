@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
 
 import numpy as np
 
@@ -46,6 +45,7 @@ from homagg import wire
 from homagg.host_agent import codec
 from homagg.host_agent.codec import AUTO, Mode
 from homagg.host_agent.config import AgentConfig, AgentError
+from homagg.host_agent.engine import Counters, SwitchLink, SwitchOverflow, Transport
 from homagg.host_agent.local import HostTensor, Scales
 from homagg.host_agent.negotiation import (
     HEAD_WORDS,
@@ -54,36 +54,8 @@ from homagg.host_agent.negotiation import (
     index_rounds,
     max_exponent,
 )
-from homagg.host_agent.transport import SwitchOverflow, Transport
 
 log = logging.getLogger("homagg.agent")
-
-
-@dataclass
-class Counters:
-    packets_sent: int = 0
-    bytes_sent: int = 0
-    retransmissions: int = 0
-    early_resends: int = 0    # of those, resent on RACK's evidence before the timeout
-    probes: int = 0           # of those, tail-loss probes (a round's tail, after silence)
-    probes_held: int = 0      # probes the switch answered "held": the chunk was there
-    # Where recovery's time goes: per cause of a resend (timeout, RACK, probe), the seconds the
-    # resent copy had been out when it was resent, summed (``loss.LossRecovery``)
-    waited_timeout: float = 0.0
-    waited_rack: float = 0.0
-    waited_probe: float = 0.0
-    results: int = 0
-    ignored: int = 0          # late duplicates, foreign or malformed datagrams
-    refusals: int = 0         # configuration refusals (DROP_WRONG_IDENTITY, DROP_BAD_SLOT):
-                              # fatal only once a resend is refused again; one alone may be
-                              # forged
-    spoofed: int = 0          # datagrams without the job's key (auth): not from the switch
-    rounds: int = 0
-    rescales: int = 0
-    seconds: float = 0.0
-    # The run's join (transport: one packet per run, its retransmissions included), apart from
-    # the rounds' packets and bytes above, which are per tensor.
-    join_packets: int = 0
 
 
 @dataclass
@@ -152,24 +124,6 @@ class RowsResult:
     rows: np.ndarray    # int64, sorted: the union
     values: np.ndarray  # (rows.size, *row shape), the sums
     result: Result
-
-
-class SwitchLink(Protocol):
-    """What an agent streams its rounds through: the UDP ``Transport`` to a switch, or
-    ``simulate.MemoryTransport`` (the switch's arithmetic in memory)."""
-
-    #: why the link cannot be used any more (an earlier round failed), or None
-    broken: str | None
-    #: the switch's resolved address
-    switch: tuple[str, int]
-    #: the socket to the switch (an ``ImpairedSocket`` with fault injection); None in memory
-    sock: Any
-
-    def stream(self, op: int, words: np.ndarray) -> np.ndarray:
-        """One round: ``words`` through the switch (``op``: OP_ADD or OP_OR), the result."""
-        ...
-
-    def close(self) -> None: ...
 
 
 class Agent:

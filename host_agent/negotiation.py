@@ -21,8 +21,8 @@ import numpy as np
 from homagg import wire
 from homagg.host_agent import codec
 from homagg.host_agent.codec.index import BLOCK as INDEX_BLOCK
+from homagg.host_agent.engine.round_cost import agreed_words
 from homagg.host_agent.local import Round1
-from homagg.host_agent.round_cost import agreed_words
 
 #: Bit 0 of the exponent words (e = -EXP_BIAS, below any float32 exponent): "I have a NaN or
 #: an Inf". The OR tells every worker in round 1.

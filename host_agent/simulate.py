@@ -33,7 +33,7 @@ from homagg.host_agent import codec
 from homagg.host_agent.allreduce import Agent, Counters, Result
 from homagg.host_agent.codec import AUTO, AggregationOverflow, CodecError, Mode
 from homagg.host_agent.config import AgentConfig, AgentError, AggregationTimeout
-from homagg.host_agent.transport import SwitchOverflow
+from homagg.host_agent.engine.transport import SwitchOverflow
 from homagg.switch_model import lane_add, lane_or
 
 

@@ -60,7 +60,7 @@ def _codec() -> None:
 
 
 def _results() -> None:
-    from homagg.host_agent import results
+    from homagg.host_agent.engine import results
 
     if results.take is not results.take_jit:
         return

@@ -24,8 +24,8 @@ from homagg.host_agent import (
     simulate_allreduce,
     simulate_ints,
 )
-from homagg.host_agent.loss import PROBE_SAMPLES
-from homagg.host_agent.round_cost import RoundCost
+from homagg.host_agent.engine.loss import PROBE_SAMPLES
+from homagg.host_agent.engine.round_cost import RoundCost
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
 from tests.staging import agent_address, agent_addresses, wait_for
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from homagg.faults import FaultSpec
-from homagg.host_agent.congestion import BETA, GAIN, MIN_BURST, Congestion
-from homagg.host_agent.round import Round
-from homagg.host_agent.rto import RtoEstimator
+from homagg.host_agent.engine.congestion import BETA, GAIN, MIN_BURST, Congestion
+from homagg.host_agent.engine.round import Round
+from homagg.host_agent.engine.rto import RtoEstimator
 from tests.test_agent import Job, assert_exact, closing_factory, sparse_tensors
 
 

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from homagg.host_agent.allreduce import Counters
 from homagg.host_agent.config import AgentConfig
-from homagg.host_agent.loss import LOSS_ROUNDS, PROBE_SAMPLES, PROBES, LossRecovery
-from homagg.host_agent.rto import RtoEstimator
+from homagg.host_agent.engine import Counters
+from homagg.host_agent.engine.loss import LOSS_ROUNDS, PROBE_SAMPLES, PROBES, LossRecovery
+from homagg.host_agent.engine.rto import RtoEstimator
 
 
 class FakeRound(LossRecovery):

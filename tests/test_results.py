@@ -1,5 +1,6 @@
-"""host_agent/results.py: the compiled matching of a run of results against the numpy reference,
-row for row (what each takes, ignores and leaves to the caller), and the round it feeds."""
+"""host_agent/engine/results.py: the compiled matching of a run of results against the numpy
+reference, row for row (what each takes, ignores and leaves to the caller), and the round it
+feeds."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from homagg import wire
-from homagg.host_agent import results
+from homagg.host_agent.engine import results
 
 K = 64
 PS = wire.packet_bytes(K)

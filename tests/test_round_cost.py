@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from homagg.host_agent import codec
-from homagg.host_agent.round_cost import MIN_PACKETS, RoundCost, agreed_words
+from homagg.host_agent.engine.round_cost import MIN_PACKETS, RoundCost, agreed_words
 from tests.test_agent import assert_exact, freeze_round_cost, make_job, sparse_tensors
 
 __all__ = ["make_job"]  # the fixture

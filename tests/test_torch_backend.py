@@ -1165,3 +1165,19 @@ def test_the_old_module_names_still_import_with_a_deprecation_warning():
         assert mod is new
     from homagg.host_agent.torch_hook import HookState, homagg_hook  # noqa: F401 - the old use
     assert HookState is hook.HookState
+
+
+def test_the_engines_old_module_names_still_import_with_a_deprecation_warning():
+    import importlib
+    import sys
+
+    for old in ("transport", "round", "loss", "results", "rto", "congestion", "round_cost"):
+        name, new = f"homagg.host_agent.{old}", f"homagg.host_agent.engine.{old}"
+        sys.modules.pop(name, None)
+        with pytest.warns(DeprecationWarning, match=f"{name} moved to {new}"):
+            mod = importlib.import_module(name)
+        assert mod is importlib.import_module(new)
+    from homagg.host_agent.allreduce import Counters, SwitchLink  # the old homes of the two
+    from homagg.host_agent.engine import Counters as C
+    from homagg.host_agent.engine import SwitchLink as S
+    assert (Counters, SwitchLink) == (C, S)

@@ -22,7 +22,7 @@ from homagg import wire
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentError
 from homagg.host_agent.distributed.device import DeviceTensor
-from homagg.host_agent.transport import SwitchOverflow
+from homagg.host_agent.engine.transport import SwitchOverflow
 
 log = logging.getLogger("homagg.torch")
 

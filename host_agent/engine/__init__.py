@@ -1,0 +1,71 @@
+"""The streaming engine: how an agent's rounds cross the network, below the protocol's
+decisions (``allreduce.Agent`` decides what a tensor's rounds carry; the engine moves each
+round's words through the switch's slots and back, reliably).
+
+Its face is ``SwitchLink``: ``stream(op, words)`` runs one round and returns the switch's
+result, with ``Counters`` counting what it cost. ``Transport`` (``transport``) is the UDP
+engine, in Python: the reference, and today the only one (a native twin is to implement the
+same interface); ``simulate.MemoryTransport`` is the in-memory one. The modules, by concern:
+``transport`` (the socket, the slot pool, the window, a round's deadline), ``round`` (one
+round's send and receive loop), ``results`` (matching results to their chunks), ``loss``
+(timeouts, RACK, tail probes), ``rto`` (the timeout estimate), ``congestion`` (the window
+per agent) and ``round_cost`` (what a round trip costs, in words).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+
+@dataclass
+class Counters:
+    packets_sent: int = 0
+    bytes_sent: int = 0
+    retransmissions: int = 0
+    early_resends: int = 0    # of those, resent on RACK's evidence before the timeout
+    probes: int = 0           # of those, tail-loss probes (a round's tail, after silence)
+    probes_held: int = 0      # probes the switch answered "held": the chunk was there
+    # Where recovery's time goes: per cause of a resend (timeout, RACK, probe), the seconds the
+    # resent copy had been out when it was resent, summed (``loss.LossRecovery``)
+    waited_timeout: float = 0.0
+    waited_rack: float = 0.0
+    waited_probe: float = 0.0
+    results: int = 0
+    ignored: int = 0          # late duplicates, foreign or malformed datagrams
+    refusals: int = 0         # configuration refusals (DROP_WRONG_IDENTITY, DROP_BAD_SLOT):
+                              # fatal only once a resend is refused again; one alone may be
+                              # forged
+    spoofed: int = 0          # datagrams without the job's key (auth): not from the switch
+    rounds: int = 0
+    rescales: int = 0
+    seconds: float = 0.0
+    # The run's join (transport: one packet per run, its retransmissions included), apart from
+    # the rounds' packets and bytes above, which are per tensor.
+    join_packets: int = 0
+
+
+
+class SwitchLink(Protocol):
+    """What an agent streams its rounds through: the UDP ``Transport`` to a switch, or
+    ``simulate.MemoryTransport`` (the switch's arithmetic in memory)."""
+
+    #: why the link cannot be used any more (an earlier round failed), or None
+    broken: str | None
+    #: the switch's resolved address
+    switch: tuple[str, int]
+    #: the socket to the switch (an ``ImpairedSocket`` with fault injection); None in memory
+    sock: Any
+
+    def stream(self, op: int, words: np.ndarray) -> np.ndarray:
+        """One round: ``words`` through the switch (``op``: OP_ADD or OP_OR), the result."""
+        ...
+
+    def close(self) -> None: ...
+
+
+from homagg.host_agent.engine.transport import SwitchOverflow, Transport  # noqa: E402
+
+__all__ = ["Counters", "SwitchLink", "SwitchOverflow", "Transport"]
