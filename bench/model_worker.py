@@ -14,6 +14,7 @@ import argparse
 import collections
 import gc
 import json
+import resource
 import time
 
 import torch
@@ -90,7 +91,11 @@ def main(argv=None) -> int:
             "compute_ms": compute, "step_ms": times, "losses": losses,
             "bytes_per_step": ((agent.counters.bytes_sent - sent0) / max(a.steps, 1)
                                if agent else None),
-            "dense_bytes": 4 * params, "taken": dict(taken)}), flush=True)
+            "dense_bytes": 4 * params, "taken": dict(taken),
+            # the worker's peak resident memory (Linux: kB): the model, its gradients, DDP's
+            # buckets and the all-reduce's buffers together
+            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
+            flush=True)
     if state is not None and agent is not None:
         state.close()
         agent.close()

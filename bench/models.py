@@ -66,7 +66,8 @@ def figures(s: dict, workers: int) -> dict:
             "wire_vs_dense": (s["bytes_per_step"] / s["dense_bytes"]
                               if s["bytes_per_step"] is not None
                               else 2 * (workers - 1) / workers),
-            "taken": s["taken"], "params": s["params"], "losses": s["losses"]}
+            "taken": s["taken"], "params": s["params"], "losses": s["losses"],
+            "max_rss_mb": s.get("max_rss_mb")}
 
 
 def main(argv=None) -> int:
@@ -81,8 +82,14 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", choices=SHAPES, default="fit")
     ap.add_argument("--steps", type=int, default=4, help="timed steps (the first is warm-up)")
     ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--out", type=Path, default=OUT / "models.json")
+    ap.add_argument("--variants", default=",".join(n for n, _ in VARIANTS),
+                    help="which of gloo, homagg, homagg dense (gloo is every ratio's base)")
     a = ap.parse_args(argv)
     models = a.models.split(",")
+    variants = [(n, args) for n, args in VARIANTS if n in a.variants.split(",")]
+    if not variants:
+        ap.error(f"--variants: some of {', '.join(n for n, _ in VARIANTS)}")
     for m in models:
         print(f"{m}: {parameters(m, a.shape) / 1e6:.1f}M parameters at shape {a.shape} "
               f"({parameters(m, 'paper') / 1e6:.1f}M at the paper's)", flush=True)
@@ -102,7 +109,7 @@ def main(argv=None) -> int:
                 with make_net(opts) as net:
                     for m in models:
                         got_v: dict[str, dict] = {}
-                        for name, args in VARIANTS:
+                        for name, args in variants:
                             tag = f"{m}-{name.replace(' ', '-')}"
                             print(f"[{time.monotonic() - t_start:6.0f} s] {target} "
                                   f"{rate or 'unshaped'}: {m}, {name}", flush=True)
@@ -111,22 +118,25 @@ def main(argv=None) -> int:
                         for name, f in got_v.items():
                             rows.append({"target": target, "rate_mbit": rate, "model": m,
                                          "variant": name, **f,
-                                         "vs_gloo": got_v["gloo"]["step_ms"] / f["step_ms"]})
+                                         "vs_gloo": (got_v["gloo"]["step_ms"] / f["step_ms"]
+                                                     if "gloo" in got_v else None)})
             except (NetError, RuntimeError) as e:
                 print(f"{target} {rate or 'unshaped'}: failed: {e}")
     print(f"\n{a.workers} workers, shape {a.shape}, {a.steps} steps (median after the first)")
     print(f"{'target':6} {'links':>9} {'model':6} {'variant':13} {'ms/step':>9} "
           f"{'compute':>8} {'allreduce':>9} {'vs gloo':>8} {'wire/dense':>10} "
-          f"{'elements/s':>11}  buckets")
+          f"{'elements/s':>11} {'peak MB':>8}  buckets")
     for r in rows:
         link = f"{r['rate_mbit']:.0f} Mbit/s" if r["rate_mbit"] else "unshaped"
         print(f"{r['target']:6} {link:>9} {r['model']:6} {r['variant']:13} "
               f"{r['step_ms']:9.0f} {r['compute_ms']:8.0f} {r['allreduce_ms']:9.0f} "
-              f"{r['vs_gloo']:7.2f}x {r['wire_vs_dense']:10.3f} {r['elements_per_s']:11.3g}  "
+              + (f"{r['vs_gloo']:7.2f}x " if r["vs_gloo"] is not None else f"{'-':>8} ")
+              + f"{r['wire_vs_dense']:10.3f} {r['elements_per_s']:11.3g} "
+              f"{r['max_rss_mb'] or 0:8.0f}  "
               f"{', '.join(f'{k} {v}' for k, v in sorted(r['taken'].items()))}")
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "models.json").write_text(json.dumps(rows, indent=1))
-    print(f"\n{time.monotonic() - t_start:.0f} s; figures in {OUT / 'models.json'}")
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(rows, indent=1))
+    print(f"\n{time.monotonic() - t_start:.0f} s; figures in {a.out}")
     return 0
 
 

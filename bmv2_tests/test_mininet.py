@@ -489,3 +489,25 @@ def test_leafspine_root_falls_back_when_the_spine_is_full_and_stays_exact(target
                  "DROP_SPOOFED"):
         for name, st in stats.items():
             assert st["switch"][drop] == 0, (name, drop)
+
+
+def test_bench_models_runs_the_four_models_at_tiny_shapes(target, tmp_path):
+    """``bench.models`` end to end, quickly: the paper's four models at ``--shape tiny``, 4
+    workers, unshaped links, every variant; its table's rows are there and sane."""
+    pytest.importorskip("torch", reason="torch not installed (optional extra)")
+    from bench.models import main
+
+    out = tmp_path / "models.json"
+    assert main(["--targets", target, "--rates", "0", "--shape", "tiny", "--steps", "2",
+                 "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    got = {(r["model"], r["variant"]) for r in rows}
+    assert got == {(m, v) for m in ("ncf", "lstm", "vgg19", "bert")
+                   for v in ("gloo", "homagg", "homagg dense")}
+    for r in rows:
+        assert r["step_ms"] > 0 and r["max_rss_mb"] > 0
+        assert all(np.isfinite(r["losses"]))
+        if r["variant"] == "gloo":
+            assert r["vs_gloo"] == 1.0
+        else:  # homagg's agents counted what they sent: at most dense fp32 and the headers
+            assert 0 < r["wire_vs_dense"] < 1.3, r
