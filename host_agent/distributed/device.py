@@ -115,23 +115,24 @@ class DeviceTensor:
         if mode == Mode.DENSE or union_words is None:
             shifts = self._shifts(scales)
             q, bad = _quantize_lazy(self.x, shifts)
-            host = _host(torch.cat([q, bad.reshape(1).int()]))  # one trip
+            host = _host(torch.cat([q, bad.sum().reshape(1).int()]))  # one trip
             if host[-1]:
-                _quantize(self.x, shifts)  # raises, naming the value
+                _refuse(self.x, shifts, bad)
             return host[:-1]
         if mode == Mode.UNION:
             pos = self._union(union_words)
             v = self.x[pos]
-            q, bad = _quantize_lazy(v, self._shifts(scales, pos))
+            shifts = self._shifts(scales, pos)
+            q, bad = _quantize_lazy(v, shifts)
             # one trip: the words, then this worker's non-zeros and how many of them the
             # union kept, then how many values left int32
             host = _host(torch.cat([q, torch.stack([torch.count_nonzero(self.x),
-                                                    torch.count_nonzero(v), bad]).int()]))
+                                                    torch.count_nonzero(v), bad.sum()]).int()]))
             mine, kept, out = (int(c) for c in host[-3:])
             if mine != kept:
                 raise CodecError("worker's support is not contained in the union bitmap")
             if out:
-                _quantize(v, self._shifts(scales, pos), pos)  # raises, naming the value
+                _refuse(v, shifts, bad, pos)
             return host[:-3]
         assert union is not None  # mode sketch: the union listed, on the host
         idx = torch.nonzero(self.x).reshape(-1)
@@ -255,25 +256,30 @@ def _nonzero(mask: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def _quantize_lazy(v: torch.Tensor, shifts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int32 rint(v * 2**shifts), and (on the device) how many values left int32 or were
-    not finite: those words are garbage, and ``_quantize`` says which value it was."""
+    """int32 rint(v * 2**shifts), as ``codec.quantize``, and (on the device) which values left
+    int32 or were not finite: their words are 0, and ``_refuse`` names the first."""
     q = torch.round(v.double() * _pow2(shifts))
     bad = ~torch.isfinite(q) | (q > INT32_MAX) | (q < INT32_MIN)
-    return torch.where(bad, 0, q).to(torch.int32), bad.sum()
+    return torch.where(bad, 0, q).to(torch.int32), bad
+
+
+def _refuse(v: torch.Tensor, shifts: torch.Tensor, bad: torch.Tensor,
+            positions: torch.Tensor | None = None) -> None:
+    """CodecError naming the first bad value's index in the tensor (``positions[i]`` for
+    value i), as ``codec.quantize`` does."""
+    i = int(torch.nonzero(bad)[0])
+    at = int(positions[i]) if positions is not None else i
+    x, s = float(v[i]), int(shifts[i])
+    if not math.isfinite(x):
+        raise CodecError(f"tensor has a non-finite value ({x}) at index {at}", index=at)
+    raise CodecError(f"value {x} at index {at} is out of int32 range at shift {s}: use "
+                     "shift_for()", index=at)
 
 
 def _quantize(v: torch.Tensor, shifts: torch.Tensor,
               positions: torch.Tensor | None = None) -> torch.Tensor:
-    """int32 rint(v * 2**shifts), as ``codec.quantize``; a value out of int32 (or not finite)
-    raises CodecError naming its index in the tensor (``positions[i]`` for value i)."""
-    q = torch.round(v.double() * _pow2(shifts))
-    bad = ~torch.isfinite(q) | (q > INT32_MAX) | (q < INT32_MIN)
+    """``_quantize_lazy``, raising at once for a bad value."""
+    q, bad = _quantize_lazy(v, shifts)
     if bool(bad.any()):
-        i = int(torch.nonzero(bad)[0])
-        at = int(positions[i]) if positions is not None else i
-        x, s = float(v[i]), int(shifts[i])
-        if not math.isfinite(x):
-            raise CodecError(f"tensor has a non-finite value ({x}) at index {at}", index=at)
-        raise CodecError(f"value {x} at index {at} is out of int32 range at shift {s}: use "
-                         "shift_for()", index=at)
-    return q.to(torch.int32)
+        _refuse(v, shifts, bad, positions)
+    return q
