@@ -71,6 +71,8 @@ class AgentConfig:
     split: bool = True           # split blocks that hold a run far below their peak (a small
                                  # layer next to a large one: codec.blocks); same on every worker
     max_rescales: int = 6
+    engine: str = "auto"         # the rounds' engine: auto (native where it can run), native
+                                 # or python (host_agent.engine.native)
     words: int | None = None     # K, words per packet: None learns the switch's at the join;
                                  # a number is checked against it (a mismatch fails at once)
     # In a tree of switches, ``workers`` is every worker of the tree (the sum's contributors:
@@ -113,6 +115,8 @@ class AgentConfig:
                                            <= wire.MAX_WORDS_PER_PACKET):
             raise AgentError(f"words {self.words}: {wire.MIN_WORDS_PER_PACKET} to "
                              f"{wire.MAX_WORDS_PER_PACKET} per packet")
+        if self.engine not in ("auto", "native", "python"):
+            raise AgentError(f"engine {self.engine!r}: auto, native or python")
         try:
             as_mode(self.mode, auto=True)
         except CodecError:
@@ -139,8 +143,11 @@ class AgentConfig:
         HOMAGG_JOB_KEY (the job's key, where its config sets one) (both optional);
         under a tree's leaf also HOMAGG_LOCAL_WORKERS (the leaf's workers) and HOMAGG_SIBLINGS
         (the parent switch's children, comma-separated); the join's run from
-        ``run_from_env``. ``options`` set any other field."""
+        ``run_from_env``; either way HOMAGG_AGENT_ENGINE (``engine``: auto, native or python)
+        where set. ``options`` set any other field."""
         env = os.environ if environ is None else environ
+        if env.get("HOMAGG_AGENT_ENGINE"):
+            options.setdefault("engine", env["HOMAGG_AGENT_ENGINE"])
         if env.get("HOMAGG_CONTROLLER"):
             return cls._joined(env, options)
 

@@ -4,6 +4,7 @@ injected: every sum is compared bit for bit with the integer sum of the quantize
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import socket
 import threading
@@ -24,6 +25,7 @@ from homagg.host_agent import (
     simulate_allreduce,
     simulate_ints,
 )
+from homagg.host_agent.engine import native as engine_native
 from homagg.host_agent.engine.loss import PROBE_SAMPLES
 from homagg.host_agent.engine.round_cost import RoundCost
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
@@ -34,17 +36,19 @@ _switch_ips = itertools.count(2)
 
 class Job:
     """A soft switch on its own loopback address and W agents, one thread each. ``engine``:
-    the soft switch's (its server's: ``SoftSwitchServer``)."""
+    the soft switch's (its server's: ``SoftSwitchServer``); ``agent_engine``: the agents'
+    (``AgentConfig.engine``; "auto" is held to run the native one where it can)."""
 
     def __init__(self, workers, slots=16, faults=None, per_worker=None,
-                 switch_words=wire.WORDS_PER_PACKET, key=0, engine="auto", **agent_kw):
+                 switch_words=wire.WORDS_PER_PACKET, key=0, engine="auto",
+                 agent_engine="auto", **agent_kw):
         self.switch_ip = f"127.0.1.{next(_switch_ips)}"
         self.server = SoftSwitchServer(SoftSwitch(words=switch_words),
                                        (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN),
                                        faults, engine=engine).start()
         self.addrs = addrs = agent_addresses(workers)
         install(self.server.switch, 1, addrs, slots, key=key)  # key: the job's (auth)
-        kw = dict(timeout=0.01, deadline=5.0, key=key)
+        kw = dict(timeout=0.01, deadline=5.0, key=key, engine=agent_engine)
         kw.update(agent_kw)
         per_worker = per_worker or (lambda w: {})
         self.configs = [AgentConfig(**{
@@ -52,6 +56,10 @@ class Job:
             "switch": (self.switch_ip, wire.HOMAGG_UDP_PORT_MIN), "bind": addrs[w],
             "slots": slots, **kw, **per_worker(w)}) for w in range(workers)]
         self.agents = [Agent(c) for c in self.configs]
+        for a in self.agents:  # (a test of both engines must not run one twice)
+            want = ("python" if agent_engine == "python"
+                    or engine_native.unavailable(a.cfg, a.transport.sock) else "native")
+            assert a.transport.engine == want, (a.transport.engine, want)
 
     def new_run(self, **changes):
         """Every agent stops and a new one starts on the same address (a script run again),
@@ -108,9 +116,14 @@ def closing_factory(cls):
         m.close()
 
 
-@pytest.fixture
-def make_job():
-    yield from closing_factory(Job)
+#: the agents' engines every test of a ``make_job`` runs on: the native one (where it can run,
+#: "auto") and the Python reference
+AGENT_ENGINES = ["auto", "python"]
+
+
+@pytest.fixture(params=AGENT_ENGINES, ids=["agent-auto", "agent-python"])
+def make_job(request):
+    yield from closing_factory(functools.partial(Job, agent_engine=request.param))
 
 
 class FrozenCost(RoundCost):

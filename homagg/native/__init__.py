@@ -2,6 +2,7 @@
 (setup.py: setuptools' Extension, optional) and loaded with ctypes.
 
 - ``soft_loop.c``: the software aggregator's datagram loop (``homagg.targets.soft.native``);
+- ``agent_loop.c``: the agent's round loop (``homagg.host_agent.engine.native``);
 - ``wire.h``: the protocol's constants for C, generated from ``homagg.wire`` (``genheader``).
 
 ``load()`` gives the library, or None where it is not built (no compiler when homagg was
@@ -79,7 +80,7 @@ def why() -> str:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """The functions' signatures (soft_loop.c)."""
+    """The functions' signatures (soft_loop.c, agent_loop.c)."""
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
     sig = {
         "hx_new": (p, []),
@@ -97,6 +98,14 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "hx_gso": (i32, [p]),
         "hx_job_cols": (i32, []),
         "hx_set_parents": (ctypes.c_int, [p, p, i32]),
+        "ha_round_bytes": (i64, []),
+        "ha_new": (p, []),
+        "ha_free": (None, [p]),
+        "ha_reset": (None, [p, p]),
+        "ha_round_run": (ctypes.c_int, [p, p]),
+        "ha_pack": (None, [p, p, i64, i64, i64, i64, i64, p]),
+        "ha_wake_at": (ctypes.c_double, [p, ctypes.c_double]),
+        "ha_rtt_sample": (None, [p, ctypes.c_double]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)

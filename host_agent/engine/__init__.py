@@ -4,12 +4,15 @@ round's words through the switch's slots and back, reliably).
 
 Its face is ``SwitchLink``: ``stream(op, words)`` runs one round and returns the switch's
 result, with ``Counters`` counting what it cost. ``Transport`` (``transport``) is the UDP
-engine, in Python: the reference, and today the only one (a native twin is to implement the
-same interface); ``simulate.MemoryTransport`` is the in-memory one. The modules, by concern:
-``transport`` (the socket, the slot pool, the window, a round's deadline), ``round`` (one
-round's send and receive loop), ``results`` (matching results to their chunks), ``loss``
-(timeouts, RACK, tail probes), ``rto`` (the timeout estimate), ``congestion`` (the window
-per agent) and ``round_cost`` (what a round trip costs, in words).
+engine; ``simulate.MemoryTransport`` is the in-memory one. A UDP round runs in one of two
+engines behind the same ``Round``: Python's (the reference) or the native one
+(``native``: homagg/native/agent_loop.c, the same loop in C with the GIL released, which hands
+back to Python what the protocol decides). The modules, by concern: ``transport`` (the socket,
+the slot pool, the window, a round's deadline, the engine), ``packets`` (a round's packets),
+``round`` (one round's send and receive loop), ``native`` (that loop in C), ``results``
+(matching results to their chunks), ``loss`` (timeouts, RACK, tail probes), ``rto`` (the
+timeout estimate), ``congestion`` (the window per agent) and ``round_cost`` (what a round trip
+costs, in words).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from homagg import udpio, wire
 from homagg.host_agent.config import AgentError, AggregationTimeout
 from homagg.host_agent.engine import results
 from homagg.host_agent.engine.loss import PROBES, LossRecovery
+from homagg.host_agent.engine.packets import pack
 
 if TYPE_CHECKING:
     from homagg.host_agent.engine.transport import Transport
@@ -73,28 +74,17 @@ class Round(LossRecovery):
         self.g0 = g0 = 0 if self.join else t.chunk
         self.gen: int | None = None if self.join else t.gen
         S = cfg.slots
-        g = g0 + np.arange(nchunks, dtype=np.int64)
-        batch = np.zeros(nchunks, wire.packet_dtype(K))
-        fixed = wire.HEADER.unpack(wire.header(op=op, job=cfg.job, worker=cfg.worker, slot=0,
-                                               seq=0, gen=self.gen or 0, auth=cfg.key))
-        for name, value in zip(_FIELD_NAMES, fixed):
-            batch[name] = value
-        batch["flags"] = np.where((g // S) % 2 == 1, wire.FLAG_PHASE, 0)
-        batch["slot"] = g % S
-        batch["seq"] = (g + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
-        # the words straight into the packets (big-endian), the last chunk's tail left zero
-        # (neutral for ADD and OR): no padded copy, and the batch's own bytes are sent
+        head, self.h8_plain = t.headers(op, self.gen or 0)
         flat = words.view(np.int32) if words.dtype == np.uint32 else words
-        whole = n // K
-        field = batch["words"]
-        if whole:
-            field[:whole] = flat[:whole * K].reshape(whole, K)
-        if n > whole * K:
-            field[whole, :n - whole * K] = flat[whole * K:]
+        if t.native is not None and not self.join:  # the same bytes, in one pass in C
+            batch = t.native.pack(flat, K, nchunks, g0, S, head)
+        else:
+            batch = pack(flat, K, nchunks, g0, S, head, join_nonce)
+        self.batch = batch  # (the native engine sends from its memory)
         self.buf = batch.view(np.uint8).data
         assert len(self.buf) == nchunks * self.psize
 
-        self.out = np.zeros(nchunks * K, np.int32)
+        self.out = np.empty(nchunks * K, np.int32)  # (every chunk's result is written in it)
         self.done = np.zeros(nchunks, bool)
         self.sent_at = np.full(nchunks, np.inf)
         self.rto = np.full(nchunks, t.rtt.rto)
@@ -125,15 +115,16 @@ class Round(LossRecovery):
         self.config_refusals: dict[int, tuple[int, float]] = {}
         self.t_start = time.monotonic()
         self.seq0 = (g0 + 1) & 0xFFFFFFFF if join_nonce is None else join_nonce
-        # a plain result's first 8 header bytes, under results.MASK (take_run), and the
-        # matching's scratch: the chunks a run completed, and its rows off the common path
-        self.h8_plain = results.head8(version_op=op, flags=wire.FLAG_RESULT, job=cfg.job,
-                                      gen=self.gen or 0)
+        # (h8_plain, above: a plain result's first 8 header bytes under results.MASK, for
+        # take_run) the matching's scratch: the chunks a run completed, and its rows off the
+        # common path
         most = len(t.rbuf) // self.psize + 1
         self.new_chunks, self.odd_rows = np.empty(most, np.int64), np.empty(most, np.int64)
 
     def run(self) -> np.ndarray:
         t, end = self.t, self.g0 + self.nchunks
+        if t.native is not None and not self.join and t.native.serves(t.sock):
+            t.native.drive(self)  # (the same loop, in C: engine.native)
         while self.ndone < self.nchunks:
             now = time.monotonic()
             self.send_new(now)
@@ -143,13 +134,7 @@ class Round(LossRecovery):
             if self.cc is not None:
                 self.congestion(pending, now)
             pending = self.retransmit(pending, now)
-            silent = now - self.last_progress
-            gone = self.cfg.membership is not None and self.cfg.membership.lost is not None
-            # (the controller says the job is gone: fail without the whole deadline)
-            if silent > self.cfg.deadline or (gone and silent > max(1.0, 4 * t.rtt.rto)):
-                t.chunk = t.chunk if self.join else end
-                t.broken = "timeout"
-                raise self.timeout(pending)
+            self.give_up_if_silent(pending, now)
         if self.join:
             return self.out[:self.n]
         t.chunk = end
@@ -159,6 +144,18 @@ class Round(LossRecovery):
             raise SwitchOverflow()
         return self.out[:self.n]
 
+
+    def give_up_if_silent(self, pending: np.ndarray, now: float) -> None:
+        """Fail the round (``timeout``) after ``deadline`` seconds without a result, or soon
+        once the controller says the job is gone."""
+        t = self.t
+        silent = now - self.last_progress
+        gone = self.cfg.membership is not None and self.cfg.membership.lost is not None
+        # (the controller says the job is gone: fail without the whole deadline)
+        if silent > self.cfg.deadline or (gone and silent > max(1.0, 4 * t.rtt.rto)):
+            t.chunk = t.chunk if self.join else self.g0 + self.nchunks
+            t.broken = "timeout"
+            raise self.timeout(pending)
 
     # -- sending -------------------------------------------------------------------------------
     def send(self, c: int) -> None:

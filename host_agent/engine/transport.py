@@ -38,6 +38,7 @@ import numpy as np
 from homagg import udpio, wire
 from homagg.faults import ImpairedSocket
 from homagg.host_agent.config import AgentConfig, AgentError
+from homagg.host_agent.engine import native, results
 from homagg.host_agent.engine.congestion import Congestion
 from homagg.host_agent.engine.round import Round, SwitchOverflow
 from homagg.host_agent.engine.round_cost import RoundCost
@@ -93,8 +94,26 @@ class Transport:
         self.round_cost = RoundCost()
         # The window in slots and the pacing, across this agent's rounds (None: off)
         self.cc = Congestion(cfg.slots, self.rtt) if cfg.congestion else None
+        self._headers: dict[tuple[int, int], tuple[bytes, np.uint64]] = {}
+        # the rounds' engine: the C loop where it can run (``engine.native``), else this one's
+        self.engine = native.choose(cfg, self.sock)
+        self.native = native.NativeLink(self) if self.engine == "native" else None
+
+    def headers(self, op: int, gen: int) -> tuple[bytes, np.uint64]:
+        """A round's packet header (its slot, tag and copy flag zero) and what a plain result
+        of it has in its first 8 bytes (``results.head8``), per op and run: made once."""
+        got = self._headers.get((op, gen))
+        if got is None:
+            cfg = self.cfg
+            got = self._headers[op, gen] = (
+                wire.header(op=op, job=cfg.job, worker=cfg.worker, slot=0, seq=0, gen=gen,
+                            auth=cfg.key),
+                results.head8(version_op=op, flags=wire.FLAG_RESULT, job=cfg.job, gen=gen))
+        return got
 
     def close(self) -> None:
+        if self.native is not None:
+            self.native.close()
         self.sock.close()
 
     def stream(self, op: int, words: np.ndarray) -> np.ndarray:
