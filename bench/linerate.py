@@ -1,7 +1,7 @@
-"""Payload Gbit/s per CPU core of the software aggregator, each engine against C UDP loops
-measured in the same run.
+"""Payload Gbit/s per CPU core of the software aggregator and of an agent, each engine against
+C UDP loops measured in the same run.
 
-    python -m bench.linerate                    # K = 256 and 2239, 4 workers, ~1 min
+    python -m bench.linerate                    # K = 256 and 2239, 4 workers, ~2 min
     python -m bench.linerate --words 2239 --seconds 5 --repeat 3
 
 On loopback, no root. One load, bench/linerate_loop.c's ``blast`` (C, built here with cc):
@@ -23,7 +23,14 @@ counted) it took in per CPU second of its own process (user + system, /proc/<pid
 the load's share of the 2 cores does not count against it. The reflectors do no aggregation
 and send W datagrams per W received, as the aggregator does (W results per slot). K = 2239 is
 the software aggregator's largest K at a 9000-byte MTU (bmv2's is 2176); loopback's MTU is
-64 KiB, so nothing is fragmented. Writes bench/out/linerate.json.
+64 KiB, so nothing is fragmented.
+
+The agents, ``agent-python`` and ``agent-native`` (``AgentConfig.engine``):
+``bench.linerate_agent``, one agent streaming rounds of ``--agent-words`` int32 words
+(``Transport.stream``: the packet path, no codec) through the native aggregator, in a job of
+one worker, so every result is its own words and every round is checked bit for bit. Its rate
+is the payload it sent per CPU second of its rounds (``time.process_time`` around each
+``stream``). Writes bench/out/linerate.json.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from homagg import wire
 ROOT = Path(__file__).resolve().parents[1]
 LOOP_C = ROOT / "bench" / "linerate_loop.c"
 KEY = 0x11AE5A7E
-TARGETS = ("c-plain", "c-gso", "python", "native")
+TARGETS = ("c-plain", "c-gso", "python", "native", "agent-python", "agent-native")
 
 
 def build_loop(tmp: Path) -> Path:
@@ -71,6 +78,56 @@ def config(tmp: Path, hosts: list[tuple[str, int]], slots: int) -> Path:
     return cfg
 
 
+def start_aggregator(engine: str, tmp: Path, hosts: list[tuple[str, int]], k: int,
+                     slots: int) -> subprocess.Popen:
+    """``homagg-softswitch --engine ENGINE`` serving one job of ``hosts``, once listening."""
+    stats = tmp / "stats.json"
+    stats.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "homagg.targets.soft", "-c",
+         str(config(tmp, hosts, slots)), "--grpc", "none", "--words", str(k),
+         "--single-port", "--engine", engine, "--stats-file", str(stats),
+         "--mtu", str(wire.JUMBO_MTU if k > wire.mtu_words() else wire.DEFAULT_MTU),
+         "--log-level", "warning"])
+    for _ in range(200):  # listening once the stats file appears
+        if stats.exists() or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    if not stats.exists():
+        proc.kill()
+        raise RuntimeError(f"{engine}: the aggregator did not start")
+    return proc
+
+
+def run_agent(target: str, k: int, slots: int, seconds: float, words: int, tmp: Path) -> dict:
+    """An agent's rounds (``bench.linerate_agent``) through the native aggregator, one worker:
+    payload per CPU second of the agent's rounds."""
+    host = ("127.0.0.1", free_port("127.0.0.1"))
+    proc = start_aggregator("native", tmp, [host], k, slots)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.linerate_agent",
+             f"{SWITCH_IP}:{wire.HOMAGG_UDP_PORT_MIN}", f"{host[0]}:{host[1]}",
+             target.split("-", 1)[1], str(slots), str(words), str(seconds), str(KEY)],
+            capture_output=True, text=True, cwd=ROOT)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    if out.returncode:
+        raise RuntimeError(f"{target}: the agent failed: {out.stderr.strip()[-2000:]}")
+    res = json.loads(out.stdout.splitlines()[-1])
+    if res["wrong"]:
+        raise RuntimeError(f"{target}: {res['wrong']} of {res['rounds']} rounds were wrong")
+    payload = res["rounds"] * words * 4
+    c = res["counters"]
+    return {"target": target, "k": k, "workers": 1, "slots": slots, "rounds": res["rounds"],
+            "resends": c["retransmissions"], "answers": c["results"], "wall": res["wall"],
+            "cpu": res["cpu"],
+            "gbit_core": payload * 8 / res["cpu"] / 1e9 if res["cpu"] else float("nan"),
+            "gbit_wall": payload * 8 / res["wall"] / 1e9,
+            "dgram_core": c["packets_sent"] / res["cpu"] if res["cpu"] else float("nan")}
+
+
 def run_target(target: str, exe: Path, k: int, workers: int, slots: int, seconds: float,
                tmp: Path) -> dict:
     hosts = [(f"127.0.0.{w + 1}", free_port(f"127.0.0.{w + 1}")) for w in range(workers)]
@@ -80,21 +137,7 @@ def run_target(target: str, exe: Path, k: int, workers: int, slots: int, seconds
                                  str(seconds + 3)], stdout=subprocess.PIPE, text=True)
         time.sleep(0.3)
     else:
-        stats = tmp / "stats.json"
-        stats.unlink(missing_ok=True)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "homagg.targets.soft", "-c",
-             str(config(tmp, hosts, slots)), "--grpc", "none", "--words", str(k),
-             "--single-port", "--engine", target, "--stats-file", str(stats),
-             "--mtu", str(wire.JUMBO_MTU if k > wire.mtu_words() else wire.DEFAULT_MTU),
-             "--log-level", "warning"])
-        for _ in range(200):  # listening once the stats file appears
-            if stats.exists() or proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        if not stats.exists():
-            proc.kill()
-            raise RuntimeError(f"{target}: the aggregator did not start")
+        proc = start_aggregator(target, tmp, hosts, k, slots)
     try:
         cpu0 = cpu_seconds(proc.pid)
         t0 = time.monotonic()
@@ -127,6 +170,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--repeat", type=int, default=2, help="runs of every target, alternating")
     ap.add_argument("--targets", default=",".join(TARGETS))
+    ap.add_argument("--agent-words", type=int, default=1 << 20,
+                    help="the agents' words per round (default %(default)s)")
     ap.add_argument("--quiet-wait", type=float, default=30.0,
                     help="seconds to wait for a quiet machine first (default %(default)s)")
     ap.add_argument("--out", type=Path, default=OUT / "linerate.json")
@@ -134,10 +179,10 @@ def main(argv=None) -> int:
     targets = a.targets.split(",")
     from homagg.targets.soft import native
 
-    if "native" in targets and not native.available():
-        print(f"bench.linerate: the native engine is off ({native.why()}): left out",
+    if not native.available():
+        print(f"bench.linerate: the native engines are off ({native.why()}): left out",
               file=sys.stderr)
-        targets.remove("native")
+        targets = [t for t in targets if t not in ("native", "agent-native", "agent-python")]
     quiet = wait_quiet(a.quiet_wait)
     print(f"machine: {os.cpu_count()} cores; "
           + ("quiet" if quiet is not None else "busy (another process took a core)"),
@@ -150,7 +195,9 @@ def main(argv=None) -> int:
             wire.check_words(k)
             for r in range(a.repeat):
                 for t in targets:
-                    res = run_target(t, exe, k, a.workers, a.slots, a.seconds, tmp)
+                    res = (run_agent(t, k, a.slots, a.seconds, a.agent_words, tmp)
+                           if t.startswith("agent-") else
+                           run_target(t, exe, k, a.workers, a.slots, a.seconds, tmp))
                     res["run"] = r
                     runs.append(res)
                     print(f"K={k:5d} {t:8s} run {r}: {res['gbit_core']:6.2f} Gbit/s per core, "

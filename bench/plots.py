@@ -164,7 +164,7 @@ def linerate(rows: list[dict]):
     ks = sorted({r["k"] for r in rows})
     targets = list(dict.fromkeys(r["target"] for r in rows))
     colors = {"c-plain": "lightgrey", "c-gso": "grey", "python": "tab:orange",
-              "native": "tab:blue"}
+              "native": "tab:blue", "agent-python": "moccasin", "agent-native": "lightblue"}
     fig, ax = plt.subplots(figsize=(5.5, 2.8))
     width = 0.8 / len(targets)
     for i, t in enumerate(targets):
@@ -181,7 +181,7 @@ def linerate(rows: list[dict]):
                     va="bottom", fontsize=6)
     ax.set_xticks(range(len(ks)), [f"K = {k}" for k in ks])
     ax.set_ylabel("payload Gbit/s per CPU core")
-    ax.set_title("software aggregator vs C UDP loops, loopback, 4 workers "
+    ax.set_title("software aggregator (4 workers) and agent vs C UDP loops, loopback "
                  "(%: of the C GSO/GRO loop)", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
