@@ -17,7 +17,7 @@
  * - HA_DUE: a timer is due (a timeout, RACK's deadline, a tail-loss probe, or the 50 ms tick
  *   that lets Python check the deadline and the controller): Python's retransmit and deadline
  *   run, then call again;
- * - HA_ERROR: a send failed (err: its errno).
+ * - HA_ERROR: a send failed (err: its errno); HA_WAIT_ERROR: the wait for results did.
  * The join, the congestion control's window and pacing, a fixed rate, and sockets with faults
  * injected stay in Python (homagg.host_agent.engine.native says which engine a round runs).
  *
@@ -56,6 +56,7 @@ _Static_assert(HX_BYTES_FLAGS == 1 && HX_BYTES_SLOT == 2 && HX_BYTES_SEQ == 4 &&
 #define HA_DUE 1
 #define HA_ODD 2
 #define HA_ERROR 3
+#define HA_WAIT_ERROR 4
 
 /* A round's state: mirrored field for field by homagg/host_agent/engine/native.py (_Round),
  * every field 8 bytes. */
@@ -474,7 +475,8 @@ static int take_batch(ha_ctx *x, ha_round *r) {
     return 0;
 }
 
-/* Stream the round until it is done or Python is needed (HA_DONE, HA_DUE, HA_ODD, HA_ERROR:
+/* Stream the round until it is done or Python is needed (HA_DONE, HA_DUE, HA_ODD, HA_ERROR,
+ * HA_WAIT_ERROR:
  * see the top of this file). */
 int ha_round_run(ha_ctx *x, ha_round *r) {
     for (;;) {
@@ -495,7 +497,7 @@ int ha_round_run(ha_ctx *x, ha_round *r) {
         int n = ppoll(&pfd, 1, &ts, NULL);
         if (n < 0 && errno != EINTR) {
             r->err = errno;
-            return HA_ERROR;
+            return HA_WAIT_ERROR;
         }
         if (n <= 0) return HA_DUE;
         if (receive(x, r) == 0) continue;

@@ -43,7 +43,7 @@ log = logging.getLogger("homagg.agent")
 
 #: what ``AgentConfig.engine`` may ask for: "auto" is native where it can run
 ENGINES = ("auto", "native", "python")
-DONE, DUE, ODD, ERROR = 0, 1, 2, 3  # ha_round_run's answers (agent_loop.c)
+DONE, DUE, ODD, ERROR, WAIT_ERROR = 0, 1, 2, 3, 4  # ha_round_run's answers (agent_loop.c)
 
 _i64, _u64, _dbl, _ptr = ctypes.c_int64, ctypes.c_uint64, ctypes.c_double, ctypes.c_void_p
 
@@ -179,6 +179,10 @@ class NativeLink:
                 t.broken = os.strerror(st.err)
                 raise AgentError(f"{t.who}: cannot send to the switch {t.switch[0]}:"
                                  f"{t.switch[1]}: {os.strerror(st.err)}")
+            if code == WAIT_ERROR:
+                t.broken = os.strerror(st.err)
+                raise AgentError(f"{t.who}: cannot wait for the switch's results: "
+                                 f"{os.strerror(st.err)}")
             now = time.monotonic()
             pending = r.retransmit(r.in_flight(), now)
             r.give_up_if_silent(pending, now)
