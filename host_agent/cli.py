@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 
@@ -73,6 +74,10 @@ def parser() -> argparse.ArgumentParser:
                    help="congestion control (host_agent.congestion): an AIMD window in slots, "
                         "halved on a timeout, and pacing from the measured round trip; "
                         "default off: the whole slot window, unpaced (or at --rate)")
+    p.add_argument("--engine", default=os.environ.get("HOMAGG_AGENT_ENGINE") or "auto",
+                   choices=["auto", "native", "python"],
+                   help="the rounds' engine: native (C) where it can run, or python "
+                        "(default: $HOMAGG_AGENT_ENGINE, else auto)")
     p.add_argument("--mode", default=codec.AUTO, choices=[codec.AUTO, *codec.MODES])
     p.add_argument("--index", default=codec.AUTO, choices=codec.INDEXES,
                    help="the non-zeros' index: flat bitmap (1 round), hierarchical bitmap "
@@ -251,7 +256,8 @@ def main(argv=None) -> int:
         cfg = AgentConfig(a.job, a.worker, a.workers, _addr(a.switch, wire.HOMAGG_UDP_PORT_MIN),
                           _addr(a.bind, wire.DEFAULT_AGENT_PORT), a.slots, timeout=a.timeout,
                           deadline=a.deadline, max_timeout=a.max_timeout,
-                          rate_pps=a.rate, congestion=a.congestion, mode=a.mode,
+                          rate_pps=a.rate, congestion=a.congestion, engine=a.engine,
+                          mode=a.mode,
                           index=a.index,
                           shift_bias=a.shift_bias, words=a.words,
                           local_workers=a.local_workers,
@@ -265,6 +271,7 @@ def main(argv=None) -> int:
             extra = run_bench(agent, a) if a.cmd == "bench" else run_train(agent, a)
             c = agent.counters
             sk = agent.sock
+            engine = getattr(agent.transport, "engine", "python")
             io = udpio.io_counts(sk)  # system calls and the datagrams they carried
             agent_faults = {k: getattr(sk, k, 0) for k in ("dropped_out", "dropped_in",
                                                             "duplicated", "reordered")}
@@ -279,7 +286,7 @@ def main(argv=None) -> int:
                                 "waited_timeout": round(c.waited_timeout, 3),
                                 "waited_rack": round(c.waited_rack, 3),
                                 "waited_probe": round(c.waited_probe, 3)},
-                   "injected": agent_faults, "io": io,
+                   "injected": agent_faults, "io": io, "engine": engine,
                    "seconds": round(time.monotonic() - t0, 3), "checked": a.check, **extra}
     except AgentError as e:
         print(f"homagg-agent: error: {e}", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 import subprocess
 import sys
 import time
@@ -277,3 +278,24 @@ def test_the_native_estimate_is_the_python_estimators():
         lib.ha_rtt_sample(ctypes.byref(st), float(rtt))
         assert (st.srtt, st.rttvar, st.cur_rto, st.samples) == (est.srtt, est.rttvar, est.rto,
                                                                 est.samples)
+
+
+@needs_native
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_the_agent_cli_runs_the_engine_asked_for_and_names_it(make_job, tmp_path, engine):
+    """``homagg-agent --engine``: a one-worker job through the software aggregator, every sum
+    checked bit for bit, and the summary names the engine that ran."""
+    from homagg.host_agent import cli
+
+    job = make_job(1)
+    bind = job.addrs[0]
+    job.agents[0].close()  # (its address is the CLI agent's)
+    out = tmp_path / "summary.json"
+    rc = cli.main(["--summary-json", str(out), "--job", "1", "--worker", "0", "--workers", "1",
+                   "--switch", f"{job.switch_ip}:{wire.HOMAGG_UDP_PORT_MIN}",
+                   "--bind", f"{bind[0]}:{bind[1]}", "--slots", "16", "--engine", engine,
+                   "bench", "--size", "50000", "--iterations", "3", "--check"])
+    assert rc == 0
+    summary = json.loads(out.read_text())
+    assert summary["engine"] == engine
+    assert summary["checked"] and summary["rounds"] >= 3
