@@ -122,7 +122,7 @@ class NativeLink:
         self.ref = ctypes.byref(self.st)
         # the transport's receive buffer: its batches land there, and Round.take reads the odd
         # datagram from there (t.rview)
-        assert len(t.rbuf) >= 16 * udpio.RECV_BYTES
+        assert len(t.rbuf) >= 16 * udpio.RECV_BYTES  # agent_loop.c's HA_BATCH runs of 64 KiB
         self._rbuf: ctypes.Array | None = (ctypes.c_char * len(t.rbuf)).from_buffer(t.rbuf)
         self.st.rbuf = ctypes.addressof(self._rbuf)
 
@@ -141,7 +141,7 @@ class NativeLink:
 
     def pack(self, flat: np.ndarray, k: int, nchunks: int, g0: int, slots: int,
              head: bytes) -> np.ndarray:
-        """``round.pack``'s packets (not a join's), built in one pass (``ha_pack``)."""
+        """``packets.pack``'s packets (not a join's), built in one pass (``ha_pack``)."""
         batch = np.empty(nchunks, wire.packet_dtype(k))
         flat = np.ascontiguousarray(flat, np.int32)
         self.lib.ha_pack(batch.ctypes.data, flat.ctypes.data, flat.size, k, nchunks, g0, slots,
