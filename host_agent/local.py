@@ -27,9 +27,6 @@ import numpy as np
 from homagg.host_agent import codec
 from homagg.host_agent.codec import Mode
 
-#: Elements quantized at a time by the dense path (``HostTensor``): 8 MB of float64.
-CHUNK = 1 << 20
-
 
 @dataclass(frozen=True)
 class Scales:
@@ -115,12 +112,14 @@ class HostTensor:
         return self._scan
 
     def round1(self, block: int, split: bool) -> Round1:
-        scan = self.scan
-        finite = scan.finite()
-        e = scan.max_exponent() if finite else None
-        return Round1(self.n, finite, e, codec.block_words(scan.idx, scan.raw, self.n, block, e),
-                      codec.split_flags(scan.idx, scan.raw, self.n, block, split and finite),
-                      scan.words)
+        # (a dense tensor's positions are not listed: ``scan`` lists them if a mode needs
+        # them, a sparse tensor's come with the summary)
+        sm = codec.Summary.of(self.x, block, split)
+        if sm.scan is not None:
+            self._scan = sm.scan
+        finite = sm.finite()
+        e = sm.max_exponent() if finite else None
+        return Round1(self.n, finite, e, sm.block_words(e), sm.split_flags(), sm.words)
 
     def element_words(self, positions: np.ndarray, e: int | None) -> np.ndarray:
         return codec.element_words(self.scan.idx, self.scan.raw, positions, e)
@@ -140,23 +139,23 @@ class HostTensor:
         return codec.encode_values(s, union, mode, seed, ratio)
 
     def _dense_words(self, scales: Scales) -> np.ndarray:
-        """Every element quantized at its shift, a chunk of ``CHUNK`` elements at a time, so
-        the float64 products and shifts of a large tensor (a 100M-element layer) are never
-        whole: 4 bytes an element beyond the words, not 32."""
-        n, B = self.n, scales.block
-        out = np.empty(n, np.int32)
-        step = max(B, CHUNK // B * B)
-        for lo in range(0, n, step):
-            hi = min(n, lo + step)
-            try:
-                out[lo:hi] = codec.quantize(self.x[lo:hi], scales.span(lo, hi))
-            except codec.CodecError as err:
-                if err.index is None:
-                    raise
-                at = err.index + lo
-                raise codec.CodecError(str(err).replace(f"index {err.index}", f"index {at}", 1),
-                                       index=at) from None
-        return out
+        """Every element quantized at its shift, in one pass (``quantize_blocks``: the
+        numpy reference does a chunk of a million elements at a time, so the float64
+        products of a large tensor are never whole). A value out of int32 at its scale
+        raises ``codec.quantize``'s CodecError, with its index in the tensor."""
+        at = scales.at if scales.at is not None else np.zeros(0, np.int64)
+        at_shifts = scales.at_shifts() if scales.at is not None else np.zeros(0, np.int64)
+        out, bad = codec.kernels.active.quantize_blocks(self.x, scales.blocks(), scales.block,
+                                                        at, at_shifts)
+        if bad < 0:
+            return out
+        try:  # the first bad value alone, for quantize's own message
+            codec.quantize(self.x[bad:bad + 1], scales.of(np.array([bad])))
+        except codec.CodecError as err:
+            raise codec.CodecError(str(err).replace("index 0", f"index {bad}", 1),
+                                   index=bad) from None
+        raise codec.CodecError(f"value {self.x[bad]} at index {bad} does not quantize",
+                               index=bad)
 
     def residual_words(self, positions: np.ndarray) -> np.ndarray:
         """The residual round's words: this worker's values (at the scales of the last

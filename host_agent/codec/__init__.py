@@ -92,6 +92,7 @@ from homagg.host_agent.codec.quantization import (
 from homagg.host_agent.codec.scan import (
     Scan,
     Sparse,
+    Summary,
     bitmap,
     bitmap_words,
     ranks_in,
@@ -126,7 +127,7 @@ __all__ = [
     "DEFAULT_RATIO", "FLAT", "HIER", "INDEXES", "INT32_MAX",
     "INT32_MIN", "K_HASHES", "MODES", "ROUND_FLAT", "ROUND_LEAF", "ROUND_MID", "ROUND_TOP",
     "SKETCH_SLACK", "AggregationOverflow", "CodecError", "Levels", "Mode", "PeelResult", "Scan",
-    "Sparse", "as_index", "as_mode", "assemble", "bitmap", "bitmap_words",
+    "Sparse", "Summary", "as_index", "as_mode", "assemble", "bitmap", "bitmap_words",
     "check_int32", "choose_index", "choose_mode", "decode_union", "decode_values", "dequantize",
     "encode_union", "encode_values", "hier_rounds", "hier_saving", "kernels", "level_words",
     "max_exponent",

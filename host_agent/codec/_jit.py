@@ -26,9 +26,15 @@ from homagg.host_agent.codec._jit_bitmap import (
     subblocks,
     union_size,
 )
-from homagg.host_agent.codec._jit_blocks import block_peaks, scale_blocks, split_mask
+from homagg.host_agent.codec._jit_blocks import (
+    block_peaks,
+    quantize_blocks,
+    scale_blocks,
+    split_mask,
+    summary,
+)
 from homagg.host_agent.codec._jit_sketch import hashes, peel, sketch_encode
 
 __all__ = ["pack", "scan", "set_bits", "ranks", "union_size", "encode_union", "decode_union",
            "decode_union_scaled", "subblocks", "hashes", "sketch_encode", "peel", "assemble",
-           "block_peaks", "scale_blocks", "split_mask"]
+           "block_peaks", "scale_blocks", "split_mask", "summary", "quantize_blocks"]

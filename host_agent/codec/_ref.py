@@ -232,3 +232,50 @@ def split_mask(idx: np.ndarray, raw: np.ndarray, nb: int, block: int, binades: i
     flags[b[at]] = True
     return flags
 
+
+
+#: Elements ``quantize_blocks`` scales at a time: 8 MB of float64 products and shifts.
+CHUNK = 1 << 20
+
+
+def summary(x: np.ndarray, block: int, binades: int, run: int, split: bool, cap: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int,
+                       tuple[np.ndarray, np.ndarray] | None]:
+    """Round 1's reading of a 1-D float tensor: (bitmap words, per-block peaks as
+    ``block_peaks``, per-block ``split_mask`` (all False unless ``split``), the first
+    non-finite position or -1, and the non-zeros (positions, values) as ``scan``, or None
+    when there are more than ``cap``). With a non-finite value, the peaks and the mask are all
+    zero: nothing is scaled."""
+    words, idx, raw = scan(x)
+    nb = -(-x.size // block)
+    peaks, mask = np.zeros(nb, np.float64), np.zeros(nb, bool)
+    fin = np.isfinite(raw)
+    bad = -1 if fin.all() else int(idx[np.flatnonzero(~fin)[0]])
+    if bad < 0:
+        peaks = block_peaks(idx, raw, nb, block)
+        if split:
+            mask = split_mask(idx, raw, nb, block, binades, run)
+    return words, peaks, mask, bad, ((idx, raw) if idx.size <= cap else None)
+
+
+def quantize_blocks(x: np.ndarray, shifts: np.ndarray, block: int, at: np.ndarray,
+                    at_shifts: np.ndarray) -> tuple[np.ndarray, int]:
+    """Every element of a 1-D float tensor as int32 ``rint(x * 2**shift)``, ``shift`` its
+    block's (int64 ``shifts``, one per ``block`` elements) or, at the sorted positions ``at``,
+    its own (``at_shifts``); and the first position whose value is not finite or not in int32
+    there, or -1 (the words from that chunk on are then unspecified)."""
+    n = x.size
+    out = np.empty(n, np.int32)
+    step = max(block, CHUNK // block * block)
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        s = np.repeat(shifts[lo // block:-(-hi // block)], block)[:hi - lo]
+        k0, k1 = np.searchsorted(at, [lo, hi])
+        s[at[k0:k1] - lo] = at_shifts[k0:k1]
+        with np.errstate(over="ignore", invalid="ignore"):  # (reported as the position)
+            q = np.rint(np.ldexp(x[lo:hi].astype(np.float64), s))
+            ok = (q >= -2.0 ** 31) & (q <= 2.0 ** 31 - 1)  # (False for NaN)
+        if not ok.all():
+            return out, lo + int(np.flatnonzero(~ok)[0])
+        out[lo:hi] = q
+    return out, -1

@@ -65,10 +65,17 @@ def block_words(idx: np.ndarray, raw: np.ndarray, n: int, block: int,
     0 for a block without non-zeros. ``idx`` (sorted) and ``raw`` are the tensor's non-zeros
     (``Scan``), all finite; ``e_max`` its max exponent."""
     nb = block_count(n, block)
-    words = np.zeros(nb, np.uint32)
     if e_max is None or idx.size == 0:
+        return np.zeros(nb, np.uint32)
+    return peak_words(kernels.active.block_peaks(np.asarray(idx, np.int64), raw, nb, block),
+                      e_max)
+
+
+def peak_words(peaks: np.ndarray, e_max: int | None) -> np.ndarray:
+    """``block_words`` from the blocks' peaks (float64, 0 for a block without non-zeros)."""
+    words = np.zeros(peaks.size, np.uint32)
+    if e_max is None:
         return words
-    peaks = kernels.active.block_peaks(np.asarray(idx, np.int64), raw, nb, block)
     has = np.flatnonzero(peaks > 0)  # the blocks with a non-zero (|raw| > 0)
     e = np.frexp(peaks[has])[1].astype(np.int64)
     d = np.clip(e_max - e, 0, MAX_OFFSET).astype(np.uint32)

@@ -26,6 +26,11 @@ reference: the tests run both and compare them bit for bit, selecting one with `
     split_mask(idx, raw, nb, block, binades, run)
                                               -> bool per block: a run of small values in it
                                                  (``blocks.split_flags``)
+    summary(x, block, binades, run, split, cap)
+                                              -> (words, peaks, split mask, first non-finite
+                                                 or -1, (positions, values) or None): round 1
+    quantize_blocks(x, shifts, block, at, at_shifts)
+                                              -> (int32 words, first bad position or -1)
 
 ``words`` are contiguous uint32 and long enough for n (the codec checks both first).
 """

@@ -1,17 +1,21 @@
 """One worker's tensor as the codec sees it, and round 1's bitmaps.
 
 ``Scan.of`` reads a float tensor once for its non-zero bitmap, positions and values; ``Sparse``
-is the quantized result. The bitmap helpers read the ORed bitmap the switch returns: the union
-support U (``union_indices``), its size (``union_size``) and a worker's ranks in it.
+is the quantized result. ``Summary.of`` is what round 1 reads of it (the bitmap, the blocks'
+peaks and split flags, the non-finite check) without listing a dense tensor's positions.
+The bitmap helpers read the ORed bitmap the switch returns: the union support U
+(``union_indices``), its size (``union_size``) and a worker's ranks in it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from homagg.host_agent.codec import kernels
+from homagg.host_agent.codec.blocks import SPLIT_BINADES, SPLIT_RUN, block_count, peak_words
 from homagg.host_agent.codec.errors import CodecError
 from homagg.host_agent.codec.quantization import max_exponent, quantize
 
@@ -95,6 +99,55 @@ class Scan:
             at = int(self.idx[err.index])
             raise CodecError(str(err).replace(f"index {err.index}", f"index {at}", 1),
                              index=at) from None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Round 1's reading of a float tensor, in two passes over it and nothing per element
+    kept but the bitmap: its non-zero bitmap, each block's peak (the largest magnitude,
+    float64) and split mask (``blocks.split_flags``'s), the first non-finite position (-1:
+    none), and its ``Scan`` when it has at most a quarter non-zeros (None: a dense tensor,
+    scanned again only if a sparse mode needs its positions). The same words as ``Scan``'s
+    ``block_words`` and ``split_flags``, bit for bit (tested)."""
+
+    n: int
+    block: int
+    words: np.ndarray
+    peaks: np.ndarray
+    mask: np.ndarray
+    bad: int
+    scan: Scan | None
+
+    @classmethod
+    def of(cls, x: np.ndarray, block: int, split: bool) -> Summary:
+        x = np.asarray(x).reshape(-1)
+        if not np.issubdtype(x.dtype, np.floating):
+            raise CodecError(f"expected a floating-point tensor, got {x.dtype}")
+        block_count(x.size, block)  # (a bad block size: CodecError)
+        words, peaks, mask, bad, nz = kernels.active.summary(
+            x, block, SPLIT_BINADES, SPLIT_RUN, split, x.size // 4 + 64)
+        scan = Scan(x.size, nz[0], nz[1], words) if nz is not None else None
+        return cls(x.size, block, words, peaks, mask, bad, scan)
+
+    def finite(self) -> bool:
+        return self.bad < 0
+
+    def max_exponent(self) -> int | None:
+        """As ``Scan.max_exponent``: None for an all-zero tensor; CodecError naming the first
+        non-finite value's index."""
+        if self.bad >= 0:
+            raise CodecError(f"tensor has a non-finite value at index {self.bad}",
+                             index=self.bad)
+        peak = float(self.peaks.max(initial=0.0))
+        return math.frexp(peak)[1] if peak > 0 else None
+
+    def block_words(self, e_max: int | None) -> np.ndarray:
+        """``blocks.block_words`` of the tensor (uint32, one per block)."""
+        return peak_words(self.peaks, e_max)
+
+    def split_flags(self) -> np.ndarray:
+        """``blocks.split_flags`` of the tensor (all clear unless asked and finite)."""
+        return kernels.active.pack(self.mask)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""The dense passes of a worker's tensor: round 1's reading of it (``Summary``, the kernels'
+``summary``) and its words at the block scales (``quantize_blocks``), held bit for bit to the
+numpy reference and to the sparse path they replace (``Scan``'s block words, split flags and
+max exponent; ``quantize`` at every element's shift)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from homagg.host_agent import codec
+from homagg.host_agent.codec import CodecError, kernels
+from homagg.host_agent.local import HostTensor, Scales
+
+needs_jit = pytest.mark.skipif(kernels.JIT is None, reason="numba not installed")
+
+
+def _tensors(dtype):
+    """Layers of very different scales, zeros, -0.0, subnormals, runs across block ends,
+    sparse and dense, at sizes around the words' and the blocks' edges."""
+    rng = np.random.default_rng(35)
+    for n in (0, 1, 31, 32, 33, 300, 4097, 5000, 100_003):
+        for density in (0.0, 0.001, 0.2, 1.0):
+            layers = 10.0 ** rng.integers(-12, 3, n // 1000 + 1)
+            x = rng.standard_normal(n) * layers.repeat(1000)[:n]
+            x[rng.random(n) >= density] = 0
+            if n > 40:
+                x[5:8] = [1e-40, -0.0, 3e-39]
+                x[33:38] = x[33:38] * 1e-9  # a run far below its block's peak
+            yield x.astype(dtype)
+
+
+def _with_bad(x, rng):
+    """Copies of x with a NaN, an Inf and a -Inf at random places (two of them)."""
+    for bad in (np.nan, np.inf, -np.inf):
+        if x.size:
+            y = x.copy()
+            at = np.sort(rng.choice(x.size, min(2, x.size), replace=False))
+            y[at] = bad
+            yield y, int(at[0])
+
+
+@needs_jit
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_summary_kernels_agree_with_the_reference(dtype):
+    rng = np.random.default_rng(1)
+    for x in _tensors(dtype):
+        cases = [(x, -1), *_with_bad(x, rng)]
+        for y, first_bad in cases:
+            for block, split, binades, run in ((256, True, 8, 5), (100, True, 2, 1),
+                                               (3, False, 8, 5), (16, True, 0, 3)):
+                for cap in (0, y.size // 4 + 64, y.size + 1):
+                    got = kernels.JIT.summary(y, block, binades, run, split, cap)
+                    with kernels.using("ref"):
+                        want = kernels.REF.summary(y, block, binades, run, split, cap)
+                    for g, w in zip(got[:3], want[:3]):
+                        assert g.dtype == w.dtype
+                        np.testing.assert_array_equal(g, w)
+                    assert got[3] == want[3] == first_bad
+                    assert (got[4] is None) == (want[4] is None)
+                    if got[4] is not None:
+                        np.testing.assert_array_equal(got[4][0], want[4][0])
+                        np.testing.assert_array_equal(got[4][1], want[4][1])
+
+
+@pytest.mark.parametrize("which", ["jit", "ref"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_summary_gives_the_scans_round_1_words(which, dtype):
+    """What round 1 sends from ``Summary`` equals what the sparse path (``Scan``) gave."""
+    if which == "jit" and kernels.JIT is None:
+        pytest.skip("numba not installed")
+    with kernels.using(which):
+        split_seen = 0
+        for x in _tensors(dtype):
+            for block in (256, 100, 3):
+                for split in (True, False):
+                    sm = codec.Summary.of(x, block, split)
+                    scan = codec.Scan.of(x)
+                    e = scan.max_exponent()
+                    assert sm.finite() and sm.max_exponent() == e
+                    np.testing.assert_array_equal(sm.words, scan.words)
+                    np.testing.assert_array_equal(
+                        sm.block_words(e), codec.block_words(scan.idx, scan.raw, x.size, block, e))
+                    flags = codec.split_flags(scan.idx, scan.raw, x.size, block, split)
+                    np.testing.assert_array_equal(sm.split_flags(), flags)
+                    split_seen += int(flags.any())
+                    if sm.scan is not None:  # a sparse tensor's positions come with it
+                        np.testing.assert_array_equal(sm.scan.idx, scan.idx)
+                        np.testing.assert_array_equal(sm.scan.raw, scan.raw)
+                    else:
+                        assert scan.idx.size > x.size // 4 + 64
+        assert split_seen  # the cases do split blocks
+
+
+def test_summary_names_the_first_non_finite_value():
+    x = np.ones(1000, np.float32)
+    x[[17, 600]] = [np.inf, np.nan]
+    sm = codec.Summary.of(x, 256, True)
+    assert not sm.finite() and sm.bad == 17
+    assert not sm.peaks.any() and not sm.mask.any()  # nothing is scaled
+    with pytest.raises(CodecError, match="non-finite value at index 17") as err:
+        sm.max_exponent()
+    assert err.value.index == 17
+    with pytest.raises(CodecError, match="block size 0"):
+        codec.Summary.of(x, 0, True)
+    with pytest.raises(CodecError, match="floating-point"):
+        codec.Summary.of(np.ones(4, np.int32), 256, True)
+
+
+def _scales(x, block, rng, split: bool):
+    e = codec.max_exponent(x)
+    nb = codec.block_count(x.size, block)
+    offsets = rng.integers(0, 3, nb)  # (finer than the job's at most by the headroom's bits)
+    at = at_offsets = None
+    if split and x.size:
+        at = np.sort(rng.choice(x.size, max(1, x.size // 50), replace=False)).astype(np.int64)
+        at_offsets = rng.integers(0, 3, at.size)
+    return Scales(codec.shift_for(e, 4), offsets, block, at, at_offsets)
+
+
+@pytest.mark.parametrize("which", ["jit", "ref"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dense_words_equal_quantize_at_every_elements_shift(which, dtype):
+    if which == "jit" and kernels.JIT is None:
+        pytest.skip("numba not installed")
+    rng = np.random.default_rng(7)
+    compared = 0
+    with kernels.using(which):
+        for x in _tensors(dtype):
+            for block in (256, 100, 3):
+                for split in (False, True):
+                    scales = _scales(x, block, rng, split)
+                    try:
+                        want = codec.quantize(x, scales.elements(x.size))
+                    except CodecError:
+                        continue  # (a random offset too fine for some value: tested below)
+                    np.testing.assert_array_equal(HostTensor(x)._dense_words(scales), want)
+                    compared += 1
+    assert compared >= 150  # of 216: the cases run, not skipped
+
+
+@needs_jit
+def test_quantize_blocks_kernels_agree_on_the_first_bad_value():
+    rng = np.random.default_rng(8)
+    n, block = 20_000, 256
+    x = rng.standard_normal(n).astype(np.float32)
+    shifts = np.full(codec.block_count(n, block), 28, np.int64)
+    at = np.array([5, 300, 301, 19_999], np.int64)
+    at_shifts = np.array([29, 1, 29, 2], np.int64)
+    for bad_at, value in ((None, None), (12_345, 40.0), (300, 7.0), (301, 9.0), (1, np.nan),
+                          (19_999, -np.inf), (0, -9.0)):
+        y = x.copy()
+        if bad_at is not None:
+            y[bad_at] = value
+        got, gbad = kernels.JIT.quantize_blocks(y, shifts, block, at, at_shifts)
+        want, wbad = kernels.REF.quantize_blocks(y, shifts, block, at, at_shifts)
+        # (at 300 the shift is 1: 7.0 fits there; at 301 it is 29: 9.0 does not)
+        expect = -1 if bad_at in (None, 300) else bad_at
+        assert gbad == wbad == expect, (bad_at, gbad, wbad)
+        if expect < 0:
+            np.testing.assert_array_equal(got, want)
+    # shifts outside the normal float64 powers go to the reference, with its result
+    tiny = np.array([1e-30, 3e300, 2.0, -7.5], np.float64)
+    none = np.zeros(0, np.int64)
+    got, gbad = kernels.JIT.quantize_blocks(tiny, np.array([-1060], np.int64), 4, none, none)
+    assert gbad == -1 and got.tolist() == [0, 0, 0, 0]
+    got, gbad = kernels.JIT.quantize_blocks(tiny, np.array([-1000, 1060], np.int64), 2, none,
+                                            none)
+    assert gbad == 2 and got[:2].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("which", ["jit", "ref"])
+def test_a_value_out_of_range_is_named_by_its_index(which):
+    if which == "jit" and kernels.JIT is None:
+        pytest.skip("numba not installed")
+    x = np.ones(3000, np.float32)
+    x[2500] = 4.0
+    scales = Scales(30, np.zeros(codec.block_count(3000, 256), np.int64), 256)
+    with kernels.using(which), pytest.raises(CodecError) as err:
+        HostTensor(x)._dense_words(scales)
+    assert err.value.index == 2500
+    assert str(err.value) == ("value 4.0 at index 2500 is out of int32 range at shift 30: "
+                              "use shift_for()")
