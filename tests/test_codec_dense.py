@@ -181,3 +181,19 @@ def test_a_value_out_of_range_is_named_by_its_index(which):
     assert err.value.index == 2500
     assert str(err.value) == ("value 4.0 at index 2500 is out of int32 range at shift 30: "
                               "use shift_for()")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_split_round_words_are_read_where_they_are(dtype):
+    """``HostTensor.element_words`` reads the split blocks' elements alone: the same words as
+    the sparse path's over the whole scan."""
+    rng = np.random.default_rng(9)
+    for x in _tensors(dtype):
+        if not x.size:
+            continue
+        scan = codec.Scan.of(x)
+        e = scan.max_exponent()
+        for k in (1, 7, x.size // 3 + 1):
+            pos = np.sort(rng.choice(x.size, min(k, x.size), replace=False)).astype(np.int64)
+            np.testing.assert_array_equal(HostTensor(x).element_words(pos, e),
+                                          codec.element_words(scan.idx, scan.raw, pos, e))
