@@ -75,8 +75,8 @@ class Result:
     mode: Mode
     n: int
     union_words: np.ndarray | None  # ORed non-zero bitmap the values are on (None: dense)
-    values: np.ndarray         # exact integer sums, per union rank (union: the switch's int32
-                               # words; sketch: int64), or dense int64
+    values: np.ndarray         # exact integer sums: dense, or per union rank (dense and
+                               # union: the switch's int32 words; sketch: int64)
     wire_bytes: int            # homagg payload bytes this worker sent (retransmissions too)
     rounds: dict = field(default_factory=dict)  # words sent per round: index ("bitmap" or
                                # "index-top/mid/leaf", without the exponent and block words),
@@ -403,15 +403,17 @@ class Agent:
                          f"{cfg.max_rescales} rescales")
 
     def _value_rounds(self, local, scales: Scales, mode, union_words, union):
-        """The value round (and the residual): exact sums, on the union (int32 words from the
-        switch in mode union, int64 for the sketch) or dense (int64), each element at its
-        shift. An empty union (every worker sees it) sends nothing."""
+        """The value round (and the residual): exact sums, dense or on the union (the
+        switch's int32 words) or the sketch's (int64), each element at its shift. An empty
+        union (every worker sees it) sends nothing."""
         stream = self.transport.stream
         if mode == Mode.SKETCH and union_words is not None and not union.size:
             return np.zeros(0, np.int64), {}  # an empty union, on every worker
         words = local.value_words(mode, scales, union_words, union, self.seed, self.cfg.ratio)
         if mode == Mode.DENSE or union_words is None:
-            return stream(wire.OP_ADD, words).astype(np.int64), {"dense": words.size}
+            # (the switch's int32 words, as the union's: an int64 copy was 8 bytes an element
+            # at the all-reduce's peak; ``Result.ints`` widens them)
+            return stream(wire.OP_ADD, words), {"dense": words.size}
         if mode == Mode.UNION:  # straight from the bitmap: U is never listed
             if not words.size:  # an empty union, on every worker: nothing to send
                 return words, {}

@@ -103,6 +103,7 @@ class HostTensor:
         self.n = self.x.size
         self.dtype = self.x.dtype
         self._scan: codec.Scan | None = None
+        self._words: np.ndarray | None = None  # round 1's non-zero bitmap
         self._sparse: codec.Sparse | None = None
 
     @property
@@ -115,6 +116,7 @@ class HostTensor:
         # (a dense tensor's positions are not listed: ``scan`` lists them if a mode needs
         # them, a sparse tensor's come with the summary)
         sm = codec.Summary.of(self.x, block, split)
+        self._words = sm.words
         if sm.scan is not None:
             self._scan = sm.scan
         finite = sm.finite()
@@ -137,6 +139,11 @@ class HostTensor:
         if mode == Mode.DENSE or union_words is None:
             self._scan = None  # (its positions and values: 12 bytes an element, not needed)
             return self._dense_words(scales)
+        if mode == Mode.UNION and self._scan is None and self._words is not None:
+            # a mostly dense tensor (round 1 listed no positions): its dense words, read at
+            # the union's positions (the same words as from the positions, bit for bit)
+            return codec.encode_union_dense(self._dense_words(scales), self._words,
+                                            union_words)
         s = self._sparse = self.scan.quantize(scales.of(self.scan.idx))
         if mode == Mode.UNION:
             return codec.encode_union(s, union_words)

@@ -197,3 +197,49 @@ def test_split_round_words_are_read_where_they_are(dtype):
             pos = np.sort(rng.choice(x.size, min(k, x.size), replace=False)).astype(np.int64)
             np.testing.assert_array_equal(HostTensor(x).element_words(pos, e),
                                           codec.element_words(scan.idx, scan.raw, pos, e))
+
+
+@pytest.mark.parametrize("which", ["jit", "ref"])
+def test_union_words_of_a_dense_tensor_equal_the_listed_ones(which):
+    """Mode union on a tensor round 1 listed no positions for: its dense words read at the
+    union's positions (``encode_union_dense``), the same words as from its non-zeros."""
+    if which == "jit" and kernels.JIT is None:
+        pytest.skip("numba not installed")
+    rng = np.random.default_rng(10)
+    unlisted = 0
+    with kernels.using(which):
+        for x in _tensors(np.float32):
+            n = x.size
+            for other in (0.0, 0.3):  # the peers' non-zeros, ORed with this worker's
+                own = codec.Scan.of(x)
+                union = own.words | kernels.REF.pack(rng.random(n) < other)
+                scales = _scales(x, 256, rng, split=False)
+                try:
+                    want = codec.encode_union(own.quantize(scales.of(own.idx)), union)
+                except CodecError:
+                    continue
+                q = HostTensor(x)._dense_words(scales)
+                got = codec.encode_union_dense(q, own.words, union)
+                assert got.dtype == np.int32
+                np.testing.assert_array_equal(got, want)
+                h = HostTensor(x)
+                h.round1(256, False)
+                unlisted += h._scan is None
+                np.testing.assert_array_equal(
+                    h.value_words(codec.Mode.UNION, scales, union, None, 1, 1.25), want)
+            if n and own.idx.size:
+                foreign = own.words.copy()
+                foreign[own.idx[0] // 32] = np.uint32(0)  # its first non-zero left out
+                with pytest.raises(CodecError, match="not contained in the union"):
+                    codec.encode_union_dense(q, own.words, foreign)
+    assert unlisted >= 8  # the dense tensors took the new path
+
+
+@needs_jit
+def test_gather_union_kernels_agree_and_ignore_bits_past_n():
+    rng = np.random.default_rng(11)
+    for n in (0, 1, 31, 32, 33, 1000, 4097):
+        q = rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32)
+        words = kernels.REF.pack(rng.random(32 * (-(-n // 32))) < 0.4)  # bits past n set too
+        np.testing.assert_array_equal(kernels.JIT.gather_union(words, n, q),
+                                      kernels.REF.gather_union(words, n, q))

@@ -55,6 +55,12 @@ def encode_union(words: np.ndarray, n: int, idx: np.ndarray, val: np.ndarray
     return None if bad >= 0 else v
 
 
+def gather_union(words: np.ndarray, n: int, q: np.ndarray) -> np.ndarray:
+    out = np.empty(_k_union_size(words, n), np.int32)
+    _k_gather_union(words, n, np.ascontiguousarray(q, np.int32), out)
+    return out
+
+
 def decode_union(words: np.ndarray, n: int, values: np.ndarray, shift: int, dtype
                  ) -> np.ndarray | None:
     dt = np.dtype(dtype)
@@ -271,6 +277,22 @@ def _k_scan(x, xi, mag):
     if 5 * k >= 4 * idx.size:  # nearly full (a dense tensor): no second copy of n entries
         return words, idx[:k], raw[:k]
     return words, idx[:k].copy(), raw[:k].copy()
+
+
+@_njit
+def _k_gather_union(words, n, q, out):
+    """out[r] = q[the r-th position < n set in words]: the bitmap a word at a time."""
+    k = 0
+    for i in range((n + 31) // 32):
+        t = _k_brev8(np.int64(words[i]))
+        rem = n - 32 * i
+        if rem < 32:
+            t &= (np.int64(1) << rem) - 1
+        base = 32 * i
+        while t:
+            out[k] = q[base + _ctz(t)]
+            k += 1
+            t &= t - 1
 
 
 @_njit

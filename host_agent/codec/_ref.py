@@ -69,6 +69,11 @@ def encode_union(words: np.ndarray, n: int, idx: np.ndarray, val: np.ndarray
     return v
 
 
+def gather_union(words: np.ndarray, n: int, q: np.ndarray) -> np.ndarray:
+    """int32[u]: a dense int32 tensor's ``q`` at the positions < n set in ``words``, by rank."""
+    return np.ascontiguousarray(q[set_bits(words, n)], np.int32)
+
+
 def decode_union(words: np.ndarray, n: int, values: np.ndarray, shift: int, dtype
                  ) -> np.ndarray | None:
     """Dense float tensor: values (per union rank) / 2**shift on the union, 0 off it; None if

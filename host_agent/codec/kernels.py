@@ -11,6 +11,7 @@ reference: the tests run both and compare them bit for bit, selecting one with `
     ranks(union, idx)                         -> int64 ranks of idx in union, None if not in it
     union_size(words, n)                      -> int
     encode_union(words, n, idx, val)          -> int32 values by union rank, None if not in it
+    gather_union(words, n, q)                 -> int32 q at the union's positions, by rank
     decode_union(words, n, values, shift, dt) -> dense float tensor, None on a size mismatch
     decode_union_scaled(words, n, values, word_scales, dt)
                                               -> the same, one scale per bitmap word

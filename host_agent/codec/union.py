@@ -35,6 +35,20 @@ def encode_union(s: Sparse, union_words: np.ndarray) -> np.ndarray:
     return v
 
 
+def encode_union_dense(q: np.ndarray, own_words: np.ndarray, union_words: np.ndarray
+                       ) -> np.ndarray:
+    """``encode_union`` of a worker's dense int32 words ``q`` (all n, 0 where its tensor is
+    zero; ``own_words`` its non-zero bitmap): the same words, read off q at the union's
+    positions, without listing the worker's positions (a mostly dense tensor's list is 12
+    bytes an element)."""
+    n = q.size
+    words = checked_words(union_words, n)
+    own = checked_words(own_words, n)
+    if np.any(own[:words.size] & ~words[:own.size]):
+        raise CodecError("worker's support is not contained in the union bitmap")
+    return kernels.active.gather_union(words, n, q)
+
+
 def decode_union(union_words: np.ndarray, n: int, values: np.ndarray, shift: int,
                  dtype=np.float32) -> np.ndarray:
     """Mode ``union``'s decoded sum as a dense float tensor, straight from the ORed bitmap:
