@@ -4,11 +4,15 @@ numpy copy of the same fp32 tensor, measured in the same run (ratios travel; sec
     python -m bench.codec                 # N = 1M and 10M, densities 0.1%, 1%, 10%, 8 workers
     python -m bench.codec --sizes 1000000 --densities 0.01 --workers 4
     python -m bench.codec --sizes 10000000 --densities 0.01 0.001 0.0001
+    python -m bench.codec --sizes 2000000 --densities --dense    # the dense rows alone
 
 Every row is also checked: the simulated job's sum must equal the integer sum bit for bit.
 Each worker has an independent random support of the given density, so the union is larger than
 any worker's support (about 1 - (1 - d)**W of the tensor); one more support per size is
 row-sparse ("r64:0.1%": each worker has 0.1% of the rows of 64 elements, whole rows).
+A dense row per size (all N non-zero, as a DDP bucket of a dense layer): one worker's
+per-element work as the agent does it (``local.HostTensor``: round 1's reading, the words at
+the block scales, the decode), checked against ``codec.quantize`` at every element's shift.
 Each support runs with both indexes (``codec.index``): the flat bitmap (n/32 words, 1 round) and
 the hierarchical one (3 rounds, its size follows the union); the time then includes building
 the levels and rebuilding the union bitmap from the ORed levels.
@@ -132,7 +136,46 @@ def supports(rng, n, densities, workers, rows_of, row_fraction):
                make_row_workers(rng, n, workers, rows_of, row_fraction))
 
 
-def run(sizes, densities, workers, repeat, seed=11, rows_of=64, row_fraction=0.001):
+def _round1(x):
+    from homagg.host_agent.local import HostTensor
+
+    return HostTensor(x).round1(codec.DEFAULT_BLOCK, True)
+
+
+def dense_rows(sizes, workers, repeat, rng) -> list[dict]:
+    """The dense rows: HostTensor's round 1, words and decode against x.copy()."""
+    from homagg.host_agent.local import HostTensor, Scales
+
+    header = (f"{'N':>10} {'dense':>9} {'round 1':>8} {'words':>8} {'decode':>8} "
+              f"{'copy ms':>8} {'all ms':>8} {'x copy':>7} {'exact':>5}")
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for n in sizes:
+        x = rng.standard_normal(n).astype(np.float32)
+        h = HostTensor(x)
+        r1 = h.round1(codec.DEFAULT_BLOCK, True)
+        scales = Scales(codec.shift_for(r1.exponent, workers), codec.block_offsets(r1.blocks),
+                        codec.DEFAULT_BLOCK)
+        words = h.value_words(codec.Mode.DENSE, scales, None, None, 0, 1.0)
+        ok = np.array_equal(words, codec.quantize(x, scales.elements(n)))
+        parts = [functools.partial(_round1, x),
+                 functools.partial(h.value_words, codec.Mode.DENSE, scales, None, None, 0, 1.0),
+                 functools.partial(h.decode, words, scales, codec.Mode.DENSE, None, None,
+                                   np.float32)]
+        ts = interleaved([x.copy, *parts], repeat)
+        copy_t, *med = [float(np.median(t)) for t in ts]
+        total = sum(med)
+        print(f"{n:>10} {'1.0':>9} {med[0] * 1e3:>8.2f} {med[1] * 1e3:>8.2f} "
+              f"{med[2] * 1e3:>8.2f} {copy_t * 1e3:>8.2f} {total * 1e3:>8.2f} "
+              f"{total / copy_t:>7.2f} {('yes' if ok else 'NO'):>5}", flush=True)
+        rows.append(dict(n=n, density=1.0, index="-", mode="dense", exact=ok,
+                         time_ratio=total / copy_t))
+    return rows
+
+
+def run(sizes, densities, workers, repeat, seed=11, rows_of=64, row_fraction=0.001,
+        dense=True):
     rng = np.random.default_rng(seed)
     header = (f"{'N':>10} {'density':>9} {'union':>7} {'index':>5} {'mode':>7} {'exact':>5} "
               f"{'wire/dense':>10} {'peel rds':>8} {'unres':>6} {'copy ms':>8} "
@@ -140,8 +183,9 @@ def run(sizes, densities, workers, repeat, seed=11, rows_of=64, row_fraction=0.0
     print(f"homagg codec benchmark: {workers} workers, numpy {np.__version__}, codec and "
           f"x.copy() timed interleaved, {repeat} repetitions each; ms are medians, 'x copy' is "
           f"median/median, 'best x' best/best")
-    print(header)
-    print("-" * len(header))
+    if densities or row_fraction > 0:
+        print(header)
+        print("-" * len(header))
     rows = []
     for n in sizes:
         for d, xs in supports(rng, n, densities, workers, rows_of, row_fraction):
@@ -190,6 +234,8 @@ def run(sizes, densities, workers, repeat, seed=11, rows_of=64, row_fraction=0.0
                       f"{ts.min() / copy_ts.min():>7.2f}", flush=True)
                 rows.append(dict(n=n, density=d, index=index, mode=label, exact=ok,
                                  ratio=res.ratio, time_ratio=t / copy_t))
+    if dense:
+        rows += dense_rows(sizes, workers, repeat, rng)
     bad = [r for r in rows if not r["exact"]]
     if bad:
         print(f"NOT EXACT: {len(bad)} row(s)", file=sys.stderr)
@@ -200,7 +246,9 @@ def run(sizes, densities, workers, repeat, seed=11, rows_of=64, row_fraction=0.0
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
-    p.add_argument("--densities", type=float, nargs="+", default=[0.001, 0.01, 0.1])
+    p.add_argument("--densities", type=float, nargs="*", default=[0.001, 0.01, 0.1])
+    p.add_argument("--dense", action=argparse.BooleanOptionalAction, default=True,
+                   help="the dense rows (HostTensor's per-element work), after the others")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--repeat", type=int, default=15)
     p.add_argument("--rows-of", type=int, default=64,
@@ -213,7 +261,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     a = parser().parse_args(argv)
     return run(a.sizes, a.densities, a.workers, a.repeat, rows_of=a.rows_of,
-               row_fraction=a.row_fraction)
+               row_fraction=a.row_fraction if a.densities else 0.0, dense=a.dense)
 
 
 if __name__ == "__main__":
