@@ -66,15 +66,6 @@ class Scales:
             out[hit] = self.at_shifts()[k[hit]]
         return out
 
-    def span(self, lo: int, hi: int) -> np.ndarray:
-        """The shifts (int64) of elements lo .. hi - 1, ``lo`` a multiple of ``block``."""
-        B = self.block
-        out = np.repeat(self.blocks()[lo // B:-(-hi // B)], B)[:hi - lo]
-        if self.at is not None:
-            k0, k1 = np.searchsorted(self.at, [lo, hi])
-            out[self.at[k0:k1] - lo] = self.at_shifts()[k0:k1]
-        return out
-
     def coarser(self, bits: int) -> Scales:
         """Every shift ``bits`` lower (a rescale after the switch flagged an overflow)."""
         return replace(self, shift=self.shift - bits)
