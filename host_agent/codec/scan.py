@@ -111,7 +111,6 @@ class Summary:
     ``block_words`` and ``split_flags``, bit for bit (tested)."""
 
     n: int
-    block: int
     words: np.ndarray
     peaks: np.ndarray
     mask: np.ndarray
@@ -127,7 +126,7 @@ class Summary:
         words, peaks, mask, bad, nz = kernels.active.summary(
             x, block, SPLIT_BINADES, SPLIT_RUN, split, x.size // 4 + 64)
         scan = Scan(x.size, nz[0], nz[1], words) if nz is not None else None
-        return cls(x.size, block, words, peaks, mask, bad, scan)
+        return cls(x.size, words, peaks, mask, bad, scan)
 
     def finite(self) -> bool:
         return self.bad < 0
