@@ -286,7 +286,7 @@ def test_both_kernel_sets_have_one_interface():
            if inspect.isfunction(fn) and not name.startswith("_")}
     assert set(ref) >= {"scan", "set_bits", "ranks", "union_size", "encode_union",
                         "decode_union", "hashes", "sketch_encode", "peel", "assemble", "pack",
-                        "subblocks"}
+                        "subblocks", "level_counts"}
     for name, fn in ref.items():
         assert inspect.signature(getattr(kernels.JIT, name)) == inspect.signature(fn), name
     assert kernels.active is kernels.JIT

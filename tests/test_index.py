@@ -195,6 +195,28 @@ def test_subblocks_kernel_matches_reference():
             np.testing.assert_array_equal(want, 16 * blocks[r] + s)
 
 
+@pytest.mark.skipif(kernels.JIT is None, reason="numba not installed")
+def test_level_counts_kernel_matches_reference_and_the_levels():
+    """c1 and c2 (``hier_saving``'s counts): the compiled kernel, numpy's, and the blocks
+    and sub-blocks of ``Levels.of``, on sizes around a byte, a word and a block, with junk
+    bits in the words past the bitmap's bytes (ignored by both)."""
+    rng = np.random.default_rng(6)
+    for n in (1, 7, 8, 9, 127, 128, 129, 255, 256, 1000, 2048, 2049, 4095, 100_003):
+        for density in (0.0, 0.001, 0.05, 0.5, 1.0):
+            words = np.concatenate([kernels.REF.pack(rng.random(n) < density),
+                                    np.full(3, 0xFFFFFFFF, np.uint32)])
+            used = -(-n // 8)
+            words.view(np.uint8)[used:] = 0xA5  # past the bitmap's bytes
+            got = kernels.JIT.level_counts(words, n)
+            want = kernels.REF.level_counts(words, n)
+            assert got == want and all(type(c) is int for c in got), (n, density)
+            lv = codec.Levels.of(words, n)
+            blocks = codec.union_blocks(lv.top, n)
+            flat = np.unpackbits(words.view(np.uint8), count=n)
+            c2 = int(np.count_nonzero(np.add.reduceat(flat, np.arange(0, n, 8))))
+            assert want == (blocks.size, c2), (n, density)
+
+
 def test_short_leaf_level_is_refused():
     with pytest.raises(CodecError, match="too short"):
         codec.union_bitmap(1000, np.arange(5), np.zeros(1, np.uint32))

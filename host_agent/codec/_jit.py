@@ -20,6 +20,7 @@ from homagg.host_agent.codec._jit_bitmap import (
     decode_union_scaled,
     encode_union,
     gather_union,
+    level_counts,
     pack,
     ranks,
     scan,
@@ -37,6 +38,6 @@ from homagg.host_agent.codec._jit_blocks import (
 from homagg.host_agent.codec._jit_sketch import hashes, peel, sketch_encode
 
 __all__ = ["pack", "scan", "set_bits", "ranks", "union_size", "encode_union", "gather_union",
-           "decode_union",
-           "decode_union_scaled", "subblocks", "hashes", "sketch_encode", "peel", "assemble",
-           "block_peaks", "scale_blocks", "split_mask", "summary", "quantize_blocks"]
+           "decode_union", "decode_union_scaled", "subblocks", "level_counts", "hashes",
+           "sketch_encode", "peel", "assemble", "block_peaks", "scale_blocks", "split_mask",
+           "summary", "quantize_blocks"]

@@ -93,6 +93,14 @@ def subblocks(mid: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     return _k_subblocks(mid.view(np.uint8), np.ascontiguousarray(blocks, np.int64))
 
 
+def level_counts(words: np.ndarray, n: int) -> tuple[int, int]:
+    used = -(-n // 8)  # the bitmap's bytes: a byte is a sub-block, 16 bytes a block
+    whole = used // 16
+    c1, c2 = _k_level_counts(words[:4 * whole].view(np.uint64),
+                             words.view(np.uint8)[16 * whole:used])
+    return int(c1), int(c2)
+
+
 def assemble(n: int, union: np.ndarray, values: np.ndarray, shift: int, dtype) -> np.ndarray:
     out = np.zeros(n, dtype)
     if abs(shift) <= 1000 and out.dtype in (np.float32, np.float64):
@@ -172,6 +180,35 @@ def _k_subblocks(mid, blocks):
             out[k] = base + s
             k += (w >> (15 - s)) & 1
     return out[:total]
+
+
+_LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
+_HIGH = np.uint64(0x8080808080808080)
+_ONES = np.uint64(0x0101010101010101)
+
+
+@_njit
+def _k_nonzero_bytes(v):
+    """How many of a uint64's 8 bytes are not zero (bit 7 of each byte says, no carries)."""
+    m = (((v & _LOW7) + _LOW7) | v) & _HIGH
+    return ((m >> np.uint64(7)) * _ONES) >> np.uint64(56)
+
+
+@_njit
+def _k_level_counts(q, tail):
+    """q: the whole blocks' bytes as uint64 (two per block); tail: the last block's bytes."""
+    c1 = 0
+    c2 = 0
+    for i in range(0, q.size, 2):
+        k = _k_nonzero_bytes(q[i]) + _k_nonzero_bytes(q[i + 1])
+        c2 += k
+        c1 += k != 0
+    hit = 0
+    for j in range(tail.size):
+        nz = tail[j] != 0
+        c2 += nz
+        hit |= nz
+    return c1 + hit, c2
 
 
 @_njit

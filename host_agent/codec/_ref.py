@@ -104,6 +104,16 @@ def subblocks(mid: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     return (blocks[k >> 4] << 4) | (k & 15)
 
 
+def level_counts(words: np.ndarray, n: int) -> tuple[int, int]:
+    """(c1, c2) of a flat bitmap's hierarchy (``index``): its blocks of 128 elements and its
+    sub-blocks of 8 with a bit set, among the first ceil(n / 8) bytes of contiguous uint32
+    ``words`` (a byte is a sub-block; 16 bytes are a block)."""
+    nonzero = words.view(np.uint8)[:-(-n // 8)] != 0
+    pad = (-nonzero.size) % 16
+    c1 = int(np.concatenate([nonzero, np.zeros(pad, bool)]).reshape(-1, 16).any(1).sum())
+    return c1, int(nonzero.sum())
+
+
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser, in place on a fresh uint64 array."""
     x ^= x >> np.uint64(30)

@@ -114,11 +114,7 @@ def hier_saving(union_words: np.ndarray, n: int) -> int:
     """Index words the hierarchy sends fewer than the flat bitmap for this union (negative:
     more): the flat bitmap against the top, mid and leaf levels of the union's blocks (c1)
     and sub-blocks (c2), which every worker's levels have (``level_words``)."""
-    raw = checked_words(union_words, n).view(np.uint8)[:-(-n // SUB)]
-    nonzero = raw != 0  # a byte of the flat bitmap is a sub-block
-    c2 = int(nonzero.sum())
-    pad = (-nonzero.size) % SUBS
-    c1 = int(np.concatenate([nonzero, np.zeros(pad, bool)]).reshape(-1, SUBS).any(1).sum())
+    c1, c2 = kernels.active.level_counts(checked_words(union_words, n), n)
     return bitmap_words(n) - sum(level_words(n, c1, c2))
 
 

@@ -17,6 +17,8 @@ reference: the tests run both and compare them bit for bit, selecting one with `
                                               -> the same, one scale per bitmap word
     subblocks(mid, blocks)                    -> int64 sub-blocks set in a hierarchical index's
                                                  mid level (``index``), 16 bits per block
+    level_counts(words, n)                    -> (blocks, sub-blocks) of a flat bitmap with a
+                                                 bit set: its hierarchy's c1 and c2 (``index``)
     hashes(idx, part, s1, s2)                 -> (positions, signs), each (3, len)
     sketch_encode(idx, val, m, s1, s2)        -> m counters (unbounded)
     peel(counters, union, s1, s2)             -> (values, resolved, rounds)
