@@ -8,10 +8,12 @@ losses within 1e-6, the gradients' all-reduces through the switch; (3) throughpu
 against a baseline measured in the same run: one worker's encode+decode of a bucket at 1%
 density (round 1's words, the value words and the decode, with the words' trips over PCIe;
 a job of one agent in memory) by the GPU codec and by the CPU codec, against a
-device-to-device copy of the same bytes; a profile of the GPU codec's kernels; and the
-all-reduce of a CUDA bucket on ``homagg`` (the GPU codec, and the tensor staged to the CPU
-codec: ``HOMAGG_CUDA_CODEC=host``) and on gloo, 2 ranks. Prints its figures and writes them
-as JSON (default ``bench/out/gpu_check.json``).
+device-to-device copy of the same bytes; where a call's time goes (each of the GPU codec's
+steps, the agent's host work, the GPU's own kernel time); a profile of the GPU codec's
+kernels; and the all-reduce of a CUDA bucket on ``homagg`` (the GPU codec, and the tensor
+staged to the CPU codec: ``HOMAGG_CUDA_CODEC=host``) and on gloo, 2 ranks. Prints its figures
+and writes them as JSON (default ``bench/out/gpu_check.json``). ``--only throughput``: the
+codec's figures of (3) alone, in about a minute.
 """
 
 from __future__ import annotations
@@ -145,6 +147,60 @@ def _codec_seconds(torch, x, reps: int) -> float:
     return _timed(torch, lambda: agent.allreduce_detailed(flat, "k"), reps)
 
 
+def _phases(torch, x, reps: int) -> dict:
+    """Where one worker's encode+decode call spends its time (ms a call): each of the GPU
+    codec's steps (``DeviceTensor``'s methods, the device synchronized at both ends), the
+    rest (the agent's rounds and index work on the host, and the in-memory switch), and the
+    GPU's own kernel time (the profiler's CUDA total)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from homagg.host_agent.distributed import device
+    from homagg.host_agent.simulate import MemoryJob
+
+    spent: dict[str, float] = {}
+
+    class Timed(device.DeviceTensor):
+        pass
+
+    def timed(name):
+        f = getattr(device.DeviceTensor, name)
+
+        def step(self, *a, **k):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            try:
+                return f(self, *a, **k)
+            finally:
+                torch.cuda.synchronize()
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+        return step
+
+    for name in ("round1", "element_words", "value_words", "residual_words", "decode"):
+        setattr(Timed, name, timed(name))
+    agent = MemoryJob(1, mode="auto").agents[0]
+    for _ in range(3):
+        agent.allreduce_detailed(Timed(x), "k")
+    spent.clear()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        agent.allreduce_detailed(Timed(x), "k")
+    torch.cuda.synchronize()
+    total = time.perf_counter() - t0
+    out = {k: round(1e3 * v / reps, 3) for k, v in spent.items()}
+    out["host rounds and switch"] = round(1e3 * (total - sum(spent.values())) / reps, 3)
+    out["call"] = round(1e3 * total / reps, 3)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            agent.allreduce_detailed(device.DeviceTensor(x), "k")
+        torch.cuda.synchronize()
+    gpu_us = sum(e.self_device_time_total for e in prof.key_averages()
+                 if e.device_type == DeviceType.CUDA and not e.is_user_annotation)
+    out["gpu kernels and copies"] = round(gpu_us / 1e3 / reps, 3)
+    return out
+
+
 def _profile(torch, x) -> str:
     """The GPU codec's top operations by GPU time, over 5 calls."""
     from torch.profiler import ProfilerActivity, profile
@@ -163,11 +219,43 @@ def _profile(torch, x) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=18)
 
 
+def _throughput(torch, fig: dict) -> None:
+    """(3)'s codec figures: encode+decode against a device-to-device copy and the CPU codec,
+    where a call's time goes, and the GPU codec's profile."""
+    fig["codec"] = {}
+    for n in (BUCKET, 8 * BUCKET):
+        x = _sparse_bucket(torch, 0, n).cuda()
+        y = torch.empty_like(x)
+        d2d = n * 4 / _timed(torch, lambda x=x, y=y: y.copy_(x), 50)
+        gpu = n * 4 / _codec_seconds(torch, x, 20)
+        row = {"elements": n, "density": DENSITY, "d2d_copy_GBps": round(d2d / 1e9, 1),
+               "gpu_codec_GBps": round(gpu / 1e9, 2), "gpu_codec_vs_d2d": round(gpu / d2d, 4)}
+        if n == BUCKET:
+            cpu = n * 4 / _codec_seconds(torch, x.cpu(), 3)
+            row.update(cpu_codec_GBps=round(cpu / 1e9, 3), gpu_vs_cpu=round(gpu / cpu, 1))
+        fig["codec"][str(n)] = row
+        print(f"encode+decode, {n} float32 at {DENSITY:.0%}: GPU codec {gpu / 1e9:.2f} GB/s "
+              f"= {gpu / d2d:.4f} of a device-to-device copy ({d2d / 1e9:.0f} GB/s)"
+              + (f"; CPU codec {row['cpu_codec_GBps']} GB/s (GPU {row['gpu_vs_cpu']}x)"
+                 if "cpu_codec_GBps" in row else ""), flush=True)
+    fig["codec_phases_ms"] = {}
+    for n in (BUCKET, 8 * BUCKET):
+        ph = fig["codec_phases_ms"][str(n)] = _phases(torch, _sparse_bucket(torch, 0, n).cuda(),
+                                                      10)
+        print(f"encode+decode, {n} float32, ms a call: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()), flush=True)
+    fig["codec_profile"] = _profile(torch, _sparse_bucket(torch, 0).cuda())
+    print(fig["codec_profile"], flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "gpu_check.json")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--only", choices=("all", "throughput"), default="all",
+                    help="throughput: the codec's figures alone (no tests, training or "
+                         "all-reduce; the check does not pass or fail)")
     a = ap.parse_args()
     import torch
 
@@ -178,6 +266,13 @@ def main() -> int:
         return 2
     fig: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     print(f"device: {fig['device']}, torch {fig['torch']}", flush=True)
+
+    if a.only == "throughput":
+        _throughput(torch, fig)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(fig, indent=1, default=float))
+        print(f"wrote {a.out}")
+        return 0
 
     # (1) the cuda tests
     t0 = time.monotonic()
@@ -233,24 +328,7 @@ def main() -> int:
         print(f"FSDP2 on the GPU failed: {fig['fsdp2']['error']}", flush=True)
 
     # (3) throughput
-    fig["codec"] = {}
-    for n in (BUCKET, 8 * BUCKET):
-        x = _sparse_bucket(torch, 0, n).cuda()
-        y = torch.empty_like(x)
-        d2d = n * 4 / _timed(torch, lambda x=x, y=y: y.copy_(x), 50)
-        gpu = n * 4 / _codec_seconds(torch, x, 20)
-        row = {"elements": n, "density": DENSITY, "d2d_copy_GBps": round(d2d / 1e9, 1),
-               "gpu_codec_GBps": round(gpu / 1e9, 2), "gpu_codec_vs_d2d": round(gpu / d2d, 4)}
-        if n == BUCKET:
-            cpu = n * 4 / _codec_seconds(torch, x.cpu(), 3)
-            row.update(cpu_codec_GBps=round(cpu / 1e9, 3), gpu_vs_cpu=round(gpu / cpu, 1))
-        fig["codec"][str(n)] = row
-        print(f"encode+decode, {n} float32 at {DENSITY:.0%}: GPU codec {gpu / 1e9:.2f} GB/s "
-              f"= {gpu / d2d:.4f} of a device-to-device copy ({d2d / 1e9:.0f} GB/s)"
-              + (f"; CPU codec {row['cpu_codec_GBps']} GB/s (GPU {row['gpu_vs_cpu']}x)"
-                 if "cpu_codec_GBps" in row else ""), flush=True)
-    fig["codec_profile"] = _profile(torch, _sparse_bucket(torch, 0).cuda())
-    print(fig["codec_profile"], flush=True)
+    _throughput(torch, fig)
     per = {}
     for place in ("device", "host"):
         with tempfile.TemporaryDirectory() as d:
