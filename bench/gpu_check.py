@@ -33,10 +33,12 @@ BUCKET = 4 * 1024 * 1024  # float32 elements (16 MiB), DDP's default bucket is 2
 DENSITY = 0.01
 
 
-def _sparse_bucket(torch, rank: int, n: int = BUCKET):
+def _sparse_bucket(torch, rank: int, n: int = BUCKET, density: float = DENSITY):
     g = torch.Generator().manual_seed(rank)
+    if density >= 1:
+        return torch.randn(n, generator=g)
     x = torch.zeros(n)
-    idx = torch.randperm(n, generator=g)[: int(n * DENSITY)]
+    idx = torch.randperm(n, generator=g)[: int(n * density)]
     x[idx] = torch.randn(idx.numel(), generator=g)
     return x
 
@@ -238,11 +240,24 @@ def _throughput(torch, fig: dict) -> None:
               f"= {gpu / d2d:.4f} of a device-to-device copy ({d2d / 1e9:.0f} GB/s)"
               + (f"; CPU codec {row['cpu_codec_GBps']} GB/s (GPU {row['gpu_vs_cpu']}x)"
                  if "cpu_codec_GBps" in row else ""), flush=True)
+    # a dense bucket (every element non-zero: a dense layer's gradient), n words each way
+    x = _sparse_bucket(torch, 0, BUCKET, 1.0).cuda()
+    y = torch.empty_like(x)
+    d2d = BUCKET * 4 / _timed(torch, lambda: y.copy_(x), 50)
+    gpu = BUCKET * 4 / _codec_seconds(torch, x, 20)
+    cpu = BUCKET * 4 / _codec_seconds(torch, x.cpu(), 3)
+    fig["codec"][f"{BUCKET} dense"] = {
+        "elements": BUCKET, "density": 1.0, "d2d_copy_GBps": round(d2d / 1e9, 1),
+        "gpu_codec_GBps": round(gpu / 1e9, 2), "gpu_codec_vs_d2d": round(gpu / d2d, 4),
+        "cpu_codec_GBps": round(cpu / 1e9, 3), "gpu_vs_cpu": round(gpu / cpu, 1)}
+    print(f"encode+decode, {BUCKET} float32, dense: GPU codec {gpu / 1e9:.2f} GB/s; CPU codec "
+          f"{cpu / 1e9:.3f} GB/s (GPU {gpu / cpu:.1f}x)", flush=True)
     fig["codec_phases_ms"] = {}
-    for n in (BUCKET, 8 * BUCKET):
-        ph = fig["codec_phases_ms"][str(n)] = _phases(torch, _sparse_bucket(torch, 0, n).cuda(),
-                                                      10)
-        print(f"encode+decode, {n} float32, ms a call: "
+    for n, density in ((BUCKET, DENSITY), (8 * BUCKET, DENSITY), (BUCKET, 1.0)):
+        key = str(n) if density < 1 else f"{n} dense"
+        ph = fig["codec_phases_ms"][key] = _phases(
+            torch, _sparse_bucket(torch, 0, n, density).cuda(), 10)
+        print(f"encode+decode, {key} float32, ms a call: "
               + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()), flush=True)
     fig["codec_profile"] = _profile(torch, _sparse_bucket(torch, 0).cuda())
     print(fig["codec_profile"], flush=True)

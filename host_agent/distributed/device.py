@@ -147,7 +147,7 @@ class DeviceTensor:
 
     def decode(self, values: np.ndarray, scales: Scales, mode, union_words: np.ndarray | None,
                union: np.ndarray | None, dtype) -> torch.Tensor:
-        v = torch.from_numpy(np.ascontiguousarray(values)).to(self.device).double()
+        v = _device(values, self.device).double()
         if union_words is None:
             return (v * _pow2(-self._shifts(scales))).to(dtype)
         pos = self._union(union_words)
@@ -166,7 +166,7 @@ class DeviceTensor:
         size is counted on the host, so listing them needs no sync."""
         if self._pos is None:
             words = codec.scan.checked_words(union_words, self.n)
-            mask = _unpack(torch.from_numpy(words.view(np.int32)).to(self.device), self.n)
+            mask = _unpack(_device(words.view(np.int32), self.device), self.n)
             self._pos = _nonzero(mask, codec.union_size(words, self.n))
         return self._pos
 
@@ -179,7 +179,7 @@ class DeviceTensor:
         if lo < -1022 or hi > 1022:
             raise CodecError(f"scale shifts {lo}..{hi} leave float64's normal range: the "
                              "device codec takes shifts in -1022..1022")
-        blocks = torch.from_numpy(scales.blocks()).to(self.device)
+        blocks = _device(scales.blocks(), self.device)
         if positions is None:
             out = blocks.repeat_interleave(scales.block)[:self.n]
             if scales.at is not None:
@@ -233,9 +233,28 @@ def _wrap32(w: torch.Tensor) -> torch.Tensor:
 
 
 def _host(t: torch.Tensor, unsigned: bool = False) -> np.ndarray:
-    """Device int32 values on the host (``unsigned``: their bits as uint32 words)."""
-    a = t.cpu().numpy()
+    """Device int32 values on the host (``unsigned``: their bits as uint32 words). From a
+    GPU through pinned memory: a buffer of torch's caching host allocator, which takes it
+    back for reuse once the array is gone; one wait, on this thread's stream."""
+    if t.is_cuda:
+        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        buf.copy_(t, non_blocking=True)
+        torch.cuda.current_stream(t.device).synchronize()
+        a = buf.numpy()
+    else:
+        a = t.cpu().numpy()
     return a.view(np.uint32) if unsigned else a
+
+
+def _device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Host words on ``device``. To a GPU through a pinned buffer (torch's caching host
+    allocator keeps it until the copy is done), without waiting for the copy."""
+    src = torch.from_numpy(np.ascontiguousarray(a))
+    if device.type != "cuda":
+        return src.to(device)
+    buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+    buf.copy_(src)
+    return buf.to(device, non_blocking=True)
 
 
 def _pow2(e: torch.Tensor) -> torch.Tensor:
