@@ -298,7 +298,12 @@ class Agent:
         non-zeros; what the switch ORed of every worker's."""
         cfg = self.cfg
         n, B = local.n, cfg.block
-        r1 = local.round1(B, cfg.split)
+        mode = codec.as_mode(cfg.mode, auto=True)
+        if mode == AUTO and key is not None and self._last_mode.get(key) == Mode.DENSE:
+            mode = Mode.DENSE  # last time this tensor was dense: skip the index (all agree)
+        index = None if mode == Mode.DENSE else self._index(n, key)
+        # round 1 carries the flat bitmap only for the flat index (the hierarchy: its levels)
+        r1 = local.round1(B, cfg.split, words=index == codec.FLAT)
         cost = getattr(self.transport, "round_cost", None)  # (in-memory transports: none)
         if cost is not None:
             cost.tensor_starts()
@@ -306,9 +311,6 @@ class Agent:
         onehot = exponent_words(r1.exponent, nonfinite=not r1.finite,
                                 cost=cost.word() if cost is not None else 0)
         blocks, flags = r1.blocks, r1.flags
-        mode = codec.as_mode(cfg.mode, auto=True)
-        if mode == AUTO and key is not None and self._last_mode.get(key) == Mode.DENSE:
-            mode = Mode.DENSE  # last time this tensor was dense: skip the index (all agree)
         if mode == Mode.DENSE:
             agg = self.transport.stream(wire.OP_OR, np.concatenate([onehot, blocks, flags])
                                         ).view(np.uint32)
@@ -316,9 +318,9 @@ class Agent:
                               agg[HEAD_WORDS:HEAD_WORDS + blocks.size],
                               codec.split_blocks(agg[HEAD_WORDS + blocks.size:], n, B))
         else:
-            index = self._index(n, key)
             agg, union_words, sent, block_agg, split = index_rounds(
-                self.transport.stream, B, r1, onehot, blocks, flags, index)
+                self.transport.stream, B, r1, onehot, blocks, flags, index,
+                local.levels() if index == codec.HIER else None)
             neg = Negotiation(r1, r1.exponent, mode, agg, union_words, index, sent, block_agg,
                               split)
         self._round_words = neg.round_words  # what every worker read in this round 1

@@ -75,14 +75,16 @@ class Scales:
 class Round1:
     """What a worker's round 1 carries of its tensor (``Agent``'s negotiation lays it out):
     its max exponent (None: all zero, or not ``finite``), one word per block, the split flags,
-    and the flat non-zero bitmap (NaN and Inf count as non-zero)."""
+    and the flat non-zero bitmap (NaN and Inf count as non-zero), where it was asked for (a
+    dense round sends none, the hierarchical index its levels: the local tensor's
+    ``levels()``)."""
 
     n: int
     finite: bool
     exponent: int | None
     blocks: np.ndarray  # uint32, one per scale block
     flags: np.ndarray   # uint32 words: one bit per block
-    words: np.ndarray   # uint32 words: the flat bitmap
+    words: np.ndarray | None  # uint32 words: the flat bitmap (None: not asked for)
 
 
 class HostTensor:
@@ -103,9 +105,10 @@ class HostTensor:
             self._scan = codec.Scan.of(self.x)
         return self._scan
 
-    def round1(self, block: int, split: bool) -> Round1:
+    def round1(self, block: int, split: bool, words: bool = True) -> Round1:
         # (a dense tensor's positions are not listed: ``scan`` lists them if a mode needs
-        # them, a sparse tensor's come with the summary)
+        # them, a sparse tensor's come with the summary; the bitmap comes whether ``words``
+        # asks for it or not: the summary builds it anyway)
         sm = codec.Summary.of(self.x, block, split)
         self._words = sm.words
         if sm.scan is not None:
@@ -113,6 +116,11 @@ class HostTensor:
         finite = sm.finite()
         e = sm.max_exponent() if finite else None
         return Round1(self.n, finite, e, sm.block_words(e), sm.split_flags(), sm.words)
+
+    def levels(self) -> codec.Levels:
+        """The hierarchical index's levels of round 1's bitmap."""
+        assert self._words is not None  # (round 1 first)
+        return codec.Levels.of(self._words, self.n)
 
     def element_words(self, positions: np.ndarray, e: int | None) -> np.ndarray:
         # the split blocks' own elements, read where they are: no scan of the whole tensor

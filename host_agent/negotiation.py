@@ -99,23 +99,28 @@ class Negotiation:
 
 
 def index_rounds(stream: Callable[[int, np.ndarray], np.ndarray], block: int, mine: Round1,
-                 onehot, blocks, flags, index):
+                 onehot, blocks, flags, index, levels=None):
     """Round 1 (its head, and the flat bitmap after the block words and split flags,
     or the top level) and, for ``hier``, the mid round (with the block words and split
     flags of the scale blocks the union's blocks touch) and the leaf round: (round 1's
     ORed words, the flat union bitmap, words per index round, the ORed block words, the
     split blocks). Round 1 flagging a non-finite value anywhere ends it there (union
-    bitmap None)."""
+    bitmap None). ``levels``: this worker's hierarchy (``top``, ``mid(blocks)``,
+    ``leaf(subs)``, as ``codec.Levels``), where it is not built from ``mine.words`` (the
+    device codec builds it where the tensor lives)."""
     E = HEAD_WORDS
     n, B = mine.n, block
     if index == codec.FLAT:
+        assert mine.words is not None
         agg = stream(wire.OP_OR, np.concatenate([onehot, blocks, flags, mine.words])
                      ).view(np.uint32)
         union_words = agg[E + blocks.size + flags.size:]
         return (agg, union_words, {codec.ROUND_FLAT: union_words.size},
                 agg[E:E + blocks.size],
                 codec.split_blocks(agg[E + blocks.size:E + blocks.size + flags.size], n, B))
-    levels = codec.Levels.of(mine.words, n)
+    if levels is None:
+        assert mine.words is not None
+        levels = codec.Levels.of(mine.words, n)
     agg = stream(wire.OP_OR, np.concatenate([onehot, levels.top])).view(np.uint32)
     split = np.zeros(0, np.int64)
     if _nonfinite(agg[:E]):

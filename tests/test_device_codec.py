@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from homagg.host_agent import codec  # noqa: E402
 from homagg.host_agent.codec import CodecError  # noqa: E402
 from homagg.host_agent.config import AgentError  # noqa: E402
 from homagg.host_agent.distributed.device import DeviceTensor  # noqa: E402
@@ -162,6 +163,53 @@ def test_overflow_rescales_alike(device):
         assert ref[0][0].results[0].tensor_shift < plain + 7  # the switch flagged, all rescaled
         assert_same(ref, run(xs, range(WORKERS), mode=mode, shift_bias=7, rounds=1,
                              device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_sketch_counter_out_of_int32_is_refused_alike(device):
+    """A worker's own sketch counter past int32 (the scale forced 7 bits finer): the numpy
+    codec refuses it before the round; the device codec the same way, naming the same
+    counters."""
+    xs = sparse(14, 5000, 0.2)
+    with pytest.raises(codec.AggregationOverflow) as ref:
+        run(xs, (), mode="sketch", shift_bias=7, rounds=1)
+    with pytest.raises(codec.AggregationOverflow) as got:
+        run(xs, range(WORKERS), mode="sketch", shift_bias=7, rounds=1, device=device)
+    assert str(got.value) == str(ref.value)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_sketchs_residual_round_is_the_numpy_codecs(device):
+    """Too few counters (ratio 1.0, under peeling's 1.222 threshold): peeling stalls, and the
+    unresolved positions' values go in the residual round, looked up on the device."""
+    xs = [sparse(17 + w, 20_000, 0.05)[0] for w in range(WORKERS)]
+    ref = run(xs, (), mode="sketch", ratio=1.0, rounds=1)
+    assert ref[0][0].results[0].rounds.get("residual", 0) > 0, ref[0][0].results[0].rounds
+    assert_same(ref, run(xs, range(WORKERS), mode="sketch", ratio=1.0, rounds=1,
+                         device=device))
+    assert_same(ref, run(xs, (0, 2), mode="sketch", ratio=1.0, rounds=1, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_hierarchys_levels_on_the_device_are_the_numpy_codecs(device):
+    """``DeviceTensor.levels`` (built where the tensor lives) against ``codec.Levels.of`` of
+    round 1's bitmap: the top level, and the mid and leaf words of any blocks and sub-blocks
+    asked, on sizes around a byte, a word and a block."""
+    rng = np.random.default_rng(18)
+    for n in (1, 7, 8, 9, 127, 128, 129, 1000, 2049, 20_011):
+        for density in (0.0, 0.01, 0.3, 1.0):
+            x = (rng.random(n) < density) * rng.normal(0, 1, n)
+            t = DeviceTensor(torch.from_numpy(x.astype(np.float32)).to(device))
+            r1 = t.round1(256, True)
+            ref, got = codec.Levels.of(r1.words, n), t.levels()
+            np.testing.assert_array_equal(got.top, ref.top)
+            nb = codec.top_bits(n)
+            blocks = np.sort(rng.choice(nb, rng.integers(0, nb + 1), replace=False))
+            subs = np.sort(rng.choice(16 * nb, rng.integers(0, 16 * nb + 1), replace=False))
+            for a, b in ((got.mid(blocks), ref.mid(blocks)), (got.leaf(subs), ref.leaf(subs))):
+                assert a.dtype == b.dtype == np.uint32
+                np.testing.assert_array_equal(a, b)
+            assert t.round1(256, True, words=False).words is None
 
 
 def test_a_value_out_of_range_is_named_by_its_index():

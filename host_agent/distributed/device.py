@@ -3,9 +3,10 @@
 
 The agent runs the rounds as for any tensor (``Agent.allreduce_detailed``); a ``DeviceTensor``
 answers its questions with torch operations where the tensor lives, so only the words cross
-PCIe: round 1's words (the flat bitmap, n/32 words, with the block words and split flags),
-the split round's, the value round's (u words on the union, n when dense) and the sums coming
-back. Nothing of the tensor's size goes to the host but the bitmap.
+PCIe: round 1's words (the block words and split flags, with the flat bitmap, n/32 words,
+for the flat index; the hierarchical index's levels are built here, and only the top level
+and the union's mid and leaf words cross), the split round's, the value round's (u words on
+the union, n when dense, the sketch's counters) and the sums coming back.
 
 Bit for bit the numpy codec's: the same words in every round and the same float sums, so a
 job may mix CPU and GPU workers. What makes it so:
@@ -17,10 +18,11 @@ job may mix CPU and GPU workers. What makes it so:
 - bitmaps are packed as ``codec.kernels.pack`` does: tensor bit i at bit 7 - i % 8 of byte
   i // 8, the bytes read as little-endian uint32 words.
 
-The sketch's hashing and peeling stay on the host: a worker's quantized non-zeros go there
-(12 bytes each) and the sketch is built by the numpy codec. The default mode never takes it
-(``union`` is never dearer on the wire). The tests run this module on cpu tensors against the
-numpy codec (tests/test_device_codec.py); ``bench/gpu_check.py`` on a GPU.
+The sketch's hashes (splitmix64, uint64 arithmetic) run in int64, whose products wrap to
+the same bits, with logical shifts by a mask; its counters are summed in int64, exactly. Its
+peeling stays on the host, where the switch's sums arrive. The tests run this module on cpu
+tensors against the numpy codec (tests/test_device_codec.py); ``bench/gpu_check.py`` on a
+GPU.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ import numpy as np
 import torch
 
 from homagg.host_agent import codec
-from homagg.host_agent.codec import Mode
+from homagg.host_agent.codec import Mode, _ref
 from homagg.host_agent.codec.blocks import MAX_OFFSET, SPLIT_BINADES, SPLIT_RUN
-from homagg.host_agent.codec.errors import CodecError
+from homagg.host_agent.codec.errors import AggregationOverflow, CodecError
+from homagg.host_agent.codec.index import SUBS
 from homagg.host_agent.codec.quantization import INT32_MAX, INT32_MIN
 from homagg.host_agent.local import Round1, Scales
 
@@ -57,12 +60,16 @@ class DeviceTensor:
         self.device = x.device
         self.dtype = dtype or x.dtype
         self._pos: torch.Tensor | None = None      # the union's positions, on the device
-        self._sparse: codec.Sparse | None = None   # the sketch's quantized non-zeros (host)
+        self._bits: torch.Tensor | None = None     # round 1's bitmap (int32 words), there
+        # the sketch's quantized non-zeros: positions (int64) and words (int32), on the device
+        self._sparse: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -- round 1 ---------------------------------------------------------------------------
-    def round1(self, block: int, split: bool) -> Round1:
+    def round1(self, block: int, split: bool, words: bool = True) -> Round1:
         """One trip to the host: the words are built on the device with the max exponent as
-        a device value (no sync before them), and come back with the tensor's peak."""
+        a device value (no sync before them), and come back with the tensor's peak. The
+        flat bitmap stays on the device unless ``words`` asks for it (the hierarchical index
+        builds its levels there: ``levels``)."""
         x, n, dev = self.x, self.n, self.device
         nb = codec.block_count(n, block)
         nbw = codec.bitmap_words(nb)
@@ -77,14 +84,20 @@ class DeviceTensor:
             flags = _pack(self._split_mask(mag, pe, block) & use)
         else:
             flags = torch.zeros(nbw, dtype=torch.int32, device=dev)
-        words = _pack(x != 0)  # NaN != 0: a NaN's position is in the bitmap, as numpy's
-        host = _host(torch.cat([peak.reshape(1).view(torch.int32), blocks, flags, words]),
-                     unsigned=True)
+        bits = self._bits = _pack(x != 0)  # NaN != 0: a NaN's position is set, as numpy's
+        parts = [peak.reshape(1).view(torch.int32), blocks, flags] + ([bits] if words else [])
+        host = _host(torch.cat(parts), unsigned=True)
         top = float(host[:2].view(np.float64)[0])
         finite = math.isfinite(top)
         e_host = math.frexp(top)[1] if finite and top > 0 else None
         return Round1(n, finite, e_host, host[2:2 + nb], host[2 + nb:2 + nb + nbw],
-                      host[2 + nb + nbw:])
+                      host[2 + nb + nbw:] if words else None)
+
+    def levels(self) -> _Levels:
+        """The hierarchical index's levels of round 1's bitmap, built on the device; only
+        the top level and the rounds' words cross to the host."""
+        assert self._bits is not None  # (round 1 first)
+        return _Levels(self._bits, self.n)
 
     @staticmethod
     def _split_mask(mag: torch.Tensor, pe: torch.Tensor, block: int) -> torch.Tensor:
@@ -137,13 +150,20 @@ class DeviceTensor:
         assert union is not None  # mode sketch: the union listed, on the host
         idx = torch.nonzero(self.x).reshape(-1)
         val = _quantize(self.x[idx], self._shifts(scales, idx), idx)
-        s = self._sparse = codec.Sparse(self.n, idx.cpu().numpy(), _host(val))
+        self._sparse = (idx, val)
         self._union(union_words)
-        return codec.encode_values(s, union, mode, seed, ratio)
+        return _sketch_encode(idx, val, codec.sketch_size(union.size, ratio), seed)
 
     def residual_words(self, positions: np.ndarray) -> np.ndarray:
+        """The residual round's words: this worker's values at the unresolved ``positions``
+        (``codec.residual_values``), looked up on the device."""
         assert self._sparse is not None
-        return codec.residual_values(self._sparse, positions)
+        idx, val = self._sparse
+        if not idx.numel() or not positions.size:
+            return np.zeros(positions.size, np.int32)
+        pos = _device(np.asarray(positions, np.int64), self.device)
+        hit = torch.searchsorted(idx, pos).clamp(max=idx.numel() - 1)
+        return _host(torch.where(idx[hit] == pos, val[hit], 0).to(torch.int32))
 
     def decode(self, values: np.ndarray, scales: Scales, mode, union_words: np.ndarray | None,
                union: np.ndarray | None, dtype) -> torch.Tensor:
@@ -193,6 +213,39 @@ class DeviceTensor:
             own = torch.from_numpy(scales.at_shifts()).to(self.device)
             out = torch.where(at[k] == positions, own[k], out)
         return out
+
+
+class _Levels:
+    """``codec.Levels`` of a bitmap on the device (the same words, bit for bit): a byte of
+    the flat bitmap is a sub-block (8 elements), 16 bytes a block; ``top`` is round 1's
+    words (one bit per block), ``mid`` and ``leaf`` the next rounds' for the union's blocks
+    and sub-blocks (host arrays, as ``codec.Levels``' are)."""
+
+    def __init__(self, bits: torch.Tensor, n: int):
+        self.n = n
+        nb = codec.top_bits(n)
+        self.flat = _padded(bits.view(torch.uint8)[:-(-n // 8)], SUBS * nb)
+        self.sub = _pack(self.flat != 0).view(torch.uint8)[:2 * nb]  # 2 bytes a block
+        self.top = _host(_pack(self.sub.view(nb, 2).ne(0).any(1)), unsigned=True)
+
+    def mid(self, blocks: np.ndarray) -> np.ndarray:
+        """Round 2's words: this worker's 16 sub-block bits of each union block, in order."""
+        return _byte_words(self.sub.view(-1, 2)[_positions(blocks, self.sub.device)]
+                           .reshape(-1))
+
+    def leaf(self, subs: np.ndarray) -> np.ndarray:
+        """Round 3's words: this worker's 8 element bits of each union sub-block, in order."""
+        return _byte_words(self.flat[_positions(subs, self.flat.device)])
+
+
+def _positions(at: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Block or sub-block numbers (each below n / 8) on the device: int32 across PCIe."""
+    return _device(np.asarray(at, np.int32), device).long()
+
+
+def _byte_words(b: torch.Tensor) -> np.ndarray:
+    """Device bytes as host uint32 words, zero-padded (``codec.index._words``)."""
+    return _host(_padded(b, -(-b.numel() // 4) * 4).view(torch.int32), unsigned=True)
 
 
 def _padded(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -293,6 +346,50 @@ def _refuse(v: torch.Tensor, shifts: torch.Tensor, bad: torch.Tensor,
         raise CodecError(f"tensor has a non-finite value ({x}) at index {at}", index=at)
     raise CodecError(f"value {x} at index {at} is out of int32 range at shift {s}: use "
                      "shift_for()", index=at)
+
+
+# The sketch's hashes (``codec._ref.hashes``) in int64: the same bits as its uint64
+# arithmetic (products wrap alike; a right shift is made logical by a mask).
+_M1, _M2, _M3 = (int(np.array(c, np.uint64).view(np.int64)) for c in (_ref.M1, _ref.M2, _ref.M3))
+
+
+def _srl(x: torch.Tensor, k: int) -> torch.Tensor:
+    """uint64 ``x >> k`` (0 < k < 64) on int64 bits."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser (``codec._ref._mix``)."""
+    x = x ^ _srl(x, 30)
+    x = x * _M2
+    x = x ^ _srl(x, 27)
+    x = x * _M3
+    return x ^ _srl(x, 31)
+
+
+def _sketch_encode(idx: torch.Tensor, val: torch.Tensor, m: int, seed: int) -> np.ndarray:
+    """``codec.sketch_encode`` of the non-zeros ``idx`` (sorted int64) and their words ``val``
+    on the device: its hashes, and the counters summed exactly in int64."""
+    if m == 0:
+        return np.zeros(0, np.int32)
+    if m // _ref.K >= 2**32:
+        raise CodecError(f"sketch of {m} counters is too large")
+    part = m // _ref.K
+    s1, s2 = (int(np.array(v, np.uint64).view(np.int64)) for v in codec.sketch._seeds(seed))
+    base = idx * _M1
+    a, b = _mix(base + s1), _mix(base + s2)
+    counters = torch.zeros(m, dtype=torch.int64, device=idx.device)
+    v = val.long()
+    for j, word in enumerate((_srl(a, 32), a & 0xFFFFFFFF, _srl(b, 32))):
+        pos = _srl(word * part, 32) + j * part
+        sign = ((b if j == 0 else _srl(b, j)) & 1) * 2 - 1
+        counters.index_add_(0, pos, sign * v)
+    bad = (counters > INT32_MAX) | (counters < INT32_MIN)
+    host = _host(torch.cat([torch.where(bad, 0, counters).to(torch.int32),
+                            bad.sum().reshape(1).int()]))
+    if host[-1]:
+        raise AggregationOverflow("sketch-encode", torch.nonzero(bad).reshape(-1).cpu().numpy())
+    return host[:-1]
 
 
 def _quantize(v: torch.Tensor, shifts: torch.Tensor,
