@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench import plots
 from bench.model_zoo import MODELS, SHAPES, parameters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +138,22 @@ def main(argv=None) -> int:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(rows, indent=1))
     print(f"\n{time.monotonic() - t_start:.0f} s; figures in {a.out}")
+    plots.write_plot("models", plots.models, figure_rows(rows))
     return 0
+
+
+def figure_rows(rows: list[dict]) -> list[dict]:
+    """``plots.models``' rows (docs/figures/data/benchmarks.json's "models" columns): one per
+    (target, link rate, model) that gloo ran, step seconds per variant (None: not run)."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        link = f"{r['rate_mbit']:.0f} Mbit/s" if r["rate_mbit"] else "unshaped"
+        row = out.setdefault((r["target"], link, r["model"]),
+                             {"model": r["model"], "links": link, "gloo_s": None,
+                              "homagg_s": None, "homagg_dense_s": None})
+        row[{"gloo": "gloo_s", "homagg": "homagg_s",
+             "homagg dense": "homagg_dense_s"}[r["variant"]]] = r["step_ms"] / 1e3
+    return [r for r in out.values() if r["gloo_s"]]
 
 
 if __name__ == "__main__":

@@ -186,3 +186,30 @@ def linerate(rows: list[dict]):
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def models(rows: list[dict]):
+    """bench.models: each model's step speed against gloo's ring (gloo's step / homagg's), for
+    homagg (mode auto) and homagg dense, one panel per link rate; log scale, 1x dashed."""
+    plt = pyplot()
+    links = list(dict.fromkeys(r["links"] for r in rows))
+    fig, axes = plt.subplots(1, len(links), figsize=(2.3 * len(links) + 0.6, 2.7),
+                             sharey=True, squeeze=False)
+    cols = [("homagg_s", "homagg", "tab:blue"), ("homagg_dense_s", "homagg dense", "tab:orange")]
+    for ax, link in zip(axes[0], links):
+        mine = [r for r in rows if r["links"] == link]
+        for k, (col, label, color) in enumerate(cols):
+            xs = [i + (k - 0.5) * 0.38 for i, r in enumerate(mine) if r.get(col)]
+            ys = [r["gloo_s"] / r[col] for r in mine if r.get(col)]
+            ax.bar(xs, ys, 0.38, label=label, color=color)
+            for x, y in zip(xs, ys):
+                ax.text(x, y, f"{y:.2g}x", ha="center", va="bottom", fontsize=6)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_xticks(range(len(mine)), [r["model"] for r in mine])
+        ax.set_yscale("log")
+        ax.set_title(link, fontsize=8)
+    axes[0][0].set_ylabel("step speed vs gloo's ring")
+    axes[0][0].legend(fontsize=7, loc="upper right")
+    fig.suptitle("the paper's four models, 4 workers, software target", fontsize=8)
+    fig.tight_layout()
+    return fig

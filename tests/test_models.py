@@ -117,3 +117,27 @@ def test_twenty_steps_through_homagg_are_bit_identical_to_exact_integer_sums(tmp
     print(f"{name}: 20 steps bit-identical to exact integer sums; loss against gloo's fp32 "
           f"sum differs by at most {worst:.2e}")
     assert worst < 1e-3
+
+
+def test_the_models_figure_rows_and_plot(tmp_path):
+    """bench.models' rows become the figure's (step seconds per variant, one row per link
+    rate and model that gloo ran), and ``plots.models`` draws them, a variant left out too."""
+    from bench import models, plots
+
+    def row(rate, model, variant, ms):
+        return {"target": "soft", "rate_mbit": rate, "model": model, "variant": variant,
+                "step_ms": ms}
+
+    rows = [row(100.0, "ncf", "gloo", 18000), row(100.0, "ncf", "homagg", 1000),
+            row(100.0, "ncf", "homagg dense", 17000), row(0.0, "lstm", "gloo", 2760),
+            row(0.0, "lstm", "homagg", 4300), row(0.0, "vgg19", "homagg", 9000)]
+    got = models.figure_rows(rows)
+    assert got == [
+        {"model": "ncf", "links": "100 Mbit/s", "gloo_s": 18.0, "homagg_s": 1.0,
+         "homagg_dense_s": 17.0},
+        {"model": "lstm", "links": "unshaped", "gloo_s": 2.76, "homagg_s": 4.3,
+         "homagg_dense_s": None}]  # (vgg19: no gloo run to compare with)
+    pytest.importorskip("matplotlib")
+    fig = plots.models(got)
+    fig.savefig(tmp_path / "models.png")
+    assert (tmp_path / "models.png").stat().st_size > 0

@@ -145,6 +145,10 @@ def linerate() -> Path:
     return _save(figures.linerate(_rows(_data()["linerate"])), "linerate")
 
 
+def models() -> Path:
+    return _save(figures.models(_rows(_data()["models"])), "models")
+
+
 def codec() -> Path:
     rows = _rows(_data()["codec"])
     fig, ax = plt.subplots(figsize=(5.5, 2.6))
@@ -312,7 +316,7 @@ FIGURES: dict[str, Callable[[], Path]] = {
     "aggregation": aggregation, "training": training, "tree": tree,
     "switch_cost": switch_cost, "ddp_step": ddp_step, "pps": pps, "codec": codec,
     "reliability": reliability, "topology": topology, "sequence": sequence,
-    "linerate": linerate,
+    "linerate": linerate, "models": models,
 }
 
 
