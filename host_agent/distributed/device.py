@@ -38,6 +38,7 @@ from homagg.host_agent.codec.blocks import MAX_OFFSET, SPLIT_BINADES, SPLIT_RUN
 from homagg.host_agent.codec.errors import AggregationOverflow, CodecError
 from homagg.host_agent.codec.index import SUBS
 from homagg.host_agent.codec.quantization import INT32_MAX, INT32_MIN
+from homagg.host_agent.codec.sketch import K_HASHES, _check_size, _seeds
 from homagg.host_agent.local import Round1, Scales
 
 #: Bit weights of a byte's 8 elements, first element in the top bit (numpy's packbits).
@@ -60,7 +61,7 @@ class DeviceTensor:
         self.device = x.device
         self.dtype = dtype or x.dtype
         self._pos: torch.Tensor | None = None      # the union's positions, on the device
-        self._bits: torch.Tensor | None = None     # round 1's bitmap (int32 words), there
+        self._bits: torch.Tensor | None = None     # the non-zero bitmap (int32 words), there
         # the sketch's quantized non-zeros: positions (int64) and words (int32), on the device
         self._sparse: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -84,8 +85,9 @@ class DeviceTensor:
             flags = _pack(self._split_mask(mag, pe, block) & use)
         else:
             flags = torch.zeros(nbw, dtype=torch.int32, device=dev)
-        bits = self._bits = _pack(x != 0)  # NaN != 0: a NaN's position is set, as numpy's
-        parts = [peak.reshape(1).view(torch.int32), blocks, flags] + ([bits] if words else [])
+        parts = [peak.reshape(1).view(torch.int32), blocks, flags]
+        if words:  # (a dense round sends none; the hierarchy builds its levels here)
+            parts.append(self._bitmap())
         host = _host(torch.cat(parts), unsigned=True)
         top = float(host[:2].view(np.float64)[0])
         finite = math.isfinite(top)
@@ -96,8 +98,13 @@ class DeviceTensor:
     def levels(self) -> _Levels:
         """The hierarchical index's levels of round 1's bitmap, built on the device; only
         the top level and the rounds' words cross to the host."""
-        assert self._bits is not None  # (round 1 first)
-        return _Levels(self._bits, self.n)
+        return _Levels(self._bitmap(), self.n)
+
+    def _bitmap(self) -> torch.Tensor:
+        """The flat non-zero bitmap (int32 words, on the device), built once when asked."""
+        if self._bits is None:  # NaN != 0: a NaN's position is set, as numpy's
+            self._bits = _pack(self.x != 0)
+        return self._bits
 
     @staticmethod
     def _split_mask(mag: torch.Tensor, pe: torch.Tensor, block: int) -> torch.Tensor:
@@ -372,10 +379,9 @@ def _sketch_encode(idx: torch.Tensor, val: torch.Tensor, m: int, seed: int) -> n
     on the device: its hashes, and the counters summed exactly in int64."""
     if m == 0:
         return np.zeros(0, np.int32)
-    if m // _ref.K >= 2**32:
-        raise CodecError(f"sketch of {m} counters is too large")
-    part = m // _ref.K
-    s1, s2 = (int(np.array(v, np.uint64).view(np.int64)) for v in codec.sketch._seeds(seed))
+    _check_size(m)
+    part = m // K_HASHES
+    s1, s2 = (int(np.array(v, np.uint64).view(np.int64)) for v in _seeds(seed))
     base = idx * _M1
     a, b = _mix(base + s1), _mix(base + s2)
     counters = torch.zeros(m, dtype=torch.int64, device=idx.device)
