@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from homagg.host_agent import codec
+from homagg.host_agent.local import HostTensor, Scales
 from homagg.host_agent.simulate import simulate_ints, switch_add, switch_or
 
 
@@ -82,49 +83,46 @@ def ored_index(sparse, n, index):
     return top, mid, leaf
 
 
-def worker_index(scan, index, ored):
-    """A worker's side of the index rounds, given the ORed levels: (union bitmap, index words)."""
-    n = scan.n
+def worker_index(h, index, ored):
+    """A worker's side of the index rounds (``h`` a ``HostTensor`` after its round 1), given
+    the ORed levels: (union bitmap, index words)."""
     if index == codec.FLAT:
         return ored, ored.size
     top, mid, leaf = ored
-    levels = codec.Levels.of(scan.words, n)
-    blocks = codec.union_blocks(top, n)
+    levels = h.levels()
+    blocks = codec.union_blocks(top, h.n)
     levels.mid(blocks)
     subs = codec.union_subblocks(blocks, mid)
     levels.leaf(subs)
-    return codec.union_bitmap(n, subs, leaf), top.size + mid.size + leaf.size
+    return codec.union_bitmap(h.n, subs, leaf), top.size + mid.size + leaf.size
 
 
 def one_worker(x, shift, index, ored, agg, mode, seed, resid_agg=None):
     """Everything worker 0 computes for one all-reduce, given what the switch sends back: the
-    same calls as ``Agent.allreduce_detailed`` (less the network), block scales included (here
-    every block's agreed shift is ``shift``: the same words and sums, the same per-block code
+    same calls as ``Agent.allreduce_detailed`` (less the network) on a ``HostTensor``: round
+    1's reading, the index, the value words, the decode, block scales included (here every
+    block's agreed shift is ``shift``: the same words and sums, the same per-block code
     path)."""
-    scan = codec.Scan.of(x)
-    scan.finite()
-    e = scan.max_exponent()
-    n = scan.n
+    h = HostTensor(x)
     B = codec.DEFAULT_BLOCK
-    codec.block_words(scan.idx, scan.raw, n, B, e)
-    block_shifts = np.full(codec.block_count(n, B), shift, np.int64)
-    union_words, index_words = worker_index(scan, index, ored)
+    h.round1(B, True, words=index == codec.FLAT)
+    n = h.n
+    scales = Scales(shift, np.zeros(codec.block_count(n, B), np.int64), B)
+    union_words, index_words = worker_index(h, index, ored)
     codec.choose_mode(n, codec.union_size(union_words, n), index_words=index_words)
-    s = scan.quantize(block_shifts[scan.idx // B])
     if mode == "union":  # U is never listed: ranks and the output come from the bitmap
-        codec.encode_union(s, union_words)
-        return codec.decode_union_blocks(union_words, n, agg, block_shifts, B, x.dtype)
+        h.value_words(codec.Mode.UNION, scales, union_words, None, seed, 1.0)
+        return h.decode(agg, scales, codec.Mode.UNION, union_words, None, x.dtype)
     union = codec.union_indices(union_words, n)
-    codec.encode_values(s, union, mode, seed)
+    h.value_words(mode, scales, union_words, union, seed, codec.DEFAULT_RATIO)
     peeled = codec.decode_values(agg, union, mode, seed)
     values = peeled.values
     left = peeled.unresolved
     if left.size:
-        codec.residual_values(s, union[left])
+        h.residual_words(union[left])
         values = values.copy()
         values[left] = resid_agg
-    return codec.scale_blocks(codec.assemble(n, union, values, 0, np.float64), block_shifts,
-                              B, x.dtype)
+    return h.decode(values, scales, mode, union_words, union, x.dtype)
 
 
 def supports(rng, n, densities, workers, rows_of, row_fraction):
@@ -137,14 +135,11 @@ def supports(rng, n, densities, workers, rows_of, row_fraction):
 
 
 def _round1(x):
-    from homagg.host_agent.local import HostTensor
-
     return HostTensor(x).round1(codec.DEFAULT_BLOCK, True)
 
 
 def dense_rows(sizes, workers, repeat, rng) -> list[dict]:
     """The dense rows: HostTensor's round 1, words and decode against x.copy()."""
-    from homagg.host_agent.local import HostTensor, Scales
 
     header = (f"{'N':>10} {'dense':>9} {'round 1':>8} {'words':>8} {'decode':>8} "
               f"{'copy ms':>8} {'all ms':>8} {'x copy':>7} {'exact':>5}")
@@ -220,8 +215,9 @@ def run(sizes, densities, workers, repeat, seed=11, rows_of=64, row_fraction=0.0
                     out = one_worker(xs[0], shift, index, ored, agg, real, seed, resid)
                     want = np.ldexp(exact.astype(np.float64), -shift).astype(np.float32)
                     ok = ok and np.array_equal(out.view(np.uint32), want.view(np.uint32))
-                    ok = ok and np.array_equal(worker_index(codec.Scan.of(xs[0]), index,
-                                                            ored)[0], union_words)
+                    h0 = HostTensor(xs[0])
+                    h0.round1(codec.DEFAULT_BLOCK, True)
+                    ok = ok and np.array_equal(worker_index(h0, index, ored)[0], union_words)
                     fn = functools.partial(one_worker, xs[0], shift, index, ored, agg, real,
                                            seed, resid)
                 copy_ts, ts = interleaved([copy, fn], repeat)

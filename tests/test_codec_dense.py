@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import homagg.native
 from homagg.host_agent import codec
-from homagg.host_agent.codec import CodecError, kernels
+from homagg.host_agent.codec import CodecError, _native, kernels
 from homagg.host_agent.local import HostTensor, Scales
 
 needs_jit = pytest.mark.skipif(kernels.JIT is None, reason="numba not installed")
@@ -41,14 +42,28 @@ def _with_bad(x, rng):
 
 
 @needs_jit
+@pytest.mark.parametrize("native", ["c", "c-baseline", "numba"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
-def test_summary_kernels_agree_with_the_reference(dtype):
+def test_summary_kernels_agree_with_the_reference(dtype, native, monkeypatch):
+    """The compiled summary (float32 with whole-word blocks: the C library's, with AVX2 and
+    with the baseline loop; else numba's) against numpy's."""
+    if native == "numba":
+        monkeypatch.setattr(_native, "summary_f32", lambda *args: None)
+    else:
+        if homagg.native.load() is None:
+            pytest.skip(f"the native library is off: {homagg.native.why()}")
+        if native == "c-baseline":
+            c = _native.summary_f32
+            monkeypatch.setattr(_native, "summary_f32", lambda *args: c(*args, baseline=True))
+        assert _native.summary_f32(np.zeros(64, np.float32), 32, 8, 5, True) is not None
     rng = np.random.default_rng(1)
     for x in _tensors(dtype):
         cases = [(x, -1), *_with_bad(x, rng)]
         for y, first_bad in cases:
             for block, split, binades, run in ((256, True, 8, 5), (100, True, 2, 1),
-                                               (3, False, 8, 5), (16, True, 0, 3)):
+                                               (3, False, 8, 5), (16, True, 0, 3),
+                                               (32, True, 8, 5), (64, True, 0, 1),
+                                               (32, False, 8, 0)):
                 for cap in (0, y.size // 4 + 64, y.size + 1):
                     got = kernels.JIT.summary(y, block, binades, run, split, cap)
                     with kernels.using("ref"):

@@ -3,6 +3,7 @@
 
 - ``soft_loop.c``: the software aggregator's datagram loop (``homagg.targets.soft.native``);
 - ``agent_loop.c``: the agent's round loop (``homagg.host_agent.engine.native``);
+- ``codec.c``: round 1's reading of a float32 tensor (``homagg.host_agent.codec._native``);
 - ``wire.h``: the protocol's constants for C, generated from ``homagg.wire`` (``genheader``).
 
 ``load()`` gives the library, or None where it is not built (no compiler when homagg was
@@ -80,7 +81,7 @@ def why() -> str:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """The functions' signatures (soft_loop.c, agent_loop.c)."""
+    """The functions' signatures (soft_loop.c, agent_loop.c, codec.c)."""
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
     sig = {
         "hx_new": (p, []),
@@ -106,6 +107,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "ha_pack": (None, [p, p, i64, i64, i64, i64, i64, p]),
         "ha_wake_at": (ctypes.c_double, [p, ctypes.c_double]),
         "ha_rtt_sample": (None, [p, ctypes.c_double]),
+        "hc_summary_f32": (i64, [p, i64, i64, i64, i64, i32, p, p, p, p, i32]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)

@@ -3,7 +3,8 @@ values far below their peak (``split_mask``), the integer values times their blo
 (``scale_blocks``), and the two passes of a dense tensor: round 1's reading of it
 (``summary``: bitmap, block peaks, split mask, non-finite check, in two reads of x, without a
 position list for a dense tensor) and its words at the block scales (``quantize_blocks``, one
-pass with no temporaries).
+pass with no temporaries). ``summary`` of a float32 tensor runs in the native library where it
+is built (``_native``: one pass, AVX2); these kernels where it is not.
 
 Part of ``_jit`` (which ``kernels`` loads); numpy twins in ``_ref``.
 """
@@ -14,7 +15,7 @@ import math
 
 import numpy as np
 
-from homagg.host_agent.codec import _ref
+from homagg.host_agent.codec import _native, _ref
 from homagg.host_agent.codec._jit_bitmap import _k_brev8, _k_popcount32, _k_set_bits, _njit
 
 # --------------------------------------------------------------------------------------------
@@ -51,23 +52,27 @@ def summary(x: np.ndarray, block: int, binades: int, run: int, split: bool, cap:
     if x.dtype not in (np.float32, np.float64):
         return _ref.summary(x, block, binades, run, split, cap)
     x = np.ascontiguousarray(x)
-    if x.dtype == np.float32:
-        xi, bits, mant = x.view(np.uint32), 32, 23
+    native = _native.summary_f32(x, block, binades, run, split)
+    if native is not None:  # (the C library's one pass: float32, whole-word blocks)
+        words, peaks, mask, bad, nnz = native
     else:
-        xi, bits, mant = x.view(np.uint64), 64, 52
-    u = xi.dtype.type
-    mag = u((1 << (bits - 1)) - 1)
-    expo = u(mag - ((1 << mant) - 1))  # the exponent's bits: all set for NaN and Inf
-    words, bad, nnz = _k_summary_scan(xi, mag, expo)
+        if x.dtype == np.float32:
+            xi, bits, mant = x.view(np.uint32), 32, 23
+        else:
+            xi, bits, mant = x.view(np.uint64), 64, 52
+        u = xi.dtype.type
+        mag = u((1 << (bits - 1)) - 1)
+        expo = u(mag - ((1 << mant) - 1))  # the exponent's bits: all set for NaN and Inf
+        words, bad, nnz = _k_summary_scan(xi, mag, expo)
+        nb = -(-x.size // block)
+        peaks, mask = np.zeros(nb, np.float64), np.zeros(nb, np.bool_)
+        if bad < 0:
+            bias = (1 << (bits - mant - 2)) - 1  # 127 or 1023
+            _k_block_summary(x, xi, mag, block, binades, run, split, mant, bias, peaks, mask)
     nz = None
     if nnz <= cap:  # a sparse tensor: its non-zeros listed from the bitmap
         idx = _k_set_bits(words, x.size)
         nz = (idx, x[idx])
-    nb = -(-x.size // block)
-    peaks, mask = np.zeros(nb, np.float64), np.zeros(nb, np.bool_)
-    if bad < 0:
-        bias = (1 << (bits - mant - 2)) - 1  # 127 or 1023
-        _k_block_summary(x, xi, mag, block, binades, run, split, mant, bias, peaks, mask)
     return words, peaks, mask, bad, nz
 
 

@@ -1,0 +1,181 @@
+/* The codec's round-1 reading of a float32 tensor in one pass: the hot loop of an all-reduce's
+ * per-element work (homagg/native/codec.py calls it for the codec's compiled kernels).
+ *
+ * hc_summary_f32 is ``summary`` of homagg/host_agent/codec/_jit_blocks.py (numba) and _ref.py
+ * (numpy, the reference), for float32 and a block of whole bitmap words (32 elements); the
+ * tests hold the three to the same bits. Where numba reads the tensor three times (the bitmap,
+ * each block's peak, its run of small values) with a scalar loop per element, this reads each
+ * word of 32 values once, with AVX2 where the CPU has it: its non-zero bits and its non-finite
+ * bits as two compares and movemasks, its largest magnitude as an unsigned max. A magnitude's
+ * bits order as its value, so a block's peak is the float whose bits are its largest magnitude,
+ * and "small" is an integer compare with the limit's bits. The run check reads the block again
+ * while it is in L1, and only where the block has at least a run's worth of non-zeros.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HC_X86 1
+#endif
+
+#define HC_MAG 0x7fffffffu  /* all but the sign */
+#define HC_EXPO 0x7f800000u /* the exponent: all set for Inf and NaN */
+#define HC_MANT 23
+#define HC_BIAS 127
+
+/* Reverse the bits of each byte: a tensor-order word (bit j is element 32 i + j) to the packed
+ * bitmap's (numpy's packbits, big-endian bit order, read as a little-endian uint32). */
+static inline uint32_t brev8(uint32_t w) {
+    w = ((w >> 1) & 0x55555555u) | ((w & 0x55555555u) << 1);
+    w = ((w >> 2) & 0x33333333u) | ((w & 0x33333333u) << 2);
+    return ((w >> 4) & 0x0F0F0F0Fu) | ((w & 0x0F0F0F0Fu) << 4);
+}
+
+/* Whether the block xi[0:count] (its largest magnitude ``top`` > 0) holds ``run`` consecutive
+ * non-zeros each under 2**(e_peak - 1 - binades): the split rule (codec.blocks.split_flags). */
+static inline uint8_t split_block(const uint32_t *xi, int64_t count, uint32_t top,
+                                  int64_t binades, int64_t run) {
+    uint32_t e = top >> HC_MANT;
+    int64_t fe = e ? (int64_t)e - (HC_BIAS - 1)  /* frexp's exponent of the peak */
+                   : (int64_t)(32 - __builtin_clz(top)) - (HC_BIAS + HC_MANT - 1);
+    int64_t m = fe - 1 - binades; /* the limit is 2**m */
+    int64_t limit;
+    if (m >= 1 - HC_BIAS)
+        limit = (m + HC_BIAS) << HC_MANT;
+    else if (m >= 1 - HC_BIAS - HC_MANT)
+        limit = (int64_t)1 << (m + HC_BIAS + HC_MANT - 1);
+    else
+        limit = 0;
+    int64_t small = 0;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t a = xi[i] & HC_MAG;
+        small += (a != 0) & (a < limit);
+    }
+    if (small < run)
+        return 0;
+    int64_t c = 0;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t a = xi[i] & HC_MAG;
+        c = (a != 0 && a < limit) ? c + 1 : 0;
+        if (c >= run)
+            return 1;
+    }
+    return 0;
+}
+
+/* One word of up to 32 values: *nz its non-zero bits, *odd its non-finite bits (tensor order),
+ * *top raised to its largest magnitude. */
+static inline void word_scalar(const uint32_t *xi, int64_t count, uint32_t *nz, uint32_t *odd,
+                               uint32_t *top) {
+    uint32_t t = 0, o = 0, m = *top;
+    for (int64_t j = 0; j < count; j++) {
+        uint32_t a = xi[j] & HC_MAG;
+        t |= (uint32_t)(a != 0) << j;
+        o |= (uint32_t)((xi[j] & HC_EXPO) == HC_EXPO) << j;
+        m = a > m ? a : m;
+    }
+    *nz = t;
+    *odd = o;
+    *top = m;
+}
+
+/* The blocks' loop, the whole words of a block through ``WORD`` (a statement setting t, o and
+ * acc from xi + base), the last partial word through word_scalar. */
+#define HC_BLOCKS(WORD, ACC_T, ACC_INIT, ACC_TOP)                                              \
+    int64_t nb = (n + block - 1) / block, bad = -1, nnz = 0;                                  \
+    for (int64_t b = 0; b < nb; b++) {                                                        \
+        int64_t lo = b * block, hi = lo + block < n ? lo + block : n;                         \
+        ACC_T acc = ACC_INIT;                                                                 \
+        uint32_t tail_top = 0;                                                                \
+        int64_t bnz = 0;                                                                      \
+        for (int64_t base = lo; base < hi; base += 32) {                                      \
+            uint32_t t, o;                                                                    \
+            if (base + 32 <= n) {                                                             \
+                WORD;                                                                         \
+            } else {                                                                          \
+                word_scalar(xi + base, n - base, &t, &o, &tail_top);                          \
+            }                                                                                 \
+            words[base >> 5] = brev8(t);                                                      \
+            bnz += __builtin_popcount(t);                                                     \
+            if (o && bad < 0)                                                                 \
+                bad = base + __builtin_ctz(o);                                                \
+        }                                                                                     \
+        nnz += bnz;                                                                           \
+        uint32_t top = ACC_TOP;                                                               \
+        top = tail_top > top ? tail_top : top;                                                \
+        float f;                                                                              \
+        memcpy(&f, &top, 4);                                                                  \
+        peaks[b] = top ? (double)f : 0.0;                                                     \
+        mask[b] = (split && top && bnz >= run)                                                \
+                      ? split_block(xi + lo, hi - lo, top, binades, run) : 0;                 \
+    }                                                                                         \
+    if (bad >= 0) { /* nothing is scaled */                                                   \
+        memset(peaks, 0, (size_t)nb * sizeof(double));                                        \
+        memset(mask, 0, (size_t)nb);                                                          \
+    }                                                                                         \
+    *nnz_out = nnz;                                                                           \
+    return bad;
+
+static int64_t summary_scalar(const uint32_t *xi, int64_t n, int64_t block, int64_t binades,
+                              int64_t run, int split, uint32_t *words, double *peaks,
+                              uint8_t *mask, int64_t *nnz_out) {
+    HC_BLOCKS(word_scalar(xi + base, 32, &t, &o, &acc), uint32_t, 0, acc)
+}
+
+#ifdef HC_X86
+__attribute__((target("avx2"))) static inline uint32_t hmax_epu32(__m256i v) {
+    __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4E));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xB1));
+    return (uint32_t)_mm_cvtsi128_si32(m);
+}
+
+/* One whole word of 32 values (see word_scalar), four vectors of 8. */
+__attribute__((target("avx2"))) static inline void word_avx2(const uint32_t *xi, uint32_t *nz,
+                                                             uint32_t *odd, __m256i *acc) {
+    const __m256i mag = _mm256_set1_epi32((int)HC_MAG), expo = _mm256_set1_epi32((int)HC_EXPO);
+    uint32_t t = 0, o = 0;
+    __m256i m = *acc;
+    for (int q = 0; q < 4; q++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(xi + 8 * q));
+        __m256i a = _mm256_and_si256(v, mag);
+        uint32_t zero = (uint32_t)_mm256_movemask_ps(
+            _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, _mm256_setzero_si256())));
+        uint32_t inf = (uint32_t)_mm256_movemask_ps(
+            _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(v, expo), expo)));
+        t |= (~zero & 0xFFu) << (8 * q);
+        o |= inf << (8 * q);
+        m = _mm256_max_epu32(m, a);
+    }
+    *nz = t;
+    *odd = o;
+    *acc = m;
+}
+
+__attribute__((target("avx2"))) static int64_t summary_avx2(
+    const uint32_t *xi, int64_t n, int64_t block, int64_t binades, int64_t run, int split,
+    uint32_t *words, double *peaks, uint8_t *mask, int64_t *nnz_out) {
+    HC_BLOCKS(word_avx2(xi + base, &t, &o, &acc), __m256i, _mm256_setzero_si256(),
+              hmax_epu32(acc))
+}
+#endif
+
+/* Round 1's reading of x (n float32 values as their bits ``xi``), ``block`` a multiple of 32,
+ * with the best loop the CPU runs (``baseline`` 0) or the x86-64 baseline's (1: for the tests):
+ * the packed non-zero bitmap (``words``, (n + 31) / 32; NaN and Inf count as non-zero), each
+ * block's peak magnitude (``peaks``, float64, 0 for an all-zero block), each block's split flag
+ * (``mask``, 0 or 1; all 0 unless ``split``), the count of non-zeros (*nnz_out); returns the
+ * first non-finite position, or -1. With a non-finite value the peaks and flags are all 0.
+ * Returns -2 (and writes nothing) for a block that is not a positive multiple of 32. */
+int64_t hc_summary_f32(const uint32_t *xi, int64_t n, int64_t block, int64_t binades,
+                       int64_t run, int32_t split, uint32_t *words, double *peaks,
+                       uint8_t *mask, int64_t *nnz_out, int32_t baseline) {
+    if (block <= 0 || block % 32)
+        return -2;
+#ifdef HC_X86
+    if (!baseline && __builtin_cpu_supports("avx2"))
+        return summary_avx2(xi, n, block, binades, run, split, words, peaks, mask, nnz_out);
+#endif
+    return summary_scalar(xi, n, block, binades, run, split, words, peaks, mask, nnz_out);
+}
