@@ -97,12 +97,13 @@ def worker_index(h, index, ored):
     return codec.union_bitmap(h.n, subs, leaf), top.size + mid.size + leaf.size
 
 
-def one_worker(x, shift, index, ored, agg, mode, seed, resid_agg=None):
+def one_worker(x, shift, index, ored, agg, mode, seed, resid_agg=None, out=None):
     """Everything worker 0 computes for one all-reduce, given what the switch sends back: the
     same calls as ``Agent.allreduce_detailed`` (less the network) on a ``HostTensor``: round
     1's reading, the index, the value words, the decode, block scales included (here every
     block's agreed shift is ``shift``: the same words and sums, the same per-block code
-    path)."""
+    path). ``out``: where the sum goes (``Agent.allreduce(x, out=...)``; the DDP hook's is
+    the bucket's buffer)."""
     h = HostTensor(x)
     B = codec.DEFAULT_BLOCK
     h.round1(B, True, words=index == codec.FLAT)
@@ -112,7 +113,7 @@ def one_worker(x, shift, index, ored, agg, mode, seed, resid_agg=None):
     codec.choose_mode(n, codec.union_size(union_words, n), index_words=index_words)
     if mode == "union":  # U is never listed: ranks and the output come from the bitmap
         h.value_words(codec.Mode.UNION, scales, union_words, None, seed, 1.0)
-        return h.decode(agg, scales, codec.Mode.UNION, union_words, None, x.dtype)
+        return h.decode(agg, scales, codec.Mode.UNION, union_words, None, x.dtype, out)
     union = codec.union_indices(union_words, n)
     h.value_words(mode, scales, union_words, union, seed, codec.DEFAULT_RATIO)
     peeled = codec.decode_values(agg, union, mode, seed)
@@ -122,7 +123,7 @@ def one_worker(x, shift, index, ored, agg, mode, seed, resid_agg=None):
         h.residual_words(union[left])
         values = values.copy()
         values[left] = resid_agg
-    return h.decode(values, scales, mode, union_words, union, x.dtype)
+    return h.decode(values, scales, mode, union_words, union, x.dtype, out)
 
 
 def supports(rng, n, densities, workers, rows_of, row_fraction):
@@ -174,10 +175,12 @@ def run(sizes, densities, workers, repeat, seed=11, rows_of=64, row_fraction=0.0
     rng = np.random.default_rng(seed)
     header = (f"{'N':>10} {'density':>9} {'union':>7} {'index':>5} {'mode':>7} {'exact':>5} "
               f"{'wire/dense':>10} {'peel rds':>8} {'unres':>6} {'copy ms':>8} "
-              f"{'enc+dec ms':>10} {'x copy':>7} {'best x':>7}")
+              f"{'enc+dec ms':>10} {'x copy':>7} {'best x':>7} {'in place':>8} {'x copy':>7}")
     print(f"homagg codec benchmark: {workers} workers, numpy {np.__version__}, codec and "
           f"x.copy() timed interleaved, {repeat} repetitions each; ms are medians, 'x copy' is "
-          f"median/median, 'best x' best/best")
+          f"median/median, 'best x' best/best; 'in place': the sum decoded into an array in "
+          f"use (Agent.allreduce(x, out=...), as the DDP hook and the torch backend do), "
+          f"'enc+dec' into a fresh one")
     if densities or row_fraction > 0:
         print(header)
         print("-" * len(header))
@@ -203,6 +206,7 @@ def run(sizes, densities, workers, repeat, seed=11, rows_of=64, row_fraction=0.0
                 if real == "dense":
                     # Dense skips the codec entirely: quantize and dequantize only.
                     fn = lambda: codec.dequantize(codec.quantize(xs[0], shift), shift)  # noqa
+                    fn_in = fn
                 else:
                     agg = switch_add(
                         [codec.encode_values(s, union, real, seed) for s in sparse], real)
@@ -220,16 +224,22 @@ def run(sizes, densities, workers, repeat, seed=11, rows_of=64, row_fraction=0.0
                     ok = ok and np.array_equal(worker_index(h0, index, ored)[0], union_words)
                     fn = functools.partial(one_worker, xs[0], shift, index, ored, agg, real,
                                            seed, resid)
-                copy_ts, ts = interleaved([copy, fn], repeat)
-                copy_t, t = np.median(copy_ts), np.median(ts)
+                    buf = np.zeros_like(xs[0])  # (in use: its pages touched)
+                    fn_in = functools.partial(fn, out=buf)
+                    fn_in()
+                    ok = ok and np.array_equal(buf.view(np.uint32), want.view(np.uint32))
+                copy_ts, ts, in_ts = interleaved([copy, fn, fn_in], repeat)
+                copy_t, t, in_t = np.median(copy_ts), np.median(ts), np.median(in_ts)
                 label = f"{mode}>{real}" if mode == "auto" else real
                 print(f"{n:>10} {d:>9} {res.u / n:>7.2%} {index:>5} {label:>7} "
                       f"{('yes' if ok else 'NO'):>5} "
                       f"{res.ratio:>10.2%} {peel_rounds:>8} {res.unresolved:>6} "
                       f"{copy_t * 1e3:>8.2f} {t * 1e3:>10.2f} {t / copy_t:>7.2f} "
-                      f"{ts.min() / copy_ts.min():>7.2f}", flush=True)
+                      f"{ts.min() / copy_ts.min():>7.2f} {in_t * 1e3:>8.2f} "
+                      f"{in_t / copy_t:>7.2f}", flush=True)
                 rows.append(dict(n=n, density=d, index=index, mode=label, exact=ok,
-                                 ratio=res.ratio, time_ratio=t / copy_t))
+                                 ratio=res.ratio, time_ratio=t / copy_t,
+                                 in_place_ratio=in_t / copy_t))
     if dense:
         rows += dense_rows(sizes, workers, repeat, rng)
     bad = [r for r in rows if not r["exact"]]

@@ -50,6 +50,7 @@ from homagg.host_agent.codec.blocks import (
     block_count,
     block_offsets,
     block_words,
+    check_out,
     decode_union_blocks,
     element_shifts,
     element_words,
@@ -123,9 +124,9 @@ from homagg.host_agent.codec.union import (
 
 __all__ = [
     "AUTO", "DEFAULT_BLOCK", "DEFAULT_HEADROOM", "MAX_OFFSET", "agreed_shifts", "block_count",
-    "block_offsets", "block_words", "decode_union_blocks", "element_shifts", "element_words",
-    "scale_blocks", "split_blocks", "split_flags", "split_offsets", "split_positions",
-    "DEFAULT_RATIO", "FLAT", "HIER", "INDEXES", "INT32_MAX",
+    "block_offsets", "block_words", "check_out", "decode_union_blocks", "element_shifts",
+    "element_words", "scale_blocks", "split_blocks", "split_flags", "split_offsets",
+    "split_positions", "DEFAULT_RATIO", "FLAT", "HIER", "INDEXES", "INT32_MAX",
     "INT32_MIN", "K_HASHES", "MODES", "ROUND_FLAT", "ROUND_LEAF", "ROUND_MID", "ROUND_TOP",
     "SKETCH_SLACK", "AggregationOverflow", "CodecError", "Levels", "Mode", "PeelResult", "Scan",
     "Sparse", "Summary", "as_index", "as_mode", "assemble", "bitmap", "bitmap_words",

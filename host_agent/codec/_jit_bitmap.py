@@ -78,15 +78,19 @@ def decode_union(words: np.ndarray, n: int, values: np.ndarray, shift: int, dtyp
 
 
 def decode_union_scaled(words: np.ndarray, n: int, values: np.ndarray,
-                        word_scales: np.ndarray, dtype) -> np.ndarray | None:
+                        word_scales: np.ndarray, dtype, out: np.ndarray | None = None
+                        ) -> np.ndarray | None:
     dt = np.dtype(dtype)
     if dt in (np.float32, np.float64) and values.dtype in (np.int32, np.int64):
-        out = np.empty(n, dt)
+        if out is None:
+            out = np.empty(n, dt)
+        elif _k_union_size(words, n) != values.size:
+            return None  # (a given out is written only once the sizes agree)
         if _k_decode_union(out, words, np.ascontiguousarray(values),
                            np.ascontiguousarray(word_scales, np.float64), 1) != values.size:
             return None
         return out
-    return _ref.decode_union_scaled(words, n, values, word_scales, dtype)
+    return _ref.decode_union_scaled(words, n, values, word_scales, dtype, out)
 
 
 def subblocks(mid: np.ndarray, blocks: np.ndarray) -> np.ndarray:

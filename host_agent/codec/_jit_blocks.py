@@ -38,12 +38,13 @@ def block_peaks(idx: np.ndarray, raw: np.ndarray, nb: int, block: int) -> np.nda
                           block)
 
 
-def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype) -> np.ndarray:
-    out = np.empty(values.size, dtype)
+def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype,
+                 out: np.ndarray | None = None) -> np.ndarray:
     if np.dtype(dtype) in (np.float32, np.float64):
+        out = np.empty(values.size, dtype) if out is None else out
         _k_scale_blocks(out, values, scales, block)
         return out
-    return _ref.scale_blocks(values, scales, block, dtype)
+    return _ref.scale_blocks(values, scales, block, dtype, out)
 
 
 def summary(x: np.ndarray, block: int, binades: int, run: int, split: bool, cap: int

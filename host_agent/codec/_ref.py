@@ -85,15 +85,20 @@ def decode_union(words: np.ndarray, n: int, values: np.ndarray, shift: int, dtyp
 
 
 def decode_union_scaled(words: np.ndarray, n: int, values: np.ndarray,
-                        word_scales: np.ndarray, dtype) -> np.ndarray | None:
+                        word_scales: np.ndarray, dtype, out: np.ndarray | None = None
+                        ) -> np.ndarray | None:
     """``decode_union`` with a scale per bitmap word (32 elements): values (per union rank)
-    times the scale of their word, rounded once to dtype; None on a union size mismatch."""
+    times the scale of their word, rounded once to dtype, in ``out`` where given (n, dtype,
+    contiguous; it may be the worker's own tensor: it is written only once the sizes agree);
+    None on a union size mismatch."""
     union = set_bits(words, n)
     if union.size != values.size:
         return None
-    out = np.zeros(n, dtype)
-    out[union] = values.astype(np.float64) * np.asarray(word_scales, np.float64)[union // 32]
-    return out
+    res = np.zeros(n, dtype) if out is None else out
+    if out is not None:
+        res[:] = 0
+    res[union] = values.astype(np.float64) * np.asarray(word_scales, np.float64)[union // 32]
+    return res
 
 
 def subblocks(mid: np.ndarray, blocks: np.ndarray) -> np.ndarray:
@@ -197,12 +202,13 @@ def assemble(n: int, union: np.ndarray, values: np.ndarray, shift: int, dtype) -
     return out
 
 
-def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype) -> np.ndarray:
+def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype,
+                 out: np.ndarray | None = None) -> np.ndarray:
     """Integer-valued ``values`` (float64 or int) times ``scales[i // block]`` (powers of two:
-    exact), rounded once to ``dtype``."""
+    exact), rounded once to ``dtype``, in ``out`` where given (n, dtype, contiguous)."""
     values = np.asarray(values, np.float64)
     n = values.size
-    out = np.empty(n, dtype)
+    out = np.empty(n, dtype) if out is None else out
     full = n // block
     if full:
         out[:full * block] = (values[:full * block].reshape(full, block)

@@ -154,32 +154,52 @@ def element_shifts(block_shifts: np.ndarray, block: int, n: int) -> np.ndarray:
 
 
 def scale_blocks(values: np.ndarray, block_shifts: np.ndarray, block: int,
-                 dtype=np.float32) -> np.ndarray:
+                 dtype=np.float32, out: np.ndarray | None = None) -> np.ndarray:
     """Exact integer sums (dense, int or float64) times 2**-shift of their block, rounded once
     to ``dtype``: ldexp by a power of two is exact in float64 (the shifts stay far from its
-    limits), so each element is rounded once, from the exact value."""
+    limits), so each element is rounded once, from the exact value. Into ``out`` where given
+    (``check_out``)."""
     v = np.ascontiguousarray(values)
     if v.dtype not in (np.int32, np.int64, np.float64):
         v = v.astype(np.float64)
     scales = np.ldexp(1.0, -np.asarray(block_shifts, np.int64))
-    return kernels.active.scale_blocks(v, scales, block, dtype)
+    return kernels.active.scale_blocks(v, scales, block, dtype,
+                                       None if out is None else check_out(out, v.size, dtype))
+
+
+def check_out(out: np.ndarray, n: int, dtype) -> np.ndarray:
+    """``out`` if a decode may write its n values of ``dtype`` there (a contiguous, writeable
+    array of that size and dtype, of any shape); CodecError saying what does not fit else."""
+    if not isinstance(out, np.ndarray):
+        raise CodecError(f"out must be a numpy array, got {type(out).__name__}")
+    if out.dtype != np.dtype(dtype) or out.size != n:
+        raise CodecError(f"out must hold {n} values of {np.dtype(dtype)}, got {out.size} of "
+                         f"{out.dtype}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise CodecError("out must be a contiguous, writeable array")
+    return out.reshape(-1)
 
 
 def decode_union_blocks(union_words: np.ndarray, n: int, values: np.ndarray,
-                        block_shifts: np.ndarray, block: int, dtype=np.float32) -> np.ndarray:
+                        block_shifts: np.ndarray, block: int, dtype=np.float32,
+                        out: np.ndarray | None = None) -> np.ndarray:
     """``union.decode_union`` with block scales: the dense float sum, each value rounded once
     from the exact ``value * 2**-shift`` of its block; in one pass over the bitmap when the
-    block is a whole number of bitmap words (32 elements), else decoded then scaled."""
+    block is a whole number of bitmap words (32 elements), else decoded then scaled. Into
+    ``out`` where given (``check_out``; it may be the worker's own tensor, an all-reduce in
+    place: nothing is written there unless the union and the values agree)."""
     from homagg.host_agent.codec.scan import checked_words
     from homagg.host_agent.codec.union import decode_union
 
+    if out is not None:
+        out = check_out(out, n, dtype)
     if block % 32:
         return scale_blocks(decode_union(union_words, n, values, 0, np.float64), block_shifts,
-                            block, dtype)
+                            block, dtype, out)
     words = checked_words(union_words, n)
     scales = np.repeat(np.ldexp(1.0, -np.asarray(block_shifts, np.int64)), block // 32)
     out = kernels.active.decode_union_scaled(words, n, np.asarray(values),
-                                             scales[:-(-n // 32)], dtype)
+                                             scales[:-(-n // 32)], dtype, out)
     if out is None:
         raise CodecError("union bitmap and values disagree on the union size")
     return out

@@ -13,8 +13,10 @@ reference: the tests run both and compare them bit for bit, selecting one with `
     encode_union(words, n, idx, val)          -> int32 values by union rank, None if not in it
     gather_union(words, n, q)                 -> int32 q at the union's positions, by rank
     decode_union(words, n, values, shift, dt) -> dense float tensor, None on a size mismatch
-    decode_union_scaled(words, n, values, word_scales, dt)
-                                              -> the same, one scale per bitmap word
+    decode_union_scaled(words, n, values, word_scales, dt, out=None)
+                                              -> the same, one scale per bitmap word; into
+                                                 ``out`` where given (written only once the
+                                                 sizes agree: it may be the worker's tensor)
     subblocks(mid, blocks)                    -> int64 sub-blocks set in a hierarchical index's
                                                  mid level (``index``), 16 bits per block
     level_counts(words, n)                    -> (blocks, sub-blocks) of a flat bitmap with a
@@ -23,8 +25,10 @@ reference: the tests run both and compare them bit for bit, selecting one with `
     sketch_encode(idx, val, m, s1, s2)        -> m counters (unbounded)
     peel(counters, union, s1, s2)             -> (values, resolved, rounds)
     assemble(n, union, values, shift, dt)     -> dense float tensor
-    scale_blocks(values, scales, block, dt)   -> integer values times their block's scale,
-                                                 rounded once to dt (``blocks``)
+    scale_blocks(values, scales, block, dt, out=None)
+                                              -> integer values times their block's scale,
+                                                 rounded once to dt (``blocks``), into
+                                                 ``out`` where given
     block_peaks(idx, raw, nb, block)          -> float64 per block: its largest magnitude
     split_mask(idx, raw, nb, block, binades, run)
                                               -> bool per block: a run of small values in it

@@ -108,12 +108,15 @@ def _mean(agent: Agent, bucket, names) -> torch.Tensor:
     buf = bucket.buffer()
     if buf.is_sparse:  # DDP gives a sparse gradient a bucket of its own
         return _sparse_mean(agent, bucket, buf, names)
-    arr = buf.detach().to("cpu", torch.float32).numpy()
-    try:
-        summed = agent.allreduce(np.ascontiguousarray(arr).reshape(-1),
-                                 key=("ddp", bucket.index()))
+    in_place = buf.device.type == "cpu" and buf.dtype == torch.float32 and buf.is_contiguous()
+    arr = np.ascontiguousarray(buf.detach().to("cpu", torch.float32).numpy()).reshape(-1)
+    try:  # a CPU bucket's sum is written over its buffer, as gloo's all-reduce does
+        summed = agent.allreduce(arr, key=("ddp", bucket.index()),
+                                 out=arr if in_place else None)
     except AgentError as err:
         raise _named(err, bucket, names) from err
+    if in_place:
+        return buf.div_(agent.cfg.workers)
     out = torch.from_numpy(summed).to(buf.device, buf.dtype).div_(agent.cfg.workers)
     return out.reshape(buf.shape)
 

@@ -93,7 +93,11 @@ def switch_allreduce(agent: Agent, t: torch.Tensor, op) -> None:
         if t.dtype == torch.float64:
             say_once("float64", FLOAT64)
         if t.dtype == torch.float32 and op == ReduceOp.SUM:  # the hook's path
-            out = agent.allreduce(src.numpy().reshape(-1), key=key)
+            arr = src.numpy().reshape(-1)
+            if t.is_contiguous():  # src is t: the sum written over it, as gloo does
+                agent.allreduce(arr, key=key, out=arr)
+                return
+            out = agent.allreduce(arr, key=key)
             t.copy_(torch.from_numpy(out).view(t.shape))
             return
         x = src.to(torch.float64).numpy().reshape(-1)  # exact for every float dtype
