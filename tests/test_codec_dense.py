@@ -42,11 +42,12 @@ def _with_bad(x, rng):
 
 
 @needs_jit
-@pytest.mark.parametrize("native", ["c", "c-baseline", "numba"])
+@pytest.mark.parametrize("native", ["c", "c-baseline", "c-threads", "numba"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 def test_summary_kernels_agree_with_the_reference(dtype, native, monkeypatch):
-    """The compiled summary (float32 with whole-word blocks: the C library's, with AVX2 and
-    with the baseline loop; else numba's) against numpy's."""
+    """The compiled summary (float32 with whole-word blocks: the C library's, with AVX2, with
+    the baseline loop, and split between 3 threads at every size; else numba's) against
+    numpy's."""
     if native == "numba":
         monkeypatch.setattr(_native, "summary_f32", lambda *args: None)
     else:
@@ -55,6 +56,8 @@ def test_summary_kernels_agree_with_the_reference(dtype, native, monkeypatch):
         if native == "c-baseline":
             c = _native.summary_f32
             monkeypatch.setattr(_native, "summary_f32", lambda *args: c(*args, baseline=True))
+        if native == "c-threads":  # shares' edges inside the small tensors too
+            monkeypatch.setattr(_native, "threads_for", lambda n: 3)
         assert _native.summary_f32(np.zeros(64, np.float32), 32, 8, 5, True) is not None
     rng = np.random.default_rng(1)
     for x in _tensors(dtype):
@@ -76,6 +79,36 @@ def test_summary_kernels_agree_with_the_reference(dtype, native, monkeypatch):
                     if got[4] is not None:
                         np.testing.assert_array_equal(got[4][0], want[4][0])
                         np.testing.assert_array_equal(got[4][1], want[4][1])
+
+
+def test_a_large_tensor_is_read_on_threads_with_the_same_bits():
+    """From THREADS_FROM elements on the C passes split the tensor between threads (where the
+    process may run on several cores); the same bits as numpy's, a non-finite value late in
+    the tensor found, split blocks in every share."""
+    if homagg.native.load() is None:
+        pytest.skip(f"the native library is off: {homagg.native.why()}")
+    rng = np.random.default_rng(36)
+    n = _native.THREADS_FROM + 12_345
+    for density in (0.01, 1.0):
+        x = np.where(rng.random(n) < density, rng.standard_normal(n), 0).astype(np.float32)
+        x[::50_000] *= 1e-7  # small values, some in runs: split blocks across the tensor
+        x[n // 2:n // 2 + 600] = rng.standard_normal(600) * 1e-6
+        for bad_at in (None, n - 40):
+            y = x.copy()
+            if bad_at is not None:
+                y[bad_at] = np.nan
+            got = kernels.JIT.summary(y, 256, 8, 5, True, n // 4 + 64)
+            with kernels.using("ref"):
+                want = kernels.REF.summary(y, 256, 8, 5, True, n // 4 + 64)
+            for g, w in zip(got[:3], want[:3]):
+                np.testing.assert_array_equal(g, w)
+            assert got[3] == want[3] == (-1 if bad_at is None else bad_at)
+            assert (got[4] is None) == (want[4] is None) == (density == 1.0)
+            if got[4] is not None:
+                np.testing.assert_array_equal(got[4][0], want[4][0])
+                np.testing.assert_array_equal(got[4][1], want[4][1])
+            if bad_at is None and density == 1.0:
+                assert want[2].any()  # the split blocks are there to find
 
 
 @pytest.mark.parametrize("which", ["jit", "ref"])

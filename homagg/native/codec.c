@@ -10,7 +10,10 @@
  * bits order as its value, so a block's peak is the float whose bits are its largest magnitude,
  * and "small" is an integer compare with the limit's bits. The run check reads the block again
  * while it is in L1, and only where the block has at least a run's worth of non-zeros.
+ * A large tensor is split between threads, a share of the blocks each (codec._native asks for
+ * them from 2M elements on).
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -80,11 +83,23 @@ static inline void word_scalar(const uint32_t *xi, int64_t count, uint32_t *nz, 
     *top = m;
 }
 
+/* A share of the blocks, for one thread: blocks [b0, b1); bad (first non-finite position or
+ * -1) and nnz are its answers. */
+typedef struct {
+    const uint32_t *xi;
+    int64_t n, block, binades, run, b0, b1, bad, nnz;
+    int32_t split, baseline;
+    uint32_t *words;
+    double *peaks;
+    uint8_t *mask;
+} hc_part;
+
 /* The blocks' loop, the whole words of a block through ``WORD`` (a statement setting t, o and
  * acc from xi + base), the last partial word through word_scalar. */
 #define HC_BLOCKS(WORD, ACC_T, ACC_INIT, ACC_TOP)                                              \
-    int64_t nb = (n + block - 1) / block, bad = -1, nnz = 0;                                  \
-    for (int64_t b = 0; b < nb; b++) {                                                        \
+    const uint32_t *xi = p->xi;                                                               \
+    int64_t n = p->n, block = p->block, run = p->run, bad = -1, nnz = 0;                      \
+    for (int64_t b = p->b0; b < p->b1; b++) {                                                 \
         int64_t lo = b * block, hi = lo + block < n ? lo + block : n;                         \
         ACC_T acc = ACC_INIT;                                                                 \
         uint32_t tail_top = 0;                                                                \
@@ -96,7 +111,7 @@ static inline void word_scalar(const uint32_t *xi, int64_t count, uint32_t *nz, 
             } else {                                                                          \
                 word_scalar(xi + base, n - base, &t, &o, &tail_top);                          \
             }                                                                                 \
-            words[base >> 5] = brev8(t);                                                      \
+            p->words[base >> 5] = brev8(t);                                                   \
             bnz += __builtin_popcount(t);                                                     \
             if (o && bad < 0)                                                                 \
                 bad = base + __builtin_ctz(o);                                                \
@@ -106,20 +121,14 @@ static inline void word_scalar(const uint32_t *xi, int64_t count, uint32_t *nz, 
         top = tail_top > top ? tail_top : top;                                                \
         float f;                                                                              \
         memcpy(&f, &top, 4);                                                                  \
-        peaks[b] = top ? (double)f : 0.0;                                                     \
-        mask[b] = (split && top && bnz >= run)                                                \
-                      ? split_block(xi + lo, hi - lo, top, binades, run) : 0;                 \
+        p->peaks[b] = top ? (double)f : 0.0;                                                  \
+        p->mask[b] = (p->split && top && bnz >= run)                                          \
+                         ? split_block(xi + lo, hi - lo, top, p->binades, run) : 0;           \
     }                                                                                         \
-    if (bad >= 0) { /* nothing is scaled */                                                   \
-        memset(peaks, 0, (size_t)nb * sizeof(double));                                        \
-        memset(mask, 0, (size_t)nb);                                                          \
-    }                                                                                         \
-    *nnz_out = nnz;                                                                           \
-    return bad;
+    p->bad = bad;                                                                             \
+    p->nnz = nnz;
 
-static int64_t summary_scalar(const uint32_t *xi, int64_t n, int64_t block, int64_t binades,
-                              int64_t run, int split, uint32_t *words, double *peaks,
-                              uint8_t *mask, int64_t *nnz_out) {
+static void summary_scalar(hc_part *p) {
     HC_BLOCKS(word_scalar(xi + base, 32, &t, &o, &acc), uint32_t, 0, acc)
 }
 
@@ -153,16 +162,53 @@ __attribute__((target("avx2"))) static inline void word_avx2(const uint32_t *xi,
     *acc = m;
 }
 
-__attribute__((target("avx2"))) static int64_t summary_avx2(
-    const uint32_t *xi, int64_t n, int64_t block, int64_t binades, int64_t run, int split,
-    uint32_t *words, double *peaks, uint8_t *mask, int64_t *nnz_out) {
+__attribute__((target("avx2"))) static void summary_avx2(hc_part *p) {
     HC_BLOCKS(word_avx2(xi + base, &t, &o, &acc), __m256i, _mm256_setzero_si256(),
               hmax_epu32(acc))
 }
 #endif
 
+static void *summary_part(void *arg) {
+    hc_part *p = arg;
+#ifdef HC_X86
+    if (!p->baseline && __builtin_cpu_supports("avx2")) {
+        summary_avx2(p);
+        return NULL;
+    }
+#endif
+    summary_scalar(p);
+    return NULL;
+}
+
+#define HC_MAX_THREADS 16
+
+/* Run ``fn`` on parts[0..count): parts 1.. on threads of their own, part 0 on the caller's (a
+ * thread that cannot start runs on the caller's too). */
+static void run_parts(void *(*fn)(void *), void *parts, size_t size, int64_t count) {
+    pthread_t tid[HC_MAX_THREADS];
+    int started[HC_MAX_THREADS] = {0};
+    for (int64_t i = 1; i < count; i++)
+        started[i] = pthread_create(&tid[i], NULL, fn, (char *)parts + i * size) == 0;
+    fn(parts);
+    for (int64_t i = 1; i < count; i++) {
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        else
+            fn((char *)parts + i * size);
+    }
+}
+
+static int64_t clamp_threads(int64_t threads, int64_t units) {
+    if (threads > HC_MAX_THREADS)
+        threads = HC_MAX_THREADS;
+    if (threads > units)
+        threads = units;
+    return threads < 1 ? 1 : threads;
+}
+
 /* Round 1's reading of x (n float32 values as their bits ``xi``), ``block`` a multiple of 32,
- * with the best loop the CPU runs (``baseline`` 0) or the x86-64 baseline's (1: for the tests):
+ * with the best loop the CPU runs (``baseline`` 0) or the x86-64 baseline's (1: for the tests),
+ * on ``threads`` threads (each a share of the blocks; 1: the caller's alone):
  * the packed non-zero bitmap (``words``, (n + 31) / 32; NaN and Inf count as non-zero), each
  * block's peak magnitude (``peaks``, float64, 0 for an all-zero block), each block's split flag
  * (``mask``, 0 or 1; all 0 unless ``split``), the count of non-zeros (*nnz_out); returns the
@@ -170,12 +216,28 @@ __attribute__((target("avx2"))) static int64_t summary_avx2(
  * Returns -2 (and writes nothing) for a block that is not a positive multiple of 32. */
 int64_t hc_summary_f32(const uint32_t *xi, int64_t n, int64_t block, int64_t binades,
                        int64_t run, int32_t split, uint32_t *words, double *peaks,
-                       uint8_t *mask, int64_t *nnz_out, int32_t baseline) {
+                       uint8_t *mask, int64_t *nnz_out, int32_t baseline, int64_t threads) {
     if (block <= 0 || block % 32)
         return -2;
-#ifdef HC_X86
-    if (!baseline && __builtin_cpu_supports("avx2"))
-        return summary_avx2(xi, n, block, binades, run, split, words, peaks, mask, nnz_out);
-#endif
-    return summary_scalar(xi, n, block, binades, run, split, words, peaks, mask, nnz_out);
+    int64_t nb = (n + block - 1) / block;
+    threads = clamp_threads(threads, nb);
+    hc_part parts[HC_MAX_THREADS];
+    for (int64_t i = 0; i < threads; i++)
+        parts[i] = (hc_part){.xi = xi, .n = n, .block = block, .binades = binades, .run = run,
+                             .b0 = nb * i / threads, .b1 = nb * (i + 1) / threads,
+                             .split = split, .baseline = baseline, .words = words,
+                             .peaks = peaks, .mask = mask};
+    run_parts(summary_part, parts, sizeof(hc_part), threads);
+    int64_t bad = -1, nnz = 0;
+    for (int64_t i = 0; i < threads; i++) { /* the parts in order: the first bad is the least */
+        if (bad < 0)
+            bad = parts[i].bad;
+        nnz += parts[i].nnz;
+    }
+    if (bad >= 0) { /* nothing is scaled */
+        memset(peaks, 0, (size_t)nb * sizeof(double));
+        memset(mask, 0, (size_t)nb);
+    }
+    *nnz_out = nnz;
+    return bad;
 }
