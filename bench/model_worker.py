@@ -50,8 +50,8 @@ def main(argv=None) -> int:
         agent = Agent(AgentConfig.from_env(mode=a.mode, deadline=60.0))
         detailed = agent.allreduce_detailed
 
-        def tally(x, key=None):  # which mode and index each bucket took
-            r = detailed(x, key)
+        def tally(x, key=None, out=None):  # which mode and index each bucket took
+            r = detailed(x, key, out=out)
             taken[f"{r.mode.name.lower()}/{r.index or '-'}"] += 1
             return r
 

@@ -197,7 +197,9 @@ class Agent:
         """The sum over workers of ``x`` (float), exact on the quantized values; NaN
         everywhere if any worker's ``x`` has a NaN or an Inf. ``out``: where to write it
         (see ``allreduce_detailed``); ``out=x`` is an all-reduce in place."""
-        return self.allreduce_detailed(x, key, out).out.reshape(np.shape(x))
+        res = (self.allreduce_detailed(x, key) if out is None  # (as before out=: a wrapper
+               else self.allreduce_detailed(x, key, out=out))  # of the two arguments works)
+        return res.out.reshape(np.shape(x))
 
     def allreduce_rows(self, n_rows: int, rows: np.ndarray, values: np.ndarray, key=None
                        ) -> RowsResult:

@@ -169,8 +169,11 @@ def test_overflow_rescales_alike(device):
 def test_a_sketch_counter_out_of_int32_is_refused_alike(device):
     """A worker's own sketch counter past int32 (the scale forced 7 bits finer): the numpy
     codec refuses it before the round; the device codec the same way, naming the same
-    counters."""
+    counters. Only worker 0's counters overflow (its peers' values are 2**10 smaller): the job
+    reports the first worker's error, and were every worker's to overflow, which of them got
+    to its check before a peer's failure stopped the others would decide the message."""
     xs = sparse(14, 5000, 0.2)
+    xs[1:] = [x * np.float32(2.0 ** -10) for x in xs[1:]]
     with pytest.raises(codec.AggregationOverflow) as ref:
         run(xs, (), mode="sketch", shift_bias=7, rounds=1)
     with pytest.raises(codec.AggregationOverflow) as got:
