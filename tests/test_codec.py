@@ -614,3 +614,36 @@ def test_decode_union_blocks_is_the_two_pass_reference(monkeypatch, jit, n, bloc
     want = np.ldexp(exact.astype(np.float64), -codec.element_shifts(shifts, block, n))
     assert got.tobytes() == want.astype(np.float32).tobytes()
     assert codec.scale_blocks(exact, shifts, block).tobytes() == got.tobytes()
+
+
+@needs_jit
+@pytest.mark.parametrize("parts", [2, 3, 7])
+def test_decode_on_threads_is_the_one_thread_decode(monkeypatch, reference, parts):
+    """``decode_union_scaled`` split between threads (from THREADS_FROM elements on; forced
+    here at every size, so shares are empty, partial, or a word each): the same bits as
+    numpy's, into a fresh array and into a given one, and a union that disagrees with the
+    values gives None with the given array untouched."""
+    from homagg.host_agent.codec import _native
+
+    monkeypatch.setattr(_native, "threads_for", lambda n: parts)
+    rng = np.random.default_rng(parts)
+    for n in (0, 1, 31, 32, 33, 100, 1000, 100_003):
+        for density in (0.0, 0.05, 0.6, 1.0):
+            words = kernels.REF.pack(rng.random(n) < density)
+            u = kernels.REF.union_size(words, n)
+            values = rng.integers(-2**31, 2**31, u).astype(np.int32)
+            scales = np.ldexp(1.0, -rng.integers(0, 40, max(1, -(-n // 32))))
+            for dtype in (np.float32, np.float64):
+                want = reference(kernels.REF.decode_union_scaled, words, n, values, scales,
+                                 dtype)
+                got = kernels.JIT.decode_union_scaled(words, n, values, scales, dtype)
+                np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+                out = np.full(n, 3.0, dtype)
+                assert kernels.JIT.decode_union_scaled(words, n, values, scales, dtype,
+                                                       out) is out
+                np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8))
+                if u:
+                    out = np.full(n, 3.0, dtype)
+                    assert kernels.JIT.decode_union_scaled(words, n, values[:-1], scales,
+                                                           dtype, out) is None
+                    assert (out == 3.0).all()

@@ -9,7 +9,9 @@ the same bits.
 
 It splits a tensor of ``THREADS_FROM`` elements or more between threads, as many as the
 process may run on (at most ``MAX_THREADS``): the pass is memory-bound, and a second core
-reads the other half of the tensor while the first reads its own. (Listing a sparse tensor's
+reads the other half of the tensor while the first reads its own. ``threads_for`` is also the
+rule of the union's decode (``_jit_bitmap``), whose numba kernel runs a share of the bitmap
+on each of that many Python threads (it releases the GIL). (Listing a sparse tensor's
 non-zeros stays numba's ``set_bits`` and numpy's gather: a C loop that listed and gathered
 together stalled on each value's cache miss behind the bitmap's unpredictable branches, 6.6 ms
 for 100k values against their 1.5.)
