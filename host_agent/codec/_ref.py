@@ -94,11 +94,12 @@ def decode_union_scaled(words: np.ndarray, n: int, values: np.ndarray,
     union = set_bits(words, n)
     if union.size != values.size:
         return None
-    res = np.zeros(n, dtype) if out is None else out
-    if out is not None:
-        res[:] = 0
-    res[union] = values.astype(np.float64) * np.asarray(word_scales, np.float64)[union // 32]
-    return res
+    if out is None:
+        out = np.zeros(n, dtype)
+    else:
+        out[:] = 0
+    out[union] = values.astype(np.float64) * np.asarray(word_scales, np.float64)[union // 32]
+    return out
 
 
 def subblocks(mid: np.ndarray, blocks: np.ndarray) -> np.ndarray:
