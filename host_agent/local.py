@@ -143,6 +143,12 @@ class HostTensor:
             # the union's positions (the same words as from the positions, bit for bit)
             return codec.encode_union_dense(self._dense_words(scales), self._words,
                                             union_words)
+        if mode == Mode.UNION:  # in one pass; where it finds a fault, step by step to name it
+            got = codec.encode_union_float(
+                self.scan, union_words, scales.blocks(), scales.block, scales.at,
+                scales.at_shifts() if scales.at is not None else None)
+            if got is not None:
+                return got
         s = self._sparse = self.scan.quantize(scales.of(self.scan.idx))
         if mode == Mode.UNION:
             return codec.encode_union(s, union_words)

@@ -49,13 +49,14 @@ def test_summary_kernels_agree_with_the_reference(dtype, native, monkeypatch):
     the baseline loop, and split between 3 threads at every size; else numba's) against
     numpy's."""
     if native == "numba":
-        monkeypatch.setattr(_native, "summary_f32", lambda *args: None)
+        monkeypatch.setattr(_native, "summary_f32", lambda *args, **kw: None)
     else:
         if homagg.native.load() is None:
             pytest.skip(f"the native library is off: {homagg.native.why()}")
         if native == "c-baseline":
             c = _native.summary_f32
-            monkeypatch.setattr(_native, "summary_f32", lambda *args: c(*args, baseline=True))
+            monkeypatch.setattr(_native, "summary_f32",
+                                lambda *args, **kw: c(*args, **kw, baseline=True))
         if native == "c-threads":  # shares' edges inside the small tensors too
             monkeypatch.setattr(_native, "threads_for", lambda n: 3)
         assert _native.summary_f32(np.zeros(64, np.float32), 32, 8, 5, True) is not None
@@ -291,3 +292,88 @@ def test_gather_union_kernels_agree_and_ignore_bits_past_n():
         words = kernels.REF.pack(rng.random(32 * (-(-n // 32))) < 0.4)  # bits past n set too
         np.testing.assert_array_equal(kernels.JIT.gather_union(words, n, q),
                                       kernels.REF.gather_union(words, n, q))
+
+
+def test_the_pass_lists_a_sparse_tensor_and_gives_up_on_a_dense_share(monkeypatch):
+    """The C pass lists the non-zeros of a sparse tensor itself; where a share of the tensor
+    is dense (a dense layer first, the rest sparse), it gives up and the bitmap lists them:
+    the same positions and values either way, as numpy's."""
+    if homagg.native.load() is None:
+        pytest.skip(f"the native library is off: {homagg.native.why()}")
+    rng = np.random.default_rng(37)
+    n = 300_001
+    for threads in (1, 3):
+        monkeypatch.setattr(_native, "threads_for", lambda n, t=threads: t)
+        sparse = np.where(rng.random(n) < 0.01, rng.standard_normal(n), 0).astype(np.float32)
+        prefix = sparse.copy()
+        prefix[:30_000] = rng.standard_normal(30_000) + 3  # a dense share, under n / 4 in all
+        for x, listed_in_c in ((sparse, True), (prefix, False)):
+            cap = n // 4 + 64
+            c = _native.summary_f32(x, 256, 8, 5, True, cap=cap)
+            assert (c[5] is not None) == listed_in_c
+            got = kernels.JIT.summary(x, 256, 8, 5, True, cap)
+            want = kernels.REF.summary(x, 256, 8, 5, True, cap)
+            assert got[4] is not None and want[4] is not None
+            np.testing.assert_array_equal(got[4][0], want[4][0])
+            np.testing.assert_array_equal(got[4][1].view(np.uint32), want[4][1].view(np.uint32))
+
+
+@pytest.mark.parametrize("which", ["jit", "ref"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_union_words_in_one_pass_equal_the_step_by_step_ones(which, dtype):
+    """``encode_union_float`` (quantize at the block and split scales, rank in the union, in
+    one pass) gives ``encode_union`` of ``Scan.quantize``'s words, bit for bit; where a value
+    does not quantize or the union leaves out a non-zero, None (the steps name it)."""
+    if which == "jit" and kernels.JIT is None:
+        pytest.skip("numba not installed")
+    rng = np.random.default_rng(12)
+    compared = refused = 0
+    with kernels.using(which):
+        for x in _tensors(dtype):
+            n = x.size
+            own = codec.Scan.of(x)
+            for block, split, other, finer in ((256, False, 0.0, 0), (256, True, 0.3, 0),
+                                               (100, True, 0.0, 0), (3, False, 0.3, 0),
+                                               (256, False, 0.0, 40)):
+                union = own.words | kernels.REF.pack(rng.random(n) < other)
+                s = _scales(x, block, rng, split)
+                s = Scales(s.shift + finer, s.offsets, s.block, s.at, s.at_offsets)
+                at_shifts = s.at_shifts() if s.at is not None else None
+                got = codec.encode_union_float(own, union, s.blocks(), block, s.at, at_shifts)
+                try:
+                    want = codec.encode_union(own.quantize(s.of(own.idx)), union)
+                except CodecError:
+                    assert got is None
+                    refused += 1
+                    continue
+                assert got is not None and got.dtype == np.int32
+                np.testing.assert_array_equal(got, want)
+                compared += 1
+            if own.idx.size:
+                foreign = own.words.copy()
+                foreign[own.idx[-1] // 32] = np.uint32(0)  # its last non-zero left out
+                assert codec.encode_union_float(own, foreign, s.blocks(), s.block) is None
+    assert compared >= 100 and refused >= 5
+
+
+@pytest.mark.parametrize("which", ["jit", "ref"])
+def test_union_words_name_a_fault_the_one_pass_found(which):
+    """Mode union's words of a sparse tensor: a value out of int32 at its scale, or a
+    non-zero outside the union, raises the error that names it, as before the one pass."""
+    if which == "jit" and kernels.JIT is None:
+        pytest.skip("numba not installed")
+    x = np.zeros(3000, np.float32)
+    x[[7, 900, 2500]] = [0.5, 1.0, 4.0]
+    scales = Scales(30, np.zeros(codec.block_count(3000, 256), np.int64), 256)
+    with kernels.using(which):
+        h = HostTensor(x)
+        r1 = h.round1(256, False)
+        with pytest.raises(CodecError) as err:
+            h.value_words(codec.Mode.UNION, scales, r1.words, None, 1, 1.25)
+        assert err.value.index == 2500
+        assert str(err.value) == ("value 4.0 at index 2500 is out of int32 range at shift 30: "
+                                  "use shift_for()")
+        foreign = r1.words.copy()
+        foreign[900 // 32] = np.uint32(0)
+        with pytest.raises(CodecError, match="not contained in the union"):
+            h.value_words(codec.Mode.UNION, scales.coarser(10), foreign, None, 1, 1.25)

@@ -107,7 +107,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "ha_pack": (None, [p, p, i64, i64, i64, i64, i64, p]),
         "ha_wake_at": (ctypes.c_double, [p, ctypes.c_double]),
         "ha_rtt_sample": (None, [p, ctypes.c_double]),
-        "hc_summary_f32": (i64, [p, i64, i64, i64, i64, i32, p, p, p, p, i32, i64]),
+        "hc_summary_f32": (i64, [p, i64, i64, i64, i64, i32, p, p, p, p, i32, i64, p, p, i64,
+                                  p]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)

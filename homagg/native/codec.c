@@ -9,7 +9,9 @@
  * bits as two compares and movemasks, its largest magnitude as an unsigned max. A magnitude's
  * bits order as its value, so a block's peak is the float whose bits are its largest magnitude,
  * and "small" is an integer compare with the limit's bits. The run check reads the block again
- * while it is in L1, and only where the block has at least a run's worth of non-zeros.
+ * while it is in L1, and only where the block has at least a run's worth of non-zeros. Asked to,
+ * it lists a sparse tensor's non-zeros (positions and values) in the same pass, while each word
+ * is in registers, where a listing from the bitmap afterwards read every value again.
  * A large tensor is split between threads, a share of the blocks each (codec._native asks for
  * them from 2M elements on).
  */
@@ -25,6 +27,9 @@
 #define HC_MAG 0x7fffffffu  /* all but the sign */
 #define HC_EXPO 0x7f800000u /* the exponent: all set for Inf and NaN */
 #define HC_MANT 23
+/* A part stops listing once it holds more than a quarter of its values plus this many: the
+ * codec lists a tensor of at most a quarter non-zeros (codec.scan.Summary) */
+#define HC_LIST_SLACK 4096
 #define HC_BIAS 127
 
 /* Reverse the bits of each byte: a tensor-order word (bit j is element 32 i + j) to the packed
@@ -92,13 +97,49 @@ typedef struct {
     uint32_t *words;
     double *peaks;
     uint8_t *mask;
+    /* the listing (idx NULL: none): this part's share of idx and raw is [at, at + cap); it
+     * listed ``listed`` non-zeros, or gave up (-1: too many, or too dense to be worth it) */
+    int64_t *idx;
+    uint32_t *raw;
+    int64_t at, cap, listed;
 } hc_part;
+
+/* Append the non-zeros of one word (tensor-order bits t of the values xi[base..base+32)) at
+ * idx[m], raw[m]: the first two written whatever t holds (an empty slot is overwritten by
+ * the next word's), the rest by a loop, so most words of a sparse tensor take no branch that
+ * depends on their bits. Room for 32 more is the caller's to check. Returns the new m. */
+static inline int64_t list_word(uint32_t t, const uint32_t *xi, int64_t base, int64_t *idx,
+                                uint32_t *raw, int64_t m, int64_t count) {
+    uint32_t j = (uint32_t)__builtin_ctz(t | 0x80000000u);
+    if (j >= count) /* (a partial word's last value may lie past the tensor: read none) */
+        j = 0;
+    idx[m] = base + j;
+    raw[m] = xi[j];
+    uint32_t r = t & (t - 1);
+    j = (uint32_t)__builtin_ctz(r | 0x80000000u);
+    if (j >= count)
+        j = 0;
+    idx[m + 1] = base + j;
+    raw[m + 1] = xi[j];
+    int64_t c = __builtin_popcount(t);
+    if (c > 2) {
+        r &= r - 1;
+        for (int64_t k = m + 2; r; k++, r &= r - 1) {
+            j = (uint32_t)__builtin_ctz(r);
+            idx[k] = base + j;
+            raw[k] = xi[j];
+        }
+    }
+    return m + c;
+}
 
 /* The blocks' loop, the whole words of a block through ``WORD`` (a statement setting t, o and
  * acc from xi + base), the last partial word through word_scalar. */
 #define HC_BLOCKS(WORD, ACC_T, ACC_INIT, ACC_TOP)                                              \
     const uint32_t *xi = p->xi;                                                               \
     int64_t n = p->n, block = p->block, run = p->run, bad = -1, nnz = 0;                      \
+    int64_t *idx = p->idx ? p->idx + p->at : NULL, m = 0, first = p->b0 * block;             \
+    uint32_t *raw = p->idx ? p->raw + p->at : NULL;                                           \
     for (int64_t b = p->b0; b < p->b1; b++) {                                                 \
         int64_t lo = b * block, hi = lo + block < n ? lo + block : n;                         \
         ACC_T acc = ACC_INIT;                                                                 \
@@ -113,6 +154,12 @@ typedef struct {
             }                                                                                 \
             p->words[base >> 5] = brev8(t);                                                   \
             bnz += __builtin_popcount(t);                                                     \
+            if (idx) { /* listing: while there is room and the tensor is sparse so far */      \
+                if (m + 32 > p->cap || m > ((base - first) >> 2) + HC_LIST_SLACK)             \
+                    idx = NULL;                                                               \
+                else                                                                          \
+                    m = list_word(t, xi + base, base, idx, raw, m, n - base);                 \
+            }                                                                                 \
             if (o && bad < 0)                                                                 \
                 bad = base + __builtin_ctz(o);                                                \
         }                                                                                     \
@@ -126,7 +173,8 @@ typedef struct {
                          ? split_block(xi + lo, hi - lo, top, p->binades, run) : 0;           \
     }                                                                                         \
     p->bad = bad;                                                                             \
-    p->nnz = nnz;
+    p->nnz = nnz;                                                                             \
+    p->listed = idx ? m : -1;
 
 static void summary_scalar(hc_part *p) {
     HC_BLOCKS(word_scalar(xi + base, 32, &t, &o, &acc), uint32_t, 0, acc)
@@ -213,10 +261,15 @@ static int64_t clamp_threads(int64_t threads, int64_t units) {
  * block's peak magnitude (``peaks``, float64, 0 for an all-zero block), each block's split flag
  * (``mask``, 0 or 1; all 0 unless ``split``), the count of non-zeros (*nnz_out); returns the
  * first non-finite position, or -1. With a non-finite value the peaks and flags are all 0.
- * Returns -2 (and writes nothing) for a block that is not a positive multiple of 32. */
+ * Returns -2 (and writes nothing) for a block that is not a positive multiple of 32.
+ * With ``idx`` (room for ``cap`` values there and in ``raw``), the non-zeros are listed in the
+ * same pass, while each value is in a register: their positions in order (idx) and their bits
+ * (raw), *listed_out of them; -1 where the pass gave up (more than ``cap``, or some share of
+ * the tensor more than a quarter non-zeros): then idx and raw hold nothing. */
 int64_t hc_summary_f32(const uint32_t *xi, int64_t n, int64_t block, int64_t binades,
                        int64_t run, int32_t split, uint32_t *words, double *peaks,
-                       uint8_t *mask, int64_t *nnz_out, int32_t baseline, int64_t threads) {
+                       uint8_t *mask, int64_t *nnz_out, int32_t baseline, int64_t threads,
+                       int64_t *idx, uint32_t *raw, int64_t cap, int64_t *listed_out) {
     if (block <= 0 || block % 32)
         return -2;
     int64_t nb = (n + block - 1) / block;
@@ -226,7 +279,9 @@ int64_t hc_summary_f32(const uint32_t *xi, int64_t n, int64_t block, int64_t bin
         parts[i] = (hc_part){.xi = xi, .n = n, .block = block, .binades = binades, .run = run,
                              .b0 = nb * i / threads, .b1 = nb * (i + 1) / threads,
                              .split = split, .baseline = baseline, .words = words,
-                             .peaks = peaks, .mask = mask};
+                             .peaks = peaks, .mask = mask, .idx = idx, .raw = raw,
+                             .at = cap * i / threads,
+                             .cap = cap * (i + 1) / threads - cap * i / threads};
     run_parts(summary_part, parts, sizeof(hc_part), threads);
     int64_t bad = -1, nnz = 0;
     for (int64_t i = 0; i < threads; i++) { /* the parts in order: the first bad is the least */
@@ -239,5 +294,18 @@ int64_t hc_summary_f32(const uint32_t *xi, int64_t n, int64_t block, int64_t bin
         memset(mask, 0, (size_t)nb);
     }
     *nnz_out = nnz;
+    int64_t listed = idx ? 0 : -1;
+    for (int64_t i = 0; i < threads && listed >= 0; i++) { /* each share after the one before */
+        if (parts[i].listed < 0) {
+            listed = -1;
+        } else {
+            if (parts[i].at != listed) {
+                memmove(idx + listed, idx + parts[i].at, (size_t)parts[i].listed * 8);
+                memmove(raw + listed, raw + parts[i].at, (size_t)parts[i].listed * 4);
+            }
+            listed += parts[i].listed;
+        }
+    }
+    *listed_out = listed;
     return bad;
 }

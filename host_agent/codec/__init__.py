@@ -118,6 +118,7 @@ from homagg.host_agent.codec.union import (
     decode_values,
     encode_union,
     encode_union_dense,
+    encode_union_float,
     encode_values,
     residual_values,
 )
@@ -131,8 +132,8 @@ __all__ = [
     "SKETCH_SLACK", "AggregationOverflow", "CodecError", "Levels", "Mode", "PeelResult", "Scan",
     "Sparse", "Summary", "as_index", "as_mode", "assemble", "bitmap", "bitmap_words",
     "check_int32", "choose_index", "choose_mode", "decode_union", "decode_values", "dequantize",
-    "encode_union", "encode_union_dense", "encode_values", "hier_rounds", "hier_saving",
-    "kernels", "level_words", "max_exponent",
+    "encode_union", "encode_union_dense", "encode_union_float", "encode_values", "hier_rounds",
+    "hier_saving", "kernels", "level_words", "max_exponent",
     "peel", "quantize", "ranks_in", "residual_values", "round2_words", "set_bits", "shift_for",
     "sketch_encode", "sketch_hashes", "sketch_size",
     "top_bits", "union_bitmap", "union_blocks", "union_indices", "union_size", "union_subblocks",

@@ -30,6 +30,7 @@ from homagg.host_agent.codec._jit_bitmap import (
 )
 from homagg.host_agent.codec._jit_blocks import (
     block_peaks,
+    encode_union_blocks,
     quantize_blocks,
     scale_blocks,
     split_mask,
@@ -40,4 +41,4 @@ from homagg.host_agent.codec._jit_sketch import hashes, peel, sketch_encode
 __all__ = ["pack", "scan", "set_bits", "ranks", "union_size", "encode_union", "gather_union",
            "decode_union", "decode_union_scaled", "subblocks", "level_counts", "hashes",
            "sketch_encode", "peel", "assemble", "block_peaks", "scale_blocks", "split_mask",
-           "summary", "quantize_blocks"]
+           "summary", "quantize_blocks", "encode_union_blocks"]

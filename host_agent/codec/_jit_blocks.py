@@ -3,8 +3,10 @@ values far below their peak (``split_mask``), the integer values times their blo
 (``scale_blocks``), and the two passes of a dense tensor: round 1's reading of it
 (``summary``: bitmap, block peaks, split mask, non-finite check, in two reads of x, without a
 position list for a dense tensor) and its words at the block scales (``quantize_blocks``, one
-pass with no temporaries). ``summary`` of a float32 tensor runs in the native library where it
-is built (``_native``: one pass, AVX2); these kernels where it is not.
+pass with no temporaries); a sparse tensor's words of mode union at the block scales
+(``encode_union_blocks``: quantized and ranked in one pass over its non-zeros). ``summary`` of
+a float32 tensor runs in the native library where it is built (``_native``: one pass, AVX2,
+listing a sparse tensor's non-zeros as it goes); these kernels where it is not.
 
 Part of ``_jit`` (which ``kernels`` loads); numpy twins in ``_ref``.
 """
@@ -16,7 +18,13 @@ import math
 import numpy as np
 
 from homagg.host_agent.codec import _native, _ref
-from homagg.host_agent.codec._jit_bitmap import _k_brev8, _k_popcount32, _k_set_bits, _njit
+from homagg.host_agent.codec._jit_bitmap import (
+    _k_brev8,
+    _k_popcount32,
+    _k_set_bits,
+    _k_union_size,
+    _njit,
+)
 
 # --------------------------------------------------------------------------------------------
 # The interface (see _ref for what each returns)
@@ -53,9 +61,10 @@ def summary(x: np.ndarray, block: int, binades: int, run: int, split: bool, cap:
     if x.dtype not in (np.float32, np.float64):
         return _ref.summary(x, block, binades, run, split, cap)
     x = np.ascontiguousarray(x)
-    native = _native.summary_f32(x, block, binades, run, split)
+    native = _native.summary_f32(x, block, binades, run, split, cap=cap)
+    nz = None
     if native is not None:  # (the C library's one pass: float32, whole-word blocks)
-        words, peaks, mask, bad, nnz = native
+        words, peaks, mask, bad, nnz, nz = native
     else:
         if x.dtype == np.float32:
             xi, bits, mant = x.view(np.uint32), 32, 23
@@ -70,8 +79,7 @@ def summary(x: np.ndarray, block: int, binades: int, run: int, split: bool, cap:
         if bad < 0:
             bias = (1 << (bits - mant - 2)) - 1  # 127 or 1023
             _k_block_summary(x, xi, mag, block, binades, run, split, mant, bias, peaks, mask)
-    nz = None
-    if nnz <= cap:  # a sparse tensor: its non-zeros listed from the bitmap
+    if nz is None and nnz <= cap:  # a sparse tensor: its non-zeros listed from the bitmap
         idx = _k_set_bits(words, x.size)
         nz = (idx, x[idx])
     return words, peaks, mask, bad, nz
@@ -90,6 +98,22 @@ def quantize_blocks(x: np.ndarray, shifts: np.ndarray, block: int, at: np.ndarra
     bad = _k_quantize_blocks(np.ascontiguousarray(x), shifts, block,
                              np.ascontiguousarray(at, np.int64), at_shifts, out)
     return out, int(bad)
+
+
+def encode_union_blocks(words: np.ndarray, n: int, idx: np.ndarray, raw: np.ndarray,
+                        shifts: np.ndarray, block: int, at: np.ndarray, at_shifts: np.ndarray
+                        ) -> np.ndarray | None:
+    shifts = np.ascontiguousarray(shifts, np.int64)
+    at_shifts = np.ascontiguousarray(at_shifts, np.int64)
+    lo = min(shifts.min(initial=0), at_shifts.min(initial=0))
+    hi = max(shifts.max(initial=0), at_shifts.max(initial=0))
+    if raw.dtype not in (np.float32, np.float64) or lo < -1022 or hi > 1023:
+        return _ref.encode_union_blocks(words, n, idx, raw, shifts, block, at, at_shifts)
+    out = np.zeros(_k_union_size(words, n), np.int32)
+    ok = _k_encode_union_blocks(words, n, np.ascontiguousarray(idx, np.int64),
+                                np.ascontiguousarray(raw), shifts, block,
+                                np.ascontiguousarray(at, np.int64), at_shifts, out)
+    return out if ok else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,3 +270,41 @@ def _k_quantize_blocks(x, shifts, block, at, at_shifts, out):
                 if not (q >= -2147483648.0 and q <= 2147483647.0):
                     return i
     return -1
+
+
+@_njit
+def _k_encode_union_blocks(words, n, idx, raw, shifts, block, at, at_shifts, out):
+    """``encode_union_blocks`` into ``out`` (zeros, the union's size): False where a value
+    does not quantize or a position is outside the union. A position's rank is the popcount
+    of the union before it: a per-word prefix, then O(1) per non-zero, as ``_k_encode_union``
+    (the quantization is ``_k_quantize_blocks``')."""
+    nw = words.size
+    pre = np.empty(nw, np.int64)
+    acc = 0
+    for i in range(nw):
+        pre[i] = acc
+        acc += _k_popcount32(np.int64(words[i]))
+    scale = np.empty(shifts.size, np.float64)
+    for b in range(shifts.size):
+        scale[b] = math.ldexp(1.0, shifts[b])
+    na = at.size
+    j = 0
+    for k in range(idx.size):
+        p = idx[k]
+        if p < 0 or p >= n:
+            return False
+        pw = p >> 5
+        t = _k_brev8(np.int64(words[pw]))  # tensor order: bit j is element 32 pw + j
+        bit = p & 31
+        if not (t >> bit) & 1:
+            return False
+        q = np.rint(np.float64(raw[k]) * scale[p // block])
+        if na:  # split blocks: their elements at their own scale
+            while j < na and at[j] < p:
+                j += 1
+            if j < na and at[j] == p:
+                q = np.rint(np.float64(raw[k]) * math.ldexp(1.0, at_shifts[j]))
+        if not (q >= -2147483648.0 and q <= 2147483647.0):  # (False for NaN)
+            return False
+        out[pre[pw] + _k_popcount32(t & ((np.int64(1) << bit) - 1))] = np.int32(q)
+    return True

@@ -11,10 +11,11 @@ It splits a tensor of ``THREADS_FROM`` elements or more between threads, as many
 process may run on (at most ``MAX_THREADS``): the pass is memory-bound, and a second core
 reads the other half of the tensor while the first reads its own. ``threads_for`` is also the
 rule of the union's decode (``_jit_bitmap``), whose numba kernel runs a share of the bitmap
-on each of that many Python threads (it releases the GIL). (Listing a sparse tensor's
-non-zeros stays numba's ``set_bits`` and numpy's gather: a C loop that listed and gathered
-together stalled on each value's cache miss behind the bitmap's unpredictable branches, 6.6 ms
-for 100k values against their 1.5.)
+on each of that many Python threads (it releases the GIL). The pass also lists a sparse
+tensor's non-zeros, positions and values, while each word of 32 values is in registers (two
+slots written whatever the word holds, a loop only for a third non-zero): a listing from the
+bitmap afterwards (numba's ``set_bits``, numpy's gather) read each value again, a cache miss
+each, 1.5 ms for 100k values of a 10M tensor.
 """
 
 from __future__ import annotations
@@ -45,12 +46,16 @@ def threads_for(n: int) -> int:
 
 
 def summary_f32(x: np.ndarray, block: int, binades: int, run: int, split: bool,
-                baseline: bool = False
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int] | None:
+                baseline: bool = False, cap: int = -1
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int,
+                           tuple[np.ndarray, np.ndarray] | None] | None:
     """(bitmap words, per-block peaks, split mask, first non-finite position or -1, count of
-    non-zeros) of a contiguous float32 ``x``, as ``_jit_blocks``' kernels give them; None where
-    the library is not loaded or ``block`` is not a multiple of 32. ``baseline``: the loop for
-    x86-64's baseline even where the CPU has AVX2 (the tests check both)."""
+    non-zeros, and the non-zeros (positions, values) or None) of a contiguous float32 ``x``, as
+    ``_jit_blocks``' kernels give them; None where the library is not loaded or ``block`` is
+    not a multiple of 32. ``cap`` > 0: list the non-zeros in the same pass if there are at most
+    that many (None where the pass gave up: too many, or a share of the tensor too dense; the
+    caller lists them from the bitmap). ``baseline``: the loop for x86-64's baseline even where
+    the CPU has AVX2 (the tests check both)."""
     lib = native.load()
     if lib is None or block <= 0 or block % 32 or x.dtype != np.float32:
         return None
@@ -59,8 +64,15 @@ def summary_f32(x: np.ndarray, block: int, binades: int, run: int, split: bool,
     words = np.empty((n + 31) // 32, np.uint32)
     peaks = np.empty(nb, np.float64)
     mask = np.empty(nb, np.bool_)
-    nnz = ctypes.c_int64(0)
+    nnz, listed = ctypes.c_int64(0), ctypes.c_int64(-1)
+    room = min(cap, n)
+    idx = np.empty(max(room, 0), np.int64)  # (pages touched only where written)
+    raw = np.empty(max(room, 0), np.float32)
     bad = lib.hc_summary_f32(x.ctypes.data, n, block, binades, run, int(split),
                              words.ctypes.data, peaks.ctypes.data, mask.ctypes.data,
-                             ctypes.byref(nnz), int(baseline), threads_for(n))
-    return words, peaks, mask, int(bad), int(nnz.value)
+                             ctypes.byref(nnz), int(baseline), threads_for(n),
+                             idx.ctypes.data if room > 0 else None, raw.ctypes.data, room,
+                             ctypes.byref(listed))
+    k = listed.value
+    nz = (idx[:k], raw[:k]) if 0 <= k <= cap and k == nnz.value else None
+    return words, peaks, mask, int(bad), int(nnz.value), nz

@@ -301,3 +301,24 @@ def quantize_blocks(x: np.ndarray, shifts: np.ndarray, block: int, at: np.ndarra
             return out, lo + int(np.flatnonzero(~ok)[0])
         out[lo:hi] = q
     return out, -1
+
+
+def encode_union_blocks(words: np.ndarray, n: int, idx: np.ndarray, raw: np.ndarray,
+                        shifts: np.ndarray, block: int, at: np.ndarray, at_shifts: np.ndarray
+                        ) -> np.ndarray | None:
+    """A worker's words of mode union from its listed non-zeros (sorted positions ``idx``,
+    float values ``raw``): int32[u], each value at its union rank quantized as
+    ``quantize_blocks`` does (0 where the worker has none); None where a value does not
+    quantize or a position is outside the union (the codec's step-by-step path names which)."""
+    idx = np.asarray(idx, np.int64)
+    s = np.asarray(shifts, np.int64)[idx // block]
+    if at.size and idx.size:
+        k = np.minimum(np.searchsorted(at, idx), at.size - 1)
+        hit = at[k] == idx
+        s[hit] = np.asarray(at_shifts, np.int64)[k[hit]]
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = np.rint(np.ldexp(np.asarray(raw).astype(np.float64), s))
+        ok = (q >= -2.0 ** 31) & (q <= 2.0 ** 31 - 1)  # (False for NaN)
+    if not ok.all():
+        return None
+    return encode_union(words, n, idx, q.astype(np.int32))

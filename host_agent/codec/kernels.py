@@ -38,6 +38,10 @@ reference: the tests run both and compare them bit for bit, selecting one with `
                                                  or -1, (positions, values) or None): round 1
     quantize_blocks(x, shifts, block, at, at_shifts)
                                               -> (int32 words, first bad position or -1)
+    encode_union_blocks(words, n, idx, raw, shifts, block, at, at_shifts)
+                                              -> int32 values by union rank, quantized as
+                                                 quantize_blocks does; None if one does not
+                                                 quantize or idx leaves the union
 
 ``words`` are contiguous uint32 and long enough for n (the codec checks both first).
 """

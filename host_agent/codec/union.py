@@ -14,7 +14,7 @@ from homagg.host_agent.codec import kernels
 from homagg.host_agent.codec.errors import AggregationOverflow, CodecError
 from homagg.host_agent.codec.modes import Mode, as_mode
 from homagg.host_agent.codec.quantization import INT32_MAX, INT32_MIN
-from homagg.host_agent.codec.scan import Sparse, checked_words, ranks_in
+from homagg.host_agent.codec.scan import Scan, Sparse, checked_words, ranks_in
 from homagg.host_agent.codec.sketch import (
     DEFAULT_RATIO,
     PeelResult,
@@ -33,6 +33,24 @@ def encode_union(s: Sparse, union_words: np.ndarray) -> np.ndarray:
     if v is None:
         raise CodecError("worker's support is not contained in the union bitmap")
     return v
+
+
+def encode_union_float(scan: Scan, union_words: np.ndarray, shifts: np.ndarray, block: int,
+                       at: np.ndarray | None = None, at_shifts: np.ndarray | None = None
+                       ) -> np.ndarray | None:
+    """``encode_union`` of ``scan.quantize`` at block scales, in one pass over the non-zeros:
+    each value quantized at its block's shift (``shifts``, one per ``block`` elements) or,
+    at the sorted positions ``at``, at its own (``at_shifts``), and written at its rank in
+    the union, with no array per non-zero between the steps (a 10M-element tensor at 1%:
+    its value words in 1.8 ms against 2.3). None where a value does not quantize or the
+    worker's support is not in the union: the two steps (``Scan.quantize``,
+    ``encode_union``) then raise the error that names it."""
+    words = checked_words(union_words, scan.n)
+    none = np.zeros(0, np.int64)
+    return kernels.active.encode_union_blocks(
+        words, scan.n, scan.idx, scan.raw, np.asarray(shifts, np.int64), block,
+        none if at is None else np.asarray(at, np.int64),
+        none if at_shifts is None else np.asarray(at_shifts, np.int64))
 
 
 def encode_union_dense(q: np.ndarray, own_words: np.ndarray, union_words: np.ndarray
