@@ -27,10 +27,10 @@
 #define HC_MAG 0x7fffffffu  /* all but the sign */
 #define HC_EXPO 0x7f800000u /* the exponent: all set for Inf and NaN */
 #define HC_MANT 23
+#define HC_BIAS 127
 /* A part stops listing once it holds more than a quarter of its values plus this many: the
  * codec lists a tensor of at most a quarter non-zeros (codec.scan.Summary) */
 #define HC_LIST_SLACK 4096
-#define HC_BIAS 127
 
 /* Reverse the bits of each byte: a tensor-order word (bit j is element 32 i + j) to the packed
  * bitmap's (numpy's packbits, big-endian bit order, read as a little-endian uint32). */
