@@ -384,28 +384,44 @@ def _k_union_size(words, n):
 
 
 @_njit
+def _k_word_prefix(words):
+    """Per bitmap word, the union's count in the words before it: a position's rank in the
+    union is its word's count plus the bits below it in its word (``_k_rank``)."""
+    pre = np.empty(words.size, np.int64)
+    acc = 0
+    for i in range(words.size):
+        pre[i] = acc
+        acc += _k_popcount32(np.int64(words[i]))
+    return pre
+
+
+@_njit
+def _k_rank(words, pre, n, p):
+    """Position p's rank in the union (``pre``: ``_k_word_prefix(words)``), or -1 where p is
+    not in it (nor in 0..n-1)."""
+    if p < 0 or p >= n:
+        return -1
+    pw = p >> 5
+    t = _k_brev8(np.int64(words[pw]))  # tensor order: bit j is element 32 pw + j
+    j = p & 31
+    if not (t >> j) & 1:
+        return -1
+    return pre[pw] + _k_popcount32(t & ((np.int64(1) << j) - 1))
+
+
+@_njit
 def _k_encode_union(words, n, idx, val):
     """(int32[u] values by union rank, index of the first own position outside U or -1).
 
     A position's rank is the popcount of the union bitmap before it: a per-word prefix
     (n/32 words), then O(1) per non-zero."""
-    nw = words.size
-    pre = np.empty(nw, np.int64)
-    acc = 0
-    for i in range(nw):
-        pre[i] = acc
-        acc += _k_popcount32(np.int64(words[i]))
+    pre = _k_word_prefix(words)
     out = np.zeros(_k_union_size(words, n), np.int32)
     for i in range(idx.size):
-        p = idx[i]
-        if p < 0 or p >= n:
+        r = _k_rank(words, pre, n, idx[i])
+        if r < 0:
             return out, i
-        pw = p >> 5
-        t = _k_brev8(np.int64(words[pw]))  # tensor order: bit j is element 32 pw + j
-        j = p & 31
-        if not (t >> j) & 1:
-            return out, i
-        out[pre[pw] + _k_popcount32(t & ((np.int64(1) << j) - 1))] = val[i]
+        out[r] = val[i]
     return out, -1
 
 

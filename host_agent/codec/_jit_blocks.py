@@ -21,8 +21,10 @@ from homagg.host_agent.codec import _native, _ref
 from homagg.host_agent.codec._jit_bitmap import (
     _k_brev8,
     _k_popcount32,
+    _k_rank,
     _k_set_bits,
     _k_union_size,
+    _k_word_prefix,
     _njit,
 )
 
@@ -278,12 +280,7 @@ def _k_encode_union_blocks(words, n, idx, raw, shifts, block, at, at_shifts, out
     does not quantize or a position is outside the union. A position's rank is the popcount
     of the union before it: a per-word prefix, then O(1) per non-zero, as ``_k_encode_union``
     (the quantization is ``_k_quantize_blocks``')."""
-    nw = words.size
-    pre = np.empty(nw, np.int64)
-    acc = 0
-    for i in range(nw):
-        pre[i] = acc
-        acc += _k_popcount32(np.int64(words[i]))
+    pre = _k_word_prefix(words)
     scale = np.empty(shifts.size, np.float64)
     for b in range(shifts.size):
         scale[b] = math.ldexp(1.0, shifts[b])
@@ -291,12 +288,8 @@ def _k_encode_union_blocks(words, n, idx, raw, shifts, block, at, at_shifts, out
     j = 0
     for k in range(idx.size):
         p = idx[k]
-        if p < 0 or p >= n:
-            return False
-        pw = p >> 5
-        t = _k_brev8(np.int64(words[pw]))  # tensor order: bit j is element 32 pw + j
-        bit = p & 31
-        if not (t >> bit) & 1:
+        r = _k_rank(words, pre, n, p)
+        if r < 0:
             return False
         q = np.rint(np.float64(raw[k]) * scale[p // block])
         if na:  # split blocks: their elements at their own scale
@@ -306,5 +299,5 @@ def _k_encode_union_blocks(words, n, idx, raw, shifts, block, at, at_shifts, out
                 q = np.rint(np.float64(raw[k]) * math.ldexp(1.0, at_shifts[j]))
         if not (q >= -2147483648.0 and q <= 2147483647.0):  # (False for NaN)
             return False
-        out[pre[pw] + _k_popcount32(t & ((np.int64(1) << bit) - 1))] = np.int32(q)
+        out[r] = np.int32(q)
     return True
