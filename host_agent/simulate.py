@@ -120,6 +120,22 @@ class MemoryTransport:
         pass
 
     def stream(self, op: int, words: np.ndarray) -> np.ndarray:
+        out, overflow = self._round(op, words)
+        self.counters.rounds += 1
+        if overflow:
+            raise SwitchOverflow()
+        return out
+
+    def stream_fused(self, op: int, words: np.ndarray, op2: int, words2: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``Transport.stream_fused`` in memory: the two parts combined one after the other,
+        counted as one round (one round trip on a network)."""
+        out, overflow = self._round(op, words)
+        out2, overflow2 = self._round(op2, words2)
+        self.counters.rounds += 1
+        return out, out2, overflow or overflow2
+
+    def _round(self, op: int, words: np.ndarray) -> tuple[np.ndarray, bool]:
         if self.broken:
             raise AgentError(f"{self.who}: agent unusable after an earlier failure "
                              f"({self.broken}); reset the job and start a new agent")
@@ -139,10 +155,7 @@ class MemoryTransport:
             self.broken = error
             raise AgentError(f"{self.who}: {error}")
         self.counters.results += chunks
-        self.counters.rounds += 1
-        if overflow:
-            raise SwitchOverflow()
-        return out
+        return out, overflow
 
 
 @dataclass

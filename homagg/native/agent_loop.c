@@ -64,7 +64,10 @@ typedef struct {
     /* the round, fixed */
     int64_t fd, switch_ip, switch_port;
     int64_t psize, k, nchunks, slots, seq0, auth;
-    uint64_t mask, expect, ovf_mask;
+    /* a plain result's first 8 header bytes under mask: expect for chunks before split,
+     * expect2 from it on (a fused round: its second part has an op of its own) */
+    uint64_t mask, expect, ovf_mask, expect2;
+    int64_t split;
     uint8_t *buf;      /* nchunks packets of psize bytes, end to end */
     int32_t *out;      /* nchunks * k words: the results, native order */
     uint8_t *done, *resent, *held;
@@ -402,12 +405,13 @@ static int receive(ha_ctx *x, ha_round *r) {
 }
 
 /* The chunk of a datagram of the round's size if it is a plain result of this round (its op,
- * flags, job and run under mask, the job's key, a round tag of this round), else -1. */
+ * the chunk's part's, flags, job and run under mask, the job's key, a round tag of this
+ * round), else -1. */
 static inline int64_t plain_chunk(const ha_round *r, const uint8_t *p) {
     uint64_t h = (uint64_t)ld32(p) | (uint64_t)ld32(p + 4) << 32;
     int64_t c = (int64_t)((ntohl(ld32(p + HX_OFF_SEQ)) - (uint32_t)r->seq0) & 0xFFFFFFFFu);
-    if ((h & r->mask) != r->expect || ntohl(ld32(p + HX_OFF_AUTH)) != (uint32_t)r->auth ||
-        c >= r->nchunks)
+    if (c >= r->nchunks || (h & r->mask) != (c < r->split ? r->expect : r->expect2) ||
+        ntohl(ld32(p + HX_OFF_AUTH)) != (uint32_t)r->auth)
         return -1;
     return c;
 }

@@ -55,7 +55,8 @@ class _Round(ctypes.Structure):
     _fields_ = (
         [(n, _i64) for n in ("fd", "switch_ip", "switch_port", "psize", "k", "nchunks",
                               "slots", "seq0", "auth")]
-        + [(n, _u64) for n in ("mask", "expect", "ovf_mask")]
+        + [(n, _u64) for n in ("mask", "expect", "ovf_mask", "expect2")]
+        + [("split", _i64)]
         + [(n, _ptr) for n in ("buf", "out", "done", "resent", "held", "sent_at", "rto",
                                 "rbuf")]
         + [("has_srtt", _i64), ("samples", _i64)]
@@ -140,9 +141,11 @@ class NativeLink:
         return type(sock) is udpio.BatchSocket
 
     def pack(self, flat: np.ndarray, k: int, nchunks: int, g0: int, slots: int,
-             head: bytes) -> np.ndarray:
-        """``packets.pack``'s packets (not a join's), built in one pass (``ha_pack``)."""
-        batch = np.empty(nchunks, wire.packet_dtype(k))
+             head: bytes, out: np.ndarray | None = None) -> np.ndarray:
+        """``packets.pack``'s packets (not a join's), built in one pass (``ha_pack``), in
+        ``out`` where given (``nchunks`` packets of ``wire.packet_dtype(k)``, contiguous)."""
+        batch = np.empty(nchunks, wire.packet_dtype(k)) if out is None else out
+        assert batch.size == nchunks and batch.flags.c_contiguous
         flat = np.ascontiguousarray(flat, np.int32)
         self.lib.ha_pack(batch.ctypes.data, flat.ctypes.data, flat.size, k, nchunks, g0, slots,
                          head)
@@ -160,6 +163,7 @@ class NativeLink:
         st.seq0, st.auth = r.seq0, r.cfg.key
         st.mask, st.expect, st.ovf_mask = int(results.MASK), int(r.h8_plain), \
             int(results.OVERFLOW)
+        st.split, st.expect2 = r.split, int(r.h8_second)
         st.buf, st.out = r.batch.ctypes.data, r.out.ctypes.data
         st.done, st.resent, st.held = r.done.ctypes.data, r.resent.ctypes.data, \
             r.held.ctypes.data

@@ -10,7 +10,9 @@ its caches cold) those cost 130-160 us a run of ~35 results, most of the agent's
 
 A row is on the common path (``plain``) when its header's first 8 bytes, under ``mask``, are
 ``expect`` (op, flags that need a closer look, job and generation), its auth word is the job's
-key (``auth``) and its round tag names a chunk of the round; the others (``odd``) are the
+key (``auth``) and its round tag names a chunk of the round; in a fused round (two parts of
+different ops, ``Round``), chunks from ``split`` on expect ``expect2``, their part's op. The
+others (``odd``) are the
 caller's, one by one, before the plain ones (``after_odd``: the first call only classifies
 when a run has odd rows). Of the plain rows,
 the first copy of each chunk not already done is taken; later copies are ignored.
@@ -71,14 +73,19 @@ class Taken(NamedTuple):
 def take_ref(run, count: int, psize: int, k: int, seq0: int, nchunks: int,
              expect: np.uint64, auth: int, done: np.ndarray, out: np.ndarray,
              sent_at: np.ndarray, resent: np.ndarray, new: np.ndarray, odd_rows: np.ndarray,
-             after_odd: bool) -> Taken:
+             after_odd: bool, split: int | None = None, expect2: np.uint64 | None = None
+             ) -> Taken:
     """The numpy reference. ``run``: ``count`` datagrams of ``psize`` bytes end to end;
     ``out``: the round's int32 results (chunk c at c*k); ``new``, ``odd_rows``: int64 arrays
     of ``count`` at least, written."""
     h8 = np.ndarray((count,), "<u8", run, 0, (psize,))
     c = np.ndarray((count,), "<u4", run, _SEQ_AT, (psize,)).byteswap()  # the round tags
     np.subtract(c, np.uint32(seq0), out=c)  # chunk numbers (mod 2**32)
-    plain = np.bitwise_and(h8, MASK) == expect
+    head = np.bitwise_and(h8, MASK)
+    if split is None or split >= nchunks:
+        plain = head == expect
+    else:  # a fused round: each part's op
+        plain = head == np.where(c < split, expect, expect if expect2 is None else expect2)
     plain &= np.ndarray((count,), ">u4", run, _AUTH_AT, (psize,)) == np.uint32(auth)
     plain &= c < nchunks
     rows: np.ndarray | None = None
@@ -124,19 +131,22 @@ def _head(run32, b):
     return np.uint64(run32[b]) | (np.uint64(run32[b + 1]) << np.uint64(32))
 
 
-def _plain_chunk(run32, b, seq0, nchunks, mask, expect, auth):
+def _plain_chunk(run32, b, seq0, nchunks, mask, expect, auth, split, expect2):
     """The chunk of the row at word ``b`` if it is on the common path, else -1."""
     h = _head(run32, b)
     c = (np.int64(_bswap32(run32[b + 2])) - seq0) & 0xFFFFFFFF
-    return c if (h & mask) == expect and _bswap32(run32[b + 3]) == auth and c < nchunks else -1
+    if c >= nchunks or (h & mask) != (expect if c < split else expect2):
+        return -1
+    return c if _bswap32(run32[b + 3]) == auth else -1
 
 
 def _take_kernel(run32, count, psize4, k, seq0, nchunks, mask, expect, auth, ovf_mask, done,
-                 out, sent_at, resent, new, odd_rows, after_odd):
+                 out, sent_at, resent, new, odd_rows, after_odd, split, expect2):
     """The compiled pass: ``run32`` the run as native uint32 words (a row is ``psize4``)."""
     nodd = 0
     for r in range(count):
-        if _plain_chunk(run32, r * psize4, seq0, nchunks, mask, expect, auth) < 0:
+        if _plain_chunk(run32, r * psize4, seq0, nchunks, mask, expect, auth, split,
+                        expect2) < 0:
             odd_rows[nodd] = r
             nodd += 1
     if nodd and not after_odd:
@@ -145,7 +155,7 @@ def _take_kernel(run32, count, psize4, k, seq0, nchunks, mask, expect, auth, ovf
     last, last_t, fresh_sum, overflow = -1, -np.inf, 0.0, False
     for r in range(count):
         b = r * psize4
-        c = _plain_chunk(run32, b, seq0, nchunks, mask, expect, auth)
+        c = _plain_chunk(run32, b, seq0, nchunks, mask, expect, auth, split, expect2)
         if c < 0:
             continue
         nplain += 1
@@ -180,13 +190,16 @@ else:  # pragma: no cover
 def take_jit(run, count: int, psize: int, k: int, seq0: int, nchunks: int,
              expect: np.uint64, auth: int, done: np.ndarray, out: np.ndarray,
              sent_at: np.ndarray, resent: np.ndarray, new: np.ndarray, odd_rows: np.ndarray,
-             after_odd: bool) -> Taken:
+             after_odd: bool, split: int | None = None, expect2: np.uint64 | None = None
+             ) -> Taken:
     """``take_ref``'s contract, compiled (numba)."""
     assert _compiled is not None, "take_jit needs numba"
     run32 = np.frombuffer(run, np.uint32, count * psize // 4)
+    second = expect if split is None or expect2 is None else expect2
     return Taken(*_compiled(run32, count, psize // 4, k, seq0, nchunks, MASK, expect,
                             np.uint32(auth), OVERFLOW, done, out.view(np.uint32), sent_at,
-                            resent, new, odd_rows, after_odd))
+                            resent, new, odd_rows, after_odd,
+                            np.int64(nchunks if split is None else split), np.uint64(second)))
 
 
 #: What ``Round.take_run`` calls: the compiled pass when numba imports, else the reference.

@@ -45,6 +45,11 @@ _CONFIG_ERRORS = {
 }
 
 
+def _flat(words: np.ndarray) -> np.ndarray:
+    """A round's words as int32 (bit sets come as uint32)."""
+    return words.view(np.int32) if words.dtype == np.uint32 else words
+
+
 class SwitchOverflow(Exception):
     """The switch flagged an int32 overflow in a round (raised after the round completed)."""
 
@@ -56,26 +61,45 @@ class Round(LossRecovery):
     Chunk c of the call is global chunk g0 + c. Per chunk: its result (``out``), whether it is
     ``done``, when it was last sent, its timeout, and whether it was ever ``resent`` (then its
     round trip is no RTT sample).
+
+    A fused round (``second``: an op and its words) is two rounds' words in one window: the
+    first part's chunks, then the second's from chunk ``split`` on, each with its own op
+    (``Transport.stream_fused``); one round trip for both. ``run`` returns the first part's
+    result, ``second_out`` the second's.
     """
 
-    def __init__(self, t: Transport, op: int, words: np.ndarray, join_nonce: int | None = None):
+    def __init__(self, t: Transport, op: int, words: np.ndarray, join_nonce: int | None = None,
+                 second: tuple[int, np.ndarray] | None = None):
         cfg = t.cfg
         self.t, self.cfg, self.counters = t, cfg, t.counters
         self.join = join_nonce is not None  # the join: one packet, its seq the nonce
+        assert second is None or not self.join
         # K words per chunk; a join has JOIN_WORDS (K is what its reply tells)
         self.k = K = wire.JOIN_WORDS if self.join else t.k
         self.n = n = words.size
-        self.nchunks = nchunks = 1 if self.join else max(1, -(-n // K))
+        self.split = split = 1 if self.join else max(1, -(-n // K))  # the first part's chunks
+        self.n2 = n2 = 0 if second is None else second[1].size
+        self.nchunks = nchunks = split + (0 if second is None else max(1, -(-n2 // K)))
         self.psize = wire.JOIN_BYTES if self.join else t.packet_bytes
         self.g0 = g0 = 0 if self.join else t.chunk
         self.gen: int | None = None if self.join else t.gen
         S = cfg.slots
         head, self.h8_plain = t.headers(op, self.gen or 0)
-        flat = words.view(np.int32) if words.dtype == np.uint32 else words
+        parts = [(head, words, 0, split)]
+        self.h8_second = self.h8_plain
+        if second is not None:
+            head2, self.h8_second = t.headers(second[0], self.gen or 0)
+            parts.append((head2, second[1], split, nchunks - split))
         if t.native is not None and not self.join:  # the same bytes, in one pass in C
-            batch = t.native.pack(flat, K, nchunks, g0, S, head)
+            batch = np.empty(nchunks, wire.packet_dtype(K))
+            for h, w, at, m in parts:
+                t.native.pack(_flat(w), K, m, g0 + at, S, h, out=batch[at:at + m])
+        elif second is None:
+            batch = pack(_flat(words), K, nchunks, g0, S, head, join_nonce)
         else:
-            batch = pack(flat, K, nchunks, g0, S, head, join_nonce)
+            batch = np.empty(nchunks, wire.packet_dtype(K))
+            for h, w, at, m in parts:
+                pack(_flat(w), K, m, g0 + at, S, h, out=batch[at:at + m])
         self.batch = batch  # (the native engine sends from its memory)
         self.buf = batch.view(np.uint8).data
         assert len(self.buf) == nchunks * self.psize
@@ -139,6 +163,11 @@ class Round(LossRecovery):
         if self.overflow:
             raise SwitchOverflow()
         return self.out[:self.n]
+
+    def second_out(self) -> np.ndarray:
+        """A fused round's second part's result (once ``run`` is through)."""
+        at = self.split * self.k
+        return self.out[at:at + self.n2]
 
 
     def give_up_if_silent(self, pending: np.ndarray, now: float) -> None:
@@ -296,11 +325,12 @@ class Round(LossRecovery):
         ps = self.psize
         args = (run, count, ps, self.k, self.seq0, self.nchunks, self.h8_plain, self.cfg.key,
                 self.done, self.out, self.sent_at, self.resent, self.new_chunks, self.odd_rows)
-        got = results.take(*args, False)
+        fused = (self.split, self.h8_second)
+        got = results.take(*args, False, *fused)
         if got.odd:
             for row in self.odd_rows[:got.odd].tolist():
                 self.take(run[row * ps:(row + 1) * ps])
-            got = results.take(*args, True)
+            got = results.take(*args, True, *fused)
         self.counters.ignored += got.plain - got.added
         if not got.added:
             return

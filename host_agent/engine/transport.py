@@ -119,15 +119,35 @@ class Transport:
     def stream(self, op: int, words: np.ndarray) -> np.ndarray:
         """Aggregate ``words`` (int32, or uint32 bit sets for OR) with every worker's; returns
         int32. Raises SwitchOverflow if the switch flagged an int32 overflow (after completing)."""
+        self._start()
+        r = Round(self, op, words)
+        out = r.run()
+        self.round_cost.sample(r.nchunks, r.k, time.monotonic() - r.t_start)
+        return out
+
+    def stream_fused(self, op: int, words: np.ndarray, op2: int, words2: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Two rounds in one window and one round trip: ``words`` (``op``), then ``words2``
+        (``op2``) from the next chunk boundary on, each chunk with its part's op (a pipelined
+        tensor's round 1 riding with the one before's values: ``Agent``). Every worker must
+        fuse the same two. Returns both results and whether the switch flagged an overflow
+        (in an ADD part: the caller redoes that part; the other's result stands)."""
+        self._start()
+        r = Round(self, op, words, second=(op2, words2))
+        try:
+            out, overflow = r.run(), False
+        except SwitchOverflow:
+            out, overflow = r.out[:r.n], True
+        self.round_cost.sample(r.nchunks, r.k, time.monotonic() - r.t_start)
+        return out, r.second_out(), overflow
+
+    def _start(self) -> None:
+        """Before a round: refuse after a failure; join the job first (its first round)."""
         if self.broken:
             raise AgentError(f"{self.who}: agent unusable after an earlier failure "
                              f"({self.broken}); reset the job and start a new agent")
         if self.gen is None:
             self.gen = self.join()
-        r = Round(self, op, words)
-        out = r.run()
-        self.round_cost.sample(r.nchunks, r.k, time.monotonic() - r.t_start)
-        return out
 
     def join(self) -> int:
         """The job's barrier at the start of this agent's run: the generation the switch hands
