@@ -50,10 +50,13 @@ from homagg.host_agent.local import HostTensor, Scales
 from homagg.host_agent.negotiation import (
     HEAD_WORDS,
     Negotiation,
+    Proposal,
     exponent_words,
+    first_words,
     index_rounds,
     max_exponent,
 )
+from homagg.host_agent.pipeline import Listed, Pipeline, Served
 from homagg.host_agent.result import Result, RowsResult
 
 log = logging.getLogger("homagg.agent")
@@ -74,6 +77,11 @@ class Agent:
         self._hier_saves: dict = {}  # key -> index words hier saved on that union
         # the job's round cost in words, from the last round 1 (identical on every worker)
         self._round_words: int | None = None
+        # pipelining (``pipeline``): the tensors that follow, while this tensor's next round
+        # may carry the next one's round 1; and a tensor whose round 1 came that way
+        self._ahead: Pipeline | None = None
+        self._served: Served | None = None
+        self._lent = 0  # of this tensor's wire bytes, the next one's round 1's share
 
     @property
     def sock(self):
@@ -164,7 +172,34 @@ class Agent:
             raise fail from None
         return RowsResult(union, res.out.reshape(on_union.shape), res)
 
-    def allreduce_detailed(self, x, key=None, out: np.ndarray | None = None) -> Result:
+    def allreduce_many(self, xs, keys=None, outs=None) -> list[Result]:
+        """``allreduce_detailed`` of each tensor of ``xs`` in turn (``keys``, ``outs``: one
+        per tensor, or None), pipelined: each tensor's round 1 rides with the one before's
+        values (``pipeline``), so the list pays about one round trip a tensor. Every worker
+        passes the same number of tensors, of the same sizes, in the same order; the sums
+        are bit for bit those of one call per tensor."""
+        xs = list(xs)
+        keys = [None] * len(xs) if keys is None else list(keys)
+        outs = [None] * len(xs) if outs is None else list(outs)
+        if not len(keys) == len(outs) == len(xs):
+            raise AgentError(f"{self.cfg.who}: {len(xs)} tensors, {len(keys)} keys and "
+                             f"{len(outs)} outs")
+        local = [self._local(x) for x in xs]  # (each checked before any round)
+        pipe = Listed(list(zip(local, keys)))
+        got = []
+        try:
+            for i, (x, key, out) in enumerate(zip(local, keys, outs)):
+                pipe.start(i)
+                got.append(self.allreduce_detailed(x, key, out, pipeline=pipe))
+        except AgentError:
+            # (every worker's list stops here alike, or the agent is broken: a round 1 that
+            # went ahead is dropped with it)
+            self._served = None
+            raise
+        return got
+
+    def allreduce_detailed(self, x, key=None, out: np.ndarray | None = None,
+                           pipeline: Pipeline | None = None) -> Result:
         """``allreduce`` with the exact integers behind the sum (``Result``), in five steps:
         negotiate (round 1: scale, non-finite flag, block words, the index), choose (the
         value mode, from the union), the split round (blocks that need per-element scales),
@@ -177,15 +212,20 @@ class Agent:
         contiguous), ``Result.out`` then; it may be ``x`` itself. Nothing is written there
         before the last round is in: an error leaves it as it was. Decoding into memory
         already in use saves a fresh array's first touch (half of a 10M-element decode's 9
-        ms at 1%) and the caller's copy."""
+        ms at 1%) and the caller's copy.
+
+        ``pipeline``: the tensors that follow (``pipeline.Pipeline``); the next one's round 1
+        rides with this one's next round where every worker has its next tensor ready, and
+        the caller then all-reduces the tensor it took next (``allreduce_many`` does it
+        for a list)."""
         cfg = self.cfg
-        if isinstance(x, np.ndarray) or not hasattr(x, "round1"):
-            x = np.asarray(x)
-            if not np.issubdtype(x.dtype, np.floating):
-                raise AgentError(f"{cfg.who}: allreduce wants floats, got {x.dtype} "
-                                 "(use allreduce_int for integers)")
-            x = HostTensor(x)
-        local = x
+        served, self._served = self._served, None
+        if served is not None and served.x is not x:
+            self.transport.broken = "pipeline"
+            raise AgentError(f"{cfg.who}: the tensor after a pipelined one must be the one "
+                             "its pipeline handed over (its round 1 went with the one "
+                             "before): the workers' tensors part ways here")
+        local = served.local if served is not None else self._local(x)
         n, dtype = local.n, local.dtype
         if out is not None:
             if not isinstance(local, HostTensor):
@@ -195,8 +235,12 @@ class Agent:
                 out = codec.check_out(out, n, dtype)
             except codec.CodecError as err:
                 raise AgentError(f"{cfg.who}: {err}") from None
-        before = self.counters.bytes_sent
-        neg = self._negotiate(local, key)
+        before, self._lent = self.counters.bytes_sent, 0
+        if served is not None:
+            neg = self._negotiate(local, key, served.proposal, served.first)
+            before -= served.wire_bytes
+        else:
+            neg = self._negotiate(local, key, self._propose(local, key, pipeline))
         if neg.nonfinite:
             # Every worker saw the flag in round 1: no further round, on any of them.
             log.info("%s: non-finite values in the job's tensor: NaN", cfg.who)
@@ -207,6 +251,18 @@ class Agent:
                           block_shifts=np.zeros(codec.block_count(n, cfg.block), np.int64),
                           block=cfg.block, nonfinite=True)
         mode, union_words, union = self._choose(neg, key)
+        # the next tensor's round 1 goes with this one's next round, if every worker said so
+        self._ahead = pipeline if neg.pipelined else None
+        try:
+            return self._after_choice(local, key, neg, mode, union_words, union, out, before)
+        finally:
+            self._ahead = None
+
+    def _after_choice(self, local, key, neg: Negotiation, mode, union_words, union, out,
+                      before: int) -> Result:
+        """``allreduce_detailed`` from the mode chosen on: the scales, the split round, the
+        value rounds and the decode."""
+        cfg, n, dtype = self.cfg, local.n, local.dtype
         assert neg.block_words is not None
         block_offsets = codec.block_offsets(neg.block_words)
         shift = codec.shift_for(max_exponent(neg.ored[:wire.EXP_WORDS]), cfg.workers,
@@ -217,17 +273,28 @@ class Agent:
         out = (local.decode(values, scales, mode, union_words, union, dtype) if out is None
                else local.decode(values, scales, mode, union_words, union, dtype, out))
         return Result(out, scales.shift, Mode(mode), n, union_words, values,
-                      self.counters.bytes_sent - before,
+                      self.counters.bytes_sent - before - self._lent,
                       {**neg.index_rounds, **split_rounds, **rounds}, union, index=neg.index,
                       block_shifts=scales.blocks(), block=cfg.block,
                       _split_at=(None if scales.at is None
                                  else (scales.at, scales.at_shifts())))
 
-    def _negotiate(self, local, key) -> Negotiation:
-        """Round 1 (and, with the hierarchical index, its two further OR rounds): this
-        worker's max exponent (or the non-finite flag), its block words and split flags, and,
-        unless the mode is dense (asked, or remembered for ``key``), the index of its
-        non-zeros; what the switch ORed of every worker's."""
+    def _local(self, x):
+        """``x`` as a local tensor: a float array as a ``HostTensor``; a local tensor (one
+        with ``round1``) as it is."""
+        if isinstance(x, np.ndarray) or not hasattr(x, "round1"):
+            x = np.asarray(x)
+            if not np.issubdtype(x.dtype, np.floating):
+                raise AgentError(f"{self.cfg.who}: allreduce wants floats, got {x.dtype} "
+                                 "(use allreduce_int for integers)")
+            return HostTensor(x)
+        return x
+
+    def _propose(self, local, key, pipeline: Pipeline | None) -> Proposal:
+        """This worker's round 1 for ``local``: its max exponent (or the non-finite flag),
+        whether it holds the next tensor back (``pipeline``: none ready), its block words
+        and split flags, and, unless the mode is dense (asked, or remembered for ``key``),
+        the index of its non-zeros (the flat bitmap, or the hierarchy's top level)."""
         cfg = self.cfg
         n, B = local.n, cfg.block
         mode = codec.as_mode(cfg.mode, auto=True)
@@ -240,23 +307,57 @@ class Agent:
         if cost is not None:
             cost.tensor_starts()
         # A NaN or Inf: flag it in round 1 (every worker then returns NaN), no scales.
+        hold = (pipeline is None or not hasattr(self.transport, "stream_fused")
+                or not pipeline.ready())
         onehot = exponent_words(r1.exponent, nonfinite=not r1.finite,
-                                cost=cost.word() if cost is not None else 0)
+                                cost=cost.word() if cost is not None else 0, hold=hold)
+        levels = local.levels() if index == codec.HIER else None
+        return Proposal(mode, index, r1, onehot, levels,
+                        first_words(onehot, r1.blocks, r1.flags, index, r1, levels))
+
+    def _negotiate(self, local, key, p: Proposal, first: np.ndarray | None = None
+                   ) -> Negotiation:
+        """Round 1 (and, with the hierarchical index, its two further OR rounds): what the
+        switch ORed of every worker's proposal ``p``. ``first``: round 1's ORed words, where
+        they came already (``pipeline``)."""
+        B, r1 = self.cfg.block, p.mine
         blocks, flags = r1.blocks, r1.flags
-        if mode == Mode.DENSE:
-            agg = self.transport.stream(wire.OP_OR, np.concatenate([onehot, blocks, flags])
-                                        ).view(np.uint32)
-            neg = Negotiation(r1, r1.exponent, mode, agg, None, None, {},
+        if p.mode == Mode.DENSE:
+            agg = (self.transport.stream(wire.OP_OR, p.words) if first is None else first
+                   ).view(np.uint32)
+            neg = Negotiation(r1, r1.exponent, p.mode, agg, None, None, {},
                               agg[HEAD_WORDS:HEAD_WORDS + blocks.size],
-                              codec.split_blocks(agg[HEAD_WORDS + blocks.size:], n, B))
+                              codec.split_blocks(agg[HEAD_WORDS + blocks.size:], r1.n, B))
         else:
             agg, union_words, sent, block_agg, split = index_rounds(
-                self.transport.stream, B, r1, onehot, blocks, flags, index,
-                local.levels() if index == codec.HIER else None)
-            neg = Negotiation(r1, r1.exponent, mode, agg, union_words, index, sent, block_agg,
-                              split)
+                self.transport.stream, B, r1, p.onehot, blocks, flags, p.index, p.levels,
+                first=first)
+            neg = Negotiation(r1, r1.exponent, p.mode, agg, union_words, p.index, sent,
+                              block_agg, split)
         self._round_words = neg.round_words  # what every worker read in this round 1
         return neg
+
+    def _stream(self, op: int, words: np.ndarray) -> np.ndarray:
+        """A round of the tensor after its choice (split, values, residual): with the next
+        tensor's round 1 in the same window where the job pipelines (``pipeline``), which
+        the next ``allreduce_detailed`` then finds done."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return self.transport.stream(op, words)
+        x, key = ahead.take()
+        local = self._local(x)
+        p = self._propose(local, key, ahead)
+        before = self.counters.bytes_sent
+        fused = self.transport.stream_fused  # type: ignore[attr-defined]  # (_propose checked)
+        out, first, overflow = fused(op, words, wire.OP_OR, p.words)
+        share = p.words.size / max(1, p.words.size + words.size)
+        lent = round((self.counters.bytes_sent - before) * share)
+        self._served = Served(x, local, p, first, lent)
+        self.counters.pipelined += 1
+        self._lent += lent
+        if overflow:
+            raise SwitchOverflow()
+        return out
 
     def _remember_union(self, key, union_words: np.ndarray, n: int, u: int) -> None:
         """What the next index choice for tensor ``key`` reads of this union: its size, and
@@ -308,8 +409,8 @@ class Agent:
             return scales, {}
         n, B = neg.mine.n, self.cfg.block
         at = codec.split_positions(neg.split, n, B)
-        ored = self.transport.stream(wire.OP_OR, local.element_words(at, neg.exponent)
-                                     ).view(np.uint32)
+        ored = self._stream(wire.OP_OR, local.element_words(at, neg.exponent)
+                            ).view(np.uint32)
         own = np.where(ored != 0, codec.block_offsets(ored), scales.offsets[at // B])
         return replace(scales, at=at, at_offsets=own), {"split": at.size}
 
@@ -340,7 +441,7 @@ class Agent:
         """The value round (and the residual): exact sums, dense or on the union (the
         switch's int32 words) or the sketch's (int64), each element at its shift. An empty
         union (every worker sees it) sends nothing."""
-        stream = self.transport.stream
+        stream = self._stream
         if mode == Mode.SKETCH and union_words is not None and not union.size:
             return np.zeros(0, np.int64), {}  # an empty union, on every worker
         words = local.value_words(mode, scales, union_words, union, self.seed, self.cfg.ratio)

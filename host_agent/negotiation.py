@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from homagg import wire
 from homagg.host_agent import codec
 from homagg.host_agent.codec.index import BLOCK as INDEX_BLOCK
-from homagg.host_agent.engine.round_cost import agreed_words
+from homagg.host_agent.engine.round_cost import HOLD, agreed_words
 from homagg.host_agent.local import Round1
 
 #: Bit 0 of the exponent words (e = -EXP_BIAS, below any float32 exponent): "I have a NaN or
@@ -32,13 +33,15 @@ HEAD_WORDS = wire.EXP_WORDS + 1
 
 
 def exponent_words(e: int | None, nonfinite: bool = False,
-                   cost: int = 0) -> np.ndarray:
+                   cost: int = 0, hold: bool = True) -> np.ndarray:
     """Round 1's head (HEAD_WORDS): a worker's max exponent e as one bit (e + EXP_BIAS) of
     EXP_WORDS words, whose OR over the workers gives the job's max (``max_exponent``), then
     its round-cost word ``cost`` (``RoundCost.word``). Bit 0 is the non-finite flag (an e that
-    low is raised to -EXP_BIAS + 1: a coarser scale, never a finer one)."""
+    low is raised to -EXP_BIAS + 1: a coarser scale, never a finer one). ``hold``: this
+    worker has no next tensor ready to ride with this one's next round (``HOLD`` in the
+    round-cost word; ``Negotiation.pipelined``)."""
     onehot = np.zeros(HEAD_WORDS, np.uint32)
-    onehot[wire.EXP_WORDS] = cost
+    onehot[wire.EXP_WORDS] = cost | (HOLD if hold else 0)
     bits = [NONFINITE_BIT] if nonfinite else []
     if e is not None:
         bits.append(max(e + wire.EXP_BIAS, NONFINITE_BIT + 1))
@@ -70,6 +73,20 @@ def _blocks_touched(top_blocks: np.ndarray, n: int, block: int) -> np.ndarray:
 
 
 @dataclass
+class Proposal:
+    """What a worker's round 1 sends, built before it goes: the mode asked (dense: no index),
+    the index (None: dense), the tensor's ``Round1``, the head (``exponent_words``), the
+    hierarchy (hier) and the round's words (``first_words``)."""
+
+    mode: str
+    index: str | None
+    mine: Round1
+    onehot: np.ndarray
+    levels: Any  # codec.Levels, or the device codec's (hier); None otherwise
+    words: np.ndarray
+
+
+@dataclass
 class Negotiation:
     """What round 1 (and the index rounds) settled, for ``Agent.allreduce_detailed``'s later
     steps: what this worker's round 1 carried of its tensor and its max exponent, the mode
@@ -93,13 +110,32 @@ class Negotiation:
         return _nonfinite(self.ored[:wire.EXP_WORDS])
 
     @property
+    def pipelined(self) -> bool:
+        """No worker held the job's next tensor back: its round 1 rides with this tensor's
+        next round, on every worker (``Agent``)."""
+        return not int(self.ored[wire.EXP_WORDS]) & HOLD
+
+    @property
     def round_words(self) -> int | None:
         """The job's round cost in words (``round_cost.agreed_words``), None: no estimate."""
         return agreed_words(self.ored[wire.EXP_WORDS])
 
 
+def first_words(onehot, blocks, flags, index, mine: Round1, levels=None) -> np.ndarray:
+    """Round 1's words: the head, then the block words and split flags and the flat bitmap
+    (``index`` flat), the block words and split flags alone (None: dense, no index), or the
+    hierarchy's top level (hier: its mid round carries the block words)."""
+    if index == codec.HIER:
+        assert levels is not None
+        return np.concatenate([onehot, levels.top])
+    if index is None:
+        return np.concatenate([onehot, blocks, flags])
+    assert mine.words is not None
+    return np.concatenate([onehot, blocks, flags, mine.words])
+
+
 def index_rounds(stream: Callable[[int, np.ndarray], np.ndarray], block: int, mine: Round1,
-                 onehot, blocks, flags, index, levels=None):
+                 onehot, blocks, flags, index, levels=None, first=None):
     """Round 1 (its head, and the flat bitmap after the block words and split flags,
     or the top level) and, for ``hier``, the mid round (with the block words and split
     flags of the scale blocks the union's blocks touch) and the leaf round: (round 1's
@@ -107,21 +143,23 @@ def index_rounds(stream: Callable[[int, np.ndarray], np.ndarray], block: int, mi
     split blocks). Round 1 flagging a non-finite value anywhere ends it there (union
     bitmap None). ``levels``: this worker's hierarchy (``top``, ``mid(blocks)``,
     ``leaf(subs)``, as ``codec.Levels``), where it is not built from ``mine.words`` (the
-    device codec builds it where the tensor lives)."""
+    device codec builds it where the tensor lives). ``first``: round 1's ORed words where
+    they came already (its words rode with the tensor before's, ``first_words``)."""
     E = HEAD_WORDS
     n, B = mine.n, block
-    if index == codec.FLAT:
+    if levels is None and index == codec.HIER:
         assert mine.words is not None
-        agg = stream(wire.OP_OR, np.concatenate([onehot, blocks, flags, mine.words])
-                     ).view(np.uint32)
+        levels = codec.Levels.of(mine.words, n)
+    if first is None:
+        first = stream(wire.OP_OR, first_words(onehot, blocks, flags, index, mine, levels))
+    if index == codec.FLAT:
+        agg = first.view(np.uint32)
         union_words = agg[E + blocks.size + flags.size:]
         return (agg, union_words, {codec.ROUND_FLAT: union_words.size},
                 agg[E:E + blocks.size],
                 codec.split_blocks(agg[E + blocks.size:E + blocks.size + flags.size], n, B))
-    if levels is None:
-        assert mine.words is not None
-        levels = codec.Levels.of(mine.words, n)
-    agg = stream(wire.OP_OR, np.concatenate([onehot, levels.top])).view(np.uint32)
+    assert levels is not None
+    agg = first.view(np.uint32)
     split = np.zeros(0, np.int64)
     if _nonfinite(agg[:E]):
         return agg, None, {codec.ROUND_TOP: levels.top.size}, None, split

@@ -1,22 +1,52 @@
-"""The fused round (``Transport.stream_fused``): two rounds of different ops in one window, on
-both agent engines, each chunk matched by its part's op."""
+"""Pipelined tensors (host_agent/pipeline.py): a tensor's round 1 riding with the one before's
+values in one fused round (``Transport.stream_fused``), on both agent engines; the sums bit for
+bit those of one tensor at a time, the rounds fewer; the hold that keeps every worker on the
+same chunks when one has no next tensor ready; and the DDP hook's thread pipelining the
+buckets queued behind the one on the wire."""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
 
 from homagg import native, wire
+from homagg.faults import FaultSpec
+from homagg.host_agent import AgentError, MemoryJob, codec
 from homagg.host_agent.engine import native as engine_native
 from homagg.host_agent.engine import results
 from homagg.host_agent.engine.packets import pack
+from homagg.host_agent.pipeline import Listed
 from tests import test_results as tr
-from tests.test_agent import AGENT_ENGINES, Job, closing_factory
+from tests.test_agent import AGENT_ENGINES, Job, assert_exact, closing_factory, run_agents
 
 
 @pytest.fixture(params=AGENT_ENGINES, ids=["agent-auto", "agent-python"])
 def make_job(request):
     yield from closing_factory(lambda *a, **kw: Job(*a, agent_engine=request.param, **kw))
+
+
+def tensors(w: int) -> list[np.ndarray]:
+    """Worker w's tensors: sparse (flat and hierarchical index), dense, a NaN on worker 1 in
+    the third (it ends after round 1: the fourth starts alone), one element, and none."""
+    rng = np.random.default_rng(w)
+    xs = [(rng.standard_normal(n) * (rng.random(n) < d)).astype(np.float32)
+          for n, d in [(10_000, 0.01), (5_000, 1.0), (300, 0.2), (70_000, 0.05), (1, 1.0),
+                       (0, 1.0)]]
+    if w == 1:
+        xs[2][5] = np.nan
+    return xs
+
+
+def assert_same(got, want) -> None:
+    """Two lists of one worker's ``Result``s: the same sums and integers, bit for bit."""
+    for a, b in zip(got, want, strict=True):
+        assert a.nonfinite == b.nonfinite
+        np.testing.assert_array_equal(a.out, b.out)
+        if not a.nonfinite:
+            np.testing.assert_array_equal(a.ints(), b.ints())
+            np.testing.assert_array_equal(a.shift, b.shift)
 
 
 # -- the matching and the packets ------------------------------------------------------------
@@ -91,3 +121,141 @@ def test_a_fused_round_sums_each_part_by_its_op(make_job):
     for _, ored, overflow in res:
         assert overflow
         np.testing.assert_array_equal(ored.view(np.uint32), (ors[0] | ors[1] | ors[2])[:3])
+
+
+# -- the agent ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("index", ["auto", "hier", "flat"])
+def test_allreduce_many_is_one_at_a_times_sums_in_fewer_rounds(make_job, index):
+    """Each tensor's round 1 rides with the one before's values, except after the NaN (its
+    round 1 ends it: the next starts alone) and the empty one's: bit for bit the sums of one
+    call per tensor on a job of its own, three rounds fewer."""
+    many, one = make_job(3, index=index), make_job(3, index=index)
+    keys = list(range(6))
+    got, err = many.run(lambda a, w: a.allreduce_many(tensors(w), keys))
+    assert not any(err), err
+    want, err = one.run(lambda a, w: [a.allreduce_detailed(x, k)
+                                      for k, x in enumerate(tensors(w))])
+    assert not any(err), err
+    for w in range(3):
+        assert_same(got[w], want[w])
+        assert many.agents[w].counters.pipelined == 4  # 0->1, 1->2, 3->4, 4->5
+        assert many.agents[w].counters.rounds == one.agents[w].counters.rounds - 4
+        # every byte sent is some tensor's (a fused round's, split between its two)
+        assert sum(r.wire_bytes for r in got[w]) == many.agents[w].counters.bytes_sent
+    assert_exact([got[w][0] for w in range(3)], [tensors(w)[0] for w in range(3)])
+    assert all(got[w][2].nonfinite and np.isnan(got[w][2].out).all() for w in range(3))
+
+
+def test_pipelined_rounds_stay_exact_on_a_lossy_network(make_job):
+    """Loss, duplicates and reordering on every worker (the Python engine: faults are
+    injected at its socket): fused rounds recover as any, the sums exact."""
+    job = make_job(3, faults=FaultSpec(loss=0.05, dup=0.05, reorder=0.1, seed=11))
+    xs = [[x for i, x in enumerate(tensors(w)) if i not in (2, 5)] for w in range(3)]  # finite
+    got, err = job.run(lambda a, w: a.allreduce_many(xs[w]))
+    assert not any(err), err
+    for i in range(len(xs[0])):
+        assert_exact([got[w][i] for w in range(3)], [xs[w][i] for w in range(3)])
+    assert all(a.counters.pipelined == len(xs[0]) - 1 for a in job.agents)
+    assert sum(a.counters.retransmissions for a in job.agents) > 0
+
+
+def test_a_fused_value_round_that_overflows_is_rescaled(monkeypatch):
+    """The switch flags an overflow in the fused round's values: that tensor rescales (every
+    worker alike), the next one's round 1 from the same round stands."""
+    real = codec.shift_for
+    monkeypatch.setattr("homagg.host_agent.allreduce.codec.shift_for", lambda *a: real(*a) + 7)
+    x = np.zeros(1000, np.float32)
+    x[::10] = 1.5
+    y = np.linspace(-1, 1, 500).astype(np.float32)
+    job = MemoryJob(4, mode="union")
+    got, err = run_agents(job.agents, lambda a, w: a.allreduce_many([x, y]))
+    assert not any(err), err
+    assert all(a.counters.rescales == 2 and a.counters.pipelined == 1 for a in job.agents)
+    assert_exact([g[0] for g in got], [x] * 4)
+    assert_exact([g[1] for g in got], [y] * 4)
+
+
+def test_a_worker_without_its_next_tensor_ready_holds_every_worker_back():
+    """Worker 0 pipelines its list; worker 1 calls one tensor at a time (no next one ready):
+    its hold in round 1 keeps worker 0 from fusing, so both stay on the same rounds."""
+    job = MemoryJob(2)
+    xs = [tensors(w)[:2] for w in range(2)]
+    got, err = run_agents(job.agents, lambda a, w: a.allreduce_many(xs[w]) if w == 0
+                          else [a.allreduce_detailed(x) for x in xs[w]])
+    assert not any(err), err
+    assert [a.counters.pipelined for a in job.agents] == [0, 0]
+    assert_same(got[0], got[1])
+
+
+def test_the_tensor_after_a_pipelined_one_must_be_the_one_taken():
+    agent = MemoryJob(1).agents[0]
+    a, b = np.ones(10, np.float32), np.ones(20, np.float32)
+    pipe = Listed([(a, None), (b, None)])
+    pipe.start(0)
+    agent.allreduce_detailed(a, pipeline=pipe)
+    assert agent.counters.pipelined == 1
+    with pytest.raises(AgentError, match="the tensor after a pipelined one must be the one "
+                                         "its pipeline handed over"):
+        agent.allreduce_detailed(np.ones(20, np.float32))
+
+
+def test_allreduce_many_checks_its_arguments_before_any_round():
+    agent = MemoryJob(1).agents[0]
+    with pytest.raises(AgentError, match="2 tensors, 1 keys and 2 outs"):
+        agent.allreduce_many([np.ones(2), np.ones(2)], keys=[1])
+    with pytest.raises(AgentError, match="allreduce wants floats, got int64"):
+        agent.allreduce_many([np.ones(2), np.arange(3)])
+    assert agent.counters.rounds == 0
+
+
+# -- the DDP hook ------------------------------------------------------------------------------
+def test_the_hook_pipelines_the_buckets_queued_behind_the_one_on_the_wire():
+    """Four buckets queued on each of two workers before the agent's thread starts the first:
+    three ride with the one before; the means are those of one bucket at a time, exactly."""
+    torch = pytest.importorskip("torch", reason="torch not installed (optional extra)")
+    from homagg.host_agent.distributed.hook import HookState, homagg_hook
+
+    class Bucket:
+        def __init__(self, i, grads):
+            self.i, self.params = i, [torch.nn.Parameter(torch.zeros(g.numel())) for g in grads]
+            for p, g in zip(self.params, grads):
+                p.grad = g.clone()
+
+        def index(self):
+            return self.i
+
+        def parameters(self):
+            return self.params
+
+        def buffer(self):
+            return torch.cat([p.grad.reshape(-1) for p in self.params])
+
+    grads = [[[torch.from_numpy(t) for t in tensors(w)[i:i + 2] if t.size]
+              for i in (0, 1, 3, 4)] for w in range(2)]
+    grads[1][1][1][5] = 2.0  # (no NaN: every bucket goes on)
+    means = {}
+    for pipelined in (False, True):
+        job = MemoryJob(2)
+        gate = threading.Event()
+
+        def gated(real, gate=gate):
+            def call(*args, **kw):
+                gate.wait(10)
+                return real(*args, **kw)
+            return call
+
+        states = [HookState(a, pipeline=pipelined) for a in job.agents]
+        futs = [[None] * 4 for _ in range(2)]
+        for w, a in enumerate(job.agents):
+            a.allreduce_detailed = gated(a.allreduce_detailed)  # every bucket queues first
+            for b in range(4):
+                futs[w][b] = homagg_hook(states[w], Bucket(b, grads[w][b]))
+        gate.set()
+        means[pipelined] = [[f.wait() for f in futs[w]] for w in range(2)]
+        for s in states:
+            s.close()
+        assert [a.counters.pipelined for a in job.agents] == ([3, 3] if pipelined else [0, 0])
+    for w in range(2):
+        for b in range(4):
+            assert torch.equal(means[True][w][b], means[False][w][b])
+            assert torch.equal(means[True][w][b], means[True][0][b])

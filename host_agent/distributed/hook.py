@@ -22,8 +22,8 @@ hook needed) and ``homagg.torch`` import it. (No ``from __future__ import
 annotations`` here: DDP checks the hook's annotations as objects.)
 """
 
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,30 +45,99 @@ class HookState:
     (its reducer launches buckets in index order), so one FIFO thread keeps every worker's
     agent on the same tensor sequence. An error in that thread reaches DDP through the future
     (``set_exception``): it is raised where the gradients are waited for, never a hang.
+
+    ``pipeline`` (with ``overlap``, the default): a bucket already queued behind this one has
+    its round 1 ride with this one's values, where every worker has its next one queued too
+    (``host_agent.pipeline``); the sums are the same, bit for bit.
     """
 
     agent: Agent
     names: dict[int, str] = field(default_factory=dict)
     overlap: bool = True
-    _thread: ThreadPoolExecutor | None = field(default=None, repr=False)
+    pipeline: bool = True
+    _queue: "queue.Queue[_Bucket | None] | None" = field(default=None, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def of(cls, agent: Agent, model: torch.nn.Module, overlap: bool = True) -> "HookState":
-        return cls(agent, {id(p): name for name, p in model.named_parameters()}, overlap)
+    def of(cls, agent: Agent, model: torch.nn.Module, overlap: bool = True,
+           pipeline: bool = True) -> "HookState":
+        return cls(agent, {id(p): name for name, p in model.named_parameters()}, overlap,
+                   pipeline)
 
-    def submit(self, work) -> None:
+    def submit(self, bucket: "_Bucket") -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = ThreadPoolExecutor(1, thread_name_prefix="homagg-agent")
-        self._thread.submit(work)
+                self._queue = queue.Queue()
+                self._thread = threading.Thread(target=self._serve, args=(self._queue,),
+                                                name="homagg-agent", daemon=True)
+                self._thread.start()
+            assert self._queue is not None
+            self._queue.put(bucket)
 
     def close(self) -> None:
         """Wait for the buckets in flight, stop the thread (the agent stays open)."""
         with self._lock:
             if self._thread is not None:
-                self._thread.shutdown(wait=True)
-                self._thread = None
+                assert self._queue is not None
+                self._queue.put(None)
+                self._thread.join()
+                self._thread = self._queue = None
+
+    def _serve(self, q: "queue.Queue[_Bucket | None]") -> None:
+        """The agent's thread: the buckets in order, each the next one's pipeline."""
+        item = q.get()
+        while item is not None:
+            pipe = _Queued(q) if self.pipeline else None
+            item.run(self, pipe)
+            item = pipe.taken if pipe is not None and pipe.taken is not None else q.get()
+
+
+class _Bucket:
+    """A bucket the agent's thread all-reduces: its host array (made once: a pipelined
+    bucket's round 1 goes before its turn, and its turn must pass the same array) and the
+    future DDP waits on."""
+
+    def __init__(self, bucket, fut):
+        self.bucket, self.fut = bucket, fut
+        self.buf = bucket.buffer()
+        self.arr: np.ndarray | None = None
+        self.in_place = False
+
+    @property
+    def dense(self) -> bool:
+        return not self.buf.is_sparse
+
+    def host(self) -> np.ndarray:
+        if self.arr is None:
+            self.arr, self.in_place = _host(self.buf)
+        return self.arr
+
+    def run(self, state: HookState, pipe: "_Queued | None") -> None:
+        try:
+            self.fut.set_result(_mean(state.agent, self.bucket, state.names, self, pipe))
+        except BaseException as err:  # noqa: BLE001 - DDP raises it where it waits
+            self.fut.set_exception(err)
+
+
+class _Queued:
+    """The hook thread's ``pipeline.Pipeline``: the next bucket is ready when it is queued
+    already (and dense: a sparse bucket goes its own way)."""
+
+    def __init__(self, q: "queue.Queue[_Bucket | None]"):
+        self.q = q
+        self.taken: _Bucket | None = None
+
+    def ready(self) -> bool:
+        with self.q.mutex:
+            nxt = self.q.queue[0] if self.q.queue else None
+        return nxt is not None and nxt.dense
+
+    def take(self):
+        item = self.q.get_nowait()  # (only this thread takes: what was ready is still there)
+        assert item is not None and self.taken is None
+        self.taken = item
+        return item.host(), ("ddp", item.bucket.index())
 
 
 def locate(bucket, index: int, names: dict[int, str] | None = None) -> str:
@@ -91,28 +160,35 @@ def homagg_hook(state: HookState, bucket: torch.distributed.GradBucket
                         "HookState.of(agent, model), or HookState(agent, overlap=False)")
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     if state.overlap:
-        def work() -> None:
-            try:
-                fut.set_result(_mean(state.agent, bucket, state.names))
-            except BaseException as err:  # noqa: BLE001 - DDP raises it where it waits
-                fut.set_exception(err)  # type: ignore[arg-type]  # (torch annotates Tensor)
-
-        state.submit(work)  # DDP keeps the bucket's buffer until the future completes
+        state.submit(_Bucket(bucket, fut))  # DDP keeps the buffer until the future completes
         return fut
     fut.set_result(_mean(state.agent, bucket, state.names))
     return fut
 
 
-def _mean(agent: Agent, bucket, names) -> torch.Tensor:
-    """The bucket's mean over the workers (dense, or sparse for a sparse bucket)."""
-    buf = bucket.buffer()
-    if buf.is_sparse:  # DDP gives a sparse gradient a bucket of its own
-        return _sparse_mean(agent, bucket, buf, names)
+def _host(buf: torch.Tensor) -> tuple[np.ndarray, bool]:
+    """A dense bucket as a flat float32 host array, and whether it is the bucket's own
+    memory (a contiguous float32 CPU buffer: the sum is written over it)."""
     in_place = buf.device.type == "cpu" and buf.dtype == torch.float32 and buf.is_contiguous()
     arr = np.ascontiguousarray(buf.detach().to("cpu", torch.float32).numpy()).reshape(-1)
+    return arr, in_place
+
+
+def _mean(agent: Agent, bucket, names, item: _Bucket | None = None,
+          pipe: _Queued | None = None) -> torch.Tensor:
+    """The bucket's mean over the workers (dense, or sparse for a sparse bucket). ``item``:
+    the hook thread's record of it (its host array, made once); ``pipe``: the buckets
+    queued behind it (``_Queued``)."""
+    buf = bucket.buffer() if item is None else item.buf
+    if buf.is_sparse:  # DDP gives a sparse gradient a bucket of its own
+        return _sparse_mean(agent, bucket, buf, names)
+    if item is None:
+        arr, in_place = _host(buf)
+    else:
+        arr, in_place = item.host(), item.in_place
     try:  # a CPU bucket's sum is written over its buffer, as gloo's all-reduce does
-        summed = agent.allreduce(arr, key=("ddp", bucket.index()),
-                                 out=arr if in_place else None)
+        summed = agent.allreduce_detailed(arr, ("ddp", bucket.index()),
+                                          out=arr if in_place else None, pipeline=pipe).out
     except AgentError as err:
         raise _named(err, bucket, names) from err
     if in_place:

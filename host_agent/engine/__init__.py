@@ -3,16 +3,17 @@ decisions (``allreduce.Agent`` decides what a tensor's rounds carry; the engine 
 round's words through the switch's slots and back, reliably).
 
 Its face is ``SwitchLink``: ``stream(op, words)`` runs one round and returns the switch's
-result, with ``Counters`` counting what it cost. ``Transport`` (``transport``) is the UDP
-engine; ``simulate.MemoryTransport`` is the in-memory one. A UDP round runs in one of two
-engines behind the same ``Round``: Python's (the reference) or the native one
-(``native``: homagg/native/agent_loop.c, the same loop in C with the GIL released, which hands
-back to Python what the protocol decides). The modules, by concern: ``transport`` (the socket,
-the slot pool, the window, a round's deadline, the engine), ``packets`` (a round's packets),
-``round`` (one round's send and receive loop), ``native`` (that loop in C), ``results``
-(matching results to their chunks), ``loss`` (timeouts, RACK, tail probes), ``rto`` (the
-timeout estimate), ``congestion`` (the window per agent) and ``round_cost`` (what a round trip
-costs, in words).
+result, with ``Counters`` counting what it cost; ``stream_fused`` (where a link has it) runs two
+rounds of different ops in one window, for pipelined tensors. ``Transport`` (``transport``) is
+the UDP engine; ``simulate.MemoryTransport`` is the in-memory one. A UDP round runs in one of
+two engines behind the same ``Round``: Python's (the reference) or the native one (``native``:
+homagg/native/agent_loop.c, the same loop in C with the GIL released, which hands back to Python
+what the protocol decides). The modules, by concern: ``transport`` (the socket, the slot pool,
+the window, a round's deadline, the engine), ``packets`` (a round's packets), ``round`` (one
+round's send and receive loop), ``native`` (that loop in C), ``results`` (matching results to
+their chunks), ``loss`` (timeouts, RACK, tail probes), ``deadline`` (the error when a round's
+deadline passes), ``rto`` (the timeout estimate), ``congestion`` (the window per agent) and
+``round_cost`` (what a round trip costs, in words).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Counters:
                               # forged
     spoofed: int = 0          # datagrams without the job's key (auth): not from the switch
     rounds: int = 0
+    pipelined: int = 0        # tensors whose round 1 rode with the one before's (pipeline)
     rescales: int = 0
     seconds: float = 0.0
     # The run's join (transport: one packet per run, its retransmissions included), apart from

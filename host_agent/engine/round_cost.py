@@ -26,8 +26,12 @@ import numpy as np
 MIN_PACKETS = 8
 #: Weight of a new sample (an EWMA, as RFC 6298 smooths round trips).
 ALPHA = 0.125
-#: Bits of the round-cost word: log2 of the words a round trip is worth, 0 .. 31.
+#: Bits of the round-cost word: log2 of the words a round trip is worth, 1 .. 31.
 BITS = 32
+#: The word's top bit (log2 = 0: a round trip worth one word, which no link comes near) is no
+#: cost: a worker sets it to hold its job's next tensor back from this tensor's next round
+#: (``negotiation``: pipelined tensors).
+HOLD = 1 << 31
 
 
 class RoundCost:
@@ -66,18 +70,19 @@ class RoundCost:
 
     def word(self) -> int:
         """This worker's round-cost word for round 1: bit log2(words) (MSB first, as the
-        exponent words), or 0 (no estimate yet: says nothing)."""
+        exponent words; at least 1: bit 0 is ``HOLD``), or 0 (no estimate yet: says
+        nothing)."""
         w = self.words
         if w is None:
             return 0
-        b = min(max(round(math.log2(max(w, 1.0))), 0), BITS - 1)
+        b = min(max(round(math.log2(max(w, 1.0))), 1), BITS - 1)  # (bit 0 is HOLD)
         return 1 << (31 - b)
 
 
 def agreed_words(ored: int | np.integer) -> int | None:
     """The job's round cost from the ORed round-cost word: 2 ** the largest bit any worker set
     (the slowest worker's rounds); None when no worker had an estimate."""
-    w = int(ored)
+    w = int(ored) & ~HOLD
     if not w:
         return None
     low = w & -w  # bit b is 1 << (31 - b): the largest b is the lowest bit set
