@@ -18,6 +18,7 @@ fewer cores than processes, the step is as fast as the sum of that over the work
     sudo python -m bench.ddp_step --workers 2         # 2 workers (default 4)
     sudo python -m bench.ddp_step --topo leafspine    # 2 leaves of 2 workers under a spine
     sudo python -m bench.ddp_step --mtu 9000 --words 2176   # jumbo frames (gloo's too)
+    sudo python -m bench.ddp_step --pipeline-ab       # + the hook's buckets one at a time
 
 ``--words``: the switch's words per packet (K); with several, each K gets its own topology
 (gloo runs in the first), so a change of K is measured against gloo in the same run.
@@ -104,7 +105,11 @@ def main(argv=None) -> int:
     ap.add_argument("--topo", default="star", choices=["star", "leafspine"])
     ap.add_argument("--leaves", type=int, default=2, help="leafspine: leaf switches")
     ap.add_argument("--workers-per-leaf", type=int, default=2, help="leafspine: workers a leaf")
+    ap.add_argument("--pipeline-ab", action="store_true",
+                    help="also homagg's hook with its buckets one at a time (--no-pipeline)")
     a = ap.parse_args(argv)
+    catalog = VARIANTS + ([("homagg unpipelined", ["--backend", "hook", "--no-pipeline"])]
+                          if a.pipeline_ab else [])
     words: list[int | None] = [int(k) for k in a.words.split(",")] if a.words else [None]
     preflight()
     rows = []
@@ -123,7 +128,7 @@ def main(argv=None) -> int:
                 opts.log_dir = LOG_DIR / a.topo / f"{target}-{int(rate)}" / f"k{k or 'default'}"
                 opts.log_dir.mkdir(parents=True, exist_ok=True)
                 label = f" K={k}" if len(words) > 1 else ""
-                variants = [(n + ("" if n == "gloo" else label), args) for n, args in VARIANTS
+                variants = [(n + ("" if n == "gloo" else label), args) for n, args in catalog
                             if n != "gloo" or i == 0]  # gloo does not depend on K
                 try:
                     with make_net(opts) as net:

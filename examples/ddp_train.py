@@ -114,6 +114,9 @@ def main() -> int:
     ap.add_argument("--index", default="auto", help="homagg's index: auto, flat, hier")
     ap.add_argument("--no-overlap", action="store_true",
                     help="the hook blocks (no agent thread): for comparison")
+    ap.add_argument("--no-pipeline", action="store_true",
+                    help="the hook's buckets one at a time (no round 1 riding with the one "
+                    "before's values): for comparison")
     ap.add_argument("--workload", choices=["ddp", "loop", "fsdp", "hsdp", "hsdp2"],
                     default="ddp",
                     help="ddp: DDP; loop: dist.all_reduce on each gradient; fsdp: FSDP2 on a "
@@ -140,7 +143,8 @@ def main() -> int:
     if a.backend == "hook":
         agent = Agent(AgentConfig.from_env(mode=a.mode, index=a.index))
         # overlap: the agent's thread sums each bucket while autograd goes on
-        state = HookState.of(agent, model, overlap=not a.no_overlap)
+        state = HookState.of(agent, model, overlap=not a.no_overlap,
+                             pipeline=not a.no_pipeline)
         ddp.register_comm_hook(state=state, hook=homagg_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=a.lr)
     seen = 0
