@@ -872,6 +872,44 @@ def test_a_subgroup_with_a_job_of_its_own_goes_through_the_switch(tmp_path):
     assert torch.equal(ranks[0]["out"]["a"], ranks[1]["out"]["a"])
 
 
+def pipelined_worker(rank, world, ref):
+    """Five all_reduce calls queued (the agent's thread held until all are issued) with a
+    gloo MAX among them: each switch all-reduce's round 1 rides with the one before's values,
+    except the one after the MAX (a gloo job offers nothing: the pipeline stops at it)."""
+    import threading
+
+    pg = dist.group.WORLD
+    gate, real = threading.Event(), pg.agent.allreduce_detailed
+
+    def gated(*a, **kw):
+        gate.wait(10)
+        return real(*a, **kw)
+
+    pg.agent.allreduce_detailed = gated
+    ts = [floats(rank, 40 + k, 300 + 50 * k, dyadic=True).float() for k in range(5)]
+    sums = [t.clone() for t in ts]
+    m = floats(rank, 46, 20).float()
+    works = [dist.all_reduce(t, async_op=True) for t in ts[:3]]
+    works.append(dist.all_reduce(m, op=ReduceOp.MAX, async_op=True))
+    works += [dist.all_reduce(t, async_op=True) for t in ts[3:]]
+    gate.set()
+    for w in works:
+        w.wait()
+    for t in sums:
+        dist.all_reduce(t, group=ref)  # gloo's sums (dyadic: the switch's are exact)
+    return {"ts": ts, "gloo": sums, "pipelined": pg.agent.counters.pipelined}
+
+
+def test_queued_all_reduces_pipeline_through_the_switch(tmp_path):
+    ranks = run_job(pipelined_worker, tmp_path, 30)
+    for r in ranks:
+        out = r["out"]
+        assert out["pipelined"] == 3  # 0 -> 1, 1 -> 2, 3 -> 4
+        for got, want in zip(out["ts"], out["gloo"], strict=True):
+            assert torch.equal(got, want)
+        assert r["counts"]["switch:allreduce"] == 5
+
+
 def profiled_worker(rank, world, ref):
     """A profile around a few collectives: each is an event named after it, as gloo's are."""
     from torch.profiler import ProfilerActivity, profile

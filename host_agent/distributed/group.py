@@ -10,7 +10,6 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +22,7 @@ from torch.distributed.distributed_c10d import AllgatherOptions
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentError
 from homagg.host_agent.distributed import inner
+from homagg.host_agent.distributed.serial import Behind, Serial
 from homagg.host_agent.distributed.switch import (
     CudaStager,
     say_once,
@@ -91,7 +91,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)  # type: ignore[call-arg]  # (the stub knows the 3-arg form)
         self.agent: Agent | None = None
         self._cpp: Any = None
-        self._thread: ThreadPoolExecutor | None = None
+        self._thread: Serial | None = None
         self._lock = threading.Lock()
         # What this group's own thread issues; a gloo context of its own (``backend``'s doc).
         # It carries the start-up agreement too, so it comes first: a group that fails to
@@ -123,7 +123,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
         if torch.cuda.is_available():  # (gloo serves CUDA tensors too, through the host)
             self._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.CUSTOM,
                                    self._cpp)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="homagg-agent")
+        self._thread = Serial("homagg-agent")
 
     def _start(self, make_agent: Callable[[], Agent | None]) -> None:
         failure: BaseException | None = None
@@ -146,21 +146,23 @@ class HomaggProcessGroup(dist.ProcessGroup):
                              f"{without} not: every rank must agree")
 
     # -- the thread ------------------------------------------------------------------------------
-    def _submit(self, run: Callable[[], list[torch.Tensor]], op: str,
-                devices: Iterable[torch.device] = ()) -> HomaggWork:
+    def _submit(self, run: Callable[..., list[torch.Tensor]], op: str,
+                devices: Iterable[torch.device] = (), offer=None) -> HomaggWork:
         """``run`` on the group's thread, in issue order; a profiler event ``homagg:<op>``
         spans it from this call to its completion, as gloo's and NCCL's events do. With CUDA
         ``devices``, the future is CUDA-aware: it records an event on the thread's current
         stream when ``run`` is done, and whoever waits on it has its own stream wait for that
-        event (NCCL's semantics)."""
+        event (NCCL's semantics). ``offer``: the host tensor and key of a one-tensor
+        all-reduce, which the job in front may send ahead (``serial``); ``run`` then takes
+        the jobs behind it as its pipeline."""
         cuda: list[Any] = sorted(devices, key=str)
         fut: torch.futures.Future = torch.futures.Future(devices=cuda) if cuda \
             else torch.futures.Future()
 
-        def job() -> None:
+        def job(behind: Behind | None = None) -> None:
             try:
                 with torch.no_grad():  # outputs are written as gloo's C++ does: no autograd
-                    result = run()
+                    result = run() if offer is None else run(behind)
                 fut.set_result(result)
             except BaseException as err:  # noqa: BLE001 - raised where the work is waited on
                 fut.set_exception(err)
@@ -169,7 +171,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
             with self._lock:
                 if self._thread is None:
                     raise RuntimeError("homagg: the process group is shut down")
-                self._thread.submit(job)
+                self._thread.submit(job if offer is None else _Offered(job, offer))
             ended = event._call_end_callbacks_on_future(fut)  # the event ends when the work does
         return HomaggWork(fut, ended)
 
@@ -244,6 +246,8 @@ class HomaggProcessGroup(dist.ProcessGroup):
             if self.agent is not None:  # (a subgroup said so when it was made)
                 say_once(why, why)
             return self._gloo_call(name, tensors, tensors, opts)
+        if len(tensors) == 1 and _pipelines(tensors[0], op):
+            return self._allreduce_pipelined(name, tensors)
         # CUDA tensors: the collective waits for the stream that produced them (an event
         # recorded now, on the caller's current stream), as NCCL's does
         ready = {d: self._stager.ready(d) for d in {t.device for t in tensors
@@ -262,6 +266,23 @@ class HomaggProcessGroup(dist.ProcessGroup):
             return tensors
 
         return self._submit(run, _OPS[name], ready)
+
+    def _allreduce_pipelined(self, name: str, tensors) -> HomaggWork:
+        """A contiguous CPU float32 tensor's SUM, in place (``switch_allreduce``'s path), as
+        a job that may go ahead of its turn: its round 1 with the values of the all-reduce
+        in front of it (``host_agent.pipeline``), and the one behind it likewise."""
+        t = tensors[0]
+        arr = t.detach().numpy().reshape(-1)  # (t's own memory: the sum is written there)
+        key = ("torch", str(t.dtype), t.numel())
+
+        def run(behind: Behind | None) -> list[torch.Tensor]:
+            agent = self.agent
+            assert agent is not None
+            self.counts["switch:allreduce"] += 1
+            agent.allreduce_detailed(arr, key, out=arr, pipeline=behind)
+            return tensors
+
+        return self._submit(run, _OPS[name], (), offer=(arr, key))
 
     # -- everything else: gloo, from the same thread -------------------------------------------
     def broadcast(self, tensors, opts=None):  # type: ignore[override]
@@ -419,3 +440,23 @@ class HomaggProcessGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag=0):
         self.counts["gloo:recv_anysource"] += 1
         return self._gloo.recv_anysource(tensors, tag)
+
+
+class _Offered:
+    """A job of the group's thread that offers its tensor to the job in front
+    (``serial.Offering``)."""
+
+    def __init__(self, job: Callable[[Behind | None], None], offer: tuple):
+        self.job, self._offer = job, offer
+
+    def offer(self) -> tuple:
+        return self._offer
+
+    def run(self, behind: Behind | None) -> None:
+        self.job(behind)
+
+
+def _pipelines(t: torch.Tensor, op) -> bool:
+    """A tensor whose all-reduce pipelines: a non-empty, contiguous, dense CPU float32 SUM."""
+    return (op == ReduceOp.SUM and t.device.type == "cpu" and t.dtype == torch.float32
+            and t.layout == torch.strided and t.is_contiguous() and t.numel() > 0)

@@ -22,7 +22,6 @@ hook needed) and ``homagg.torch`` import it. (No ``from __future__ import
 annotations`` here: DDP checks the hook's annotations as objects.)
 """
 
-import queue
 import threading
 from dataclasses import dataclass, field
 
@@ -31,6 +30,7 @@ import torch
 
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentError
+from homagg.host_agent.distributed.serial import Behind, Serial
 
 
 @dataclass
@@ -55,8 +55,7 @@ class HookState:
     names: dict[int, str] = field(default_factory=dict)
     overlap: bool = True
     pipeline: bool = True
-    _queue: "queue.Queue[_Bucket | None] | None" = field(default=None, repr=False)
-    _thread: threading.Thread | None = field(default=None, repr=False)
+    _thread: Serial | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -65,79 +64,46 @@ class HookState:
         return cls(agent, {id(p): name for name, p in model.named_parameters()}, overlap,
                    pipeline)
 
-    def submit(self, bucket: "_Bucket") -> None:
+    def submit(self, work) -> None:
+        """``work``: a callable, or a bucket (``_Bucket``) the agent's thread pipelines."""
         with self._lock:
             if self._thread is None:
-                self._queue = queue.Queue()
-                self._thread = threading.Thread(target=self._serve, args=(self._queue,),
-                                                name="homagg-agent", daemon=True)
-                self._thread.start()
-            assert self._queue is not None
-            self._queue.put(bucket)
+                self._thread = Serial("homagg-agent", pipeline=self.pipeline)
+            self._thread.submit(work)
 
     def close(self) -> None:
         """Wait for the buckets in flight, stop the thread (the agent stays open)."""
         with self._lock:
             if self._thread is not None:
-                assert self._queue is not None
-                self._queue.put(None)
-                self._thread.join()
-                self._thread = self._queue = None
-
-    def _serve(self, q: "queue.Queue[_Bucket | None]") -> None:
-        """The agent's thread: the buckets in order, each the next one's pipeline."""
-        item = q.get()
-        while item is not None:
-            pipe = _Queued(q) if self.pipeline else None
-            item.run(self, pipe)
-            item = pipe.taken if pipe is not None and pipe.taken is not None else q.get()
+                self._thread.shutdown(wait=True)
+                self._thread = None
 
 
 class _Bucket:
-    """A bucket the agent's thread all-reduces: its host array (made once: a pipelined
-    bucket's round 1 goes before its turn, and its turn must pass the same array) and the
-    future DDP waits on."""
+    """A bucket the agent's thread all-reduces (``serial.Offering``): its host array, made
+    once (a pipelined bucket's round 1 goes before its turn, and its turn must pass the same
+    array), and the future DDP waits on."""
 
-    def __init__(self, bucket, fut):
-        self.bucket, self.fut = bucket, fut
+    def __init__(self, state: HookState, bucket, fut):
+        self.state, self.bucket, self.fut = state, bucket, fut
         self.buf = bucket.buffer()
         self.arr: np.ndarray | None = None
         self.in_place = False
 
-    @property
-    def dense(self) -> bool:
-        return not self.buf.is_sparse
-
-    def host(self) -> np.ndarray:
+    def offer(self):
+        """A dense bucket's host array and key (a sparse one goes its own way: None)."""
+        if self.buf.is_sparse:
+            return None
         if self.arr is None:
             self.arr, self.in_place = _host(self.buf)
-        return self.arr
+        return self.arr, ("ddp", self.bucket.index())
 
-    def run(self, state: HookState, pipe: "_Queued | None") -> None:
+    def run(self, behind: Behind | None) -> None:
+        state = self.state
         try:
-            self.fut.set_result(_mean(state.agent, self.bucket, state.names, self, pipe))
+            self.fut.set_result(_mean(state.agent, self.bucket, state.names, self, behind))
         except BaseException as err:  # noqa: BLE001 - DDP raises it where it waits
             self.fut.set_exception(err)
-
-
-class _Queued:
-    """The hook thread's ``pipeline.Pipeline``: the next bucket is ready when it is queued
-    already (and dense: a sparse bucket goes its own way)."""
-
-    def __init__(self, q: "queue.Queue[_Bucket | None]"):
-        self.q = q
-        self.taken: _Bucket | None = None
-
-    def ready(self) -> bool:
-        with self.q.mutex:
-            nxt = self.q.queue[0] if self.q.queue else None
-        return nxt is not None and nxt.dense
-
-    def take(self):
-        item = self.q.get_nowait()  # (only this thread takes: what was ready is still there)
-        assert item is not None and self.taken is None
-        self.taken = item
-        return item.host(), ("ddp", item.bucket.index())
 
 
 def locate(bucket, index: int, names: dict[int, str] | None = None) -> str:
@@ -160,7 +126,7 @@ def homagg_hook(state: HookState, bucket: torch.distributed.GradBucket
                         "HookState.of(agent, model), or HookState(agent, overlap=False)")
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     if state.overlap:
-        state.submit(_Bucket(bucket, fut))  # DDP keeps the buffer until the future completes
+        state.submit(_Bucket(state, bucket, fut))  # DDP keeps the buffer until it completes
         return fut
     fut.set_result(_mean(state.agent, bucket, state.names))
     return fut
@@ -175,20 +141,22 @@ def _host(buf: torch.Tensor) -> tuple[np.ndarray, bool]:
 
 
 def _mean(agent: Agent, bucket, names, item: _Bucket | None = None,
-          pipe: _Queued | None = None) -> torch.Tensor:
+          behind: Behind | None = None) -> torch.Tensor:
     """The bucket's mean over the workers (dense, or sparse for a sparse bucket). ``item``:
-    the hook thread's record of it (its host array, made once); ``pipe``: the buckets
-    queued behind it (``_Queued``)."""
+    the hook thread's record of it (its host array, made once); ``behind``: the buckets
+    queued behind it, its pipeline."""
     buf = bucket.buffer() if item is None else item.buf
     if buf.is_sparse:  # DDP gives a sparse gradient a bucket of its own
         return _sparse_mean(agent, bucket, buf, names)
     if item is None:
         arr, in_place = _host(buf)
     else:
-        arr, in_place = item.host(), item.in_place
+        offered = item.offer()
+        assert offered is not None
+        arr, in_place = offered[0], item.in_place
     try:  # a CPU bucket's sum is written over its buffer, as gloo's all-reduce does
         summed = agent.allreduce_detailed(arr, ("ddp", bucket.index()),
-                                          out=arr if in_place else None, pipeline=pipe).out
+                                          out=arr if in_place else None, pipeline=behind).out
     except AgentError as err:
         raise _named(err, bucket, names) from err
     if in_place:

@@ -1,0 +1,89 @@
+"""The agent's thread: collectives run one at a time in issue order, where one may all-reduce
+the one queued behind it ahead (``host_agent.pipeline``).
+
+The DDP hook and the ``homagg`` process group each hand their work to one such thread
+(``Serial``: a ``ThreadPoolExecutor(1)``'s ``submit`` and ``shutdown``), so every rank's agent
+sees its tensors in the order the ranks issued them. A job is a plain callable, or an
+``Offering`` one: an all-reduce of one host tensor that can offer that tensor (and its key)
+to the job in front of it. While a job runs, ``Behind`` is its ``pipeline.Pipeline``: the next
+tensor is ready when the job queued right behind it offers one, and taking it takes that job
+off the queue; the thread runs it next, its round 1 already done. Nothing waits for a job that
+is not queued yet, and a job that offers nothing (a gloo call, a sparse bucket) is never
+taken: the pipeline stops at it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any, Protocol
+
+log = logging.getLogger("homagg.torch")
+
+
+class Offering(Protocol):
+    def run(self, behind: Behind | None) -> None:
+        """The job, with the jobs queued behind it as its pipeline."""
+        ...
+
+    def offer(self) -> tuple[Any, Any] | None:
+        """The tensor (and its key) this job all-reduces, made once, to go ahead; None if
+        this job has none to offer."""
+        ...
+
+
+class Behind:
+    """The queue behind the running job, as its ``pipeline.Pipeline``."""
+
+    def __init__(self, q: queue.Queue):
+        self.q = q
+        self.taken: Offering | None = None
+
+    def _front(self):
+        with self.q.mutex:
+            return self.q.queue[0] if self.q.queue else None
+
+    def ready(self) -> bool:
+        front = self._front()
+        return hasattr(front, "offer") and front.offer() is not None
+
+    def take(self) -> tuple[Any, Any]:
+        job = self.q.get_nowait()  # (only the thread takes: what was ready is still there)
+        assert self.taken is None and job is not None
+        self.taken = job
+        got = job.offer()
+        assert got is not None
+        return got
+
+
+class Serial:
+    """One thread that runs the jobs in issue order (``submit``), each with the queue behind it
+    as its pipeline when ``pipeline`` is set."""
+
+    def __init__(self, name: str = "homagg-agent", pipeline: bool = True):
+        self.pipeline = pipeline
+        self._q: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job) -> None:
+        """``job``: a callable, or an ``Offering``."""
+        self._q.put(job)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """The jobs already queued run; then the thread ends (``wait``: joined)."""
+        self._q.put(None)
+        if wait:
+            self._thread.join()
+
+    def _serve(self) -> None:
+        job = self._q.get()
+        while job is not None:
+            behind = Behind(self._q) if self.pipeline and hasattr(job, "run") else None
+            try:
+                job.run(behind) if hasattr(job, "run") else job()
+            except Exception:  # (the jobs report their own errors: this one is a bug)
+                log.exception("homagg: a job of the agent's thread failed")
+            job = behind.taken if behind is not None and behind.taken is not None \
+                else self._q.get()
