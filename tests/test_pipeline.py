@@ -146,6 +146,30 @@ def test_allreduce_many_is_one_at_a_times_sums_in_fewer_rounds(make_job, index):
     assert all(got[w][2].nonfinite and np.isnan(got[w][2].out).all() for w in range(3))
 
 
+@pytest.mark.skipif(native.load() is None, reason="the native data path is off")
+def test_both_engines_pipeline_alike_and_the_c_loop_takes_every_fused_result():
+    """allreduce_many on a job of each agent engine: the same sums bit for bit and the same
+    rounds, new packets, bytes, results and fused tensors; the native loop matched every
+    result itself (a fused round's second part by its own op, never handed to Python)."""
+    outs, counts = {}, {}
+    for engine in ("native", "python"):
+        job = Job(3, slots=8, switch_words=64, agent_engine=engine)
+        try:
+            got, err = job.run(lambda a, w: a.allreduce_many(tensors(w)))
+            assert not any(err), err
+            outs[engine] = [[r.out.tobytes() for r in g] for g in got]
+            counts[engine] = [(c.rounds, c.packets_sent - c.retransmissions, c.results,
+                               c.pipelined) for c in (a.counters for a in job.agents)]
+            if engine == "native":
+                for a in job.agents:  # every result but the join's, in C
+                    assert a.transport.native.results == a.counters.results - 1
+        finally:
+            job.close()
+    assert outs["native"] == outs["python"]
+    assert counts["native"] == counts["python"]
+    assert all(c[3] == 4 for c in counts["native"])
+
+
 def test_pipelined_rounds_stay_exact_on_a_lossy_network(make_job):
     """Loss, duplicates and reordering on every worker (the Python engine: faults are
     injected at its socket): fused rounds recover as any, the sums exact."""
