@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", default="auto", help="homagg's mode: auto, dense")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--compute-steps", type=int, default=3)
+    ap.add_argument("--no-pipeline", action="store_true",
+                    help="the hook's buckets one at a time (no round 1 riding ahead)")
     a = ap.parse_args(argv)
     torch.manual_seed(0)  # the same initial weights on every rank (DDP checks)
     torch.set_num_threads(1)
@@ -50,13 +52,13 @@ def main(argv=None) -> int:
         agent = Agent(AgentConfig.from_env(mode=a.mode, deadline=60.0))
         detailed = agent.allreduce_detailed
 
-        def tally(x, key=None, out=None):  # which mode and index each bucket took
-            r = detailed(x, key, out=out)
+        def tally(x, key=None, out=None, **kw):  # which mode and index each bucket took
+            r = detailed(x, key, out=out, **kw)
             taken[f"{r.mode.name.lower()}/{r.index or '-'}"] += 1
             return r
 
         agent.allreduce_detailed = tally  # type: ignore[method-assign]
-        state = HookState.of(agent, model)
+        state = HookState.of(agent, model, pipeline=not a.no_pipeline)
         ddp.register_comm_hook(state=state, hook=homagg_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
 
@@ -92,6 +94,7 @@ def main(argv=None) -> int:
             "bytes_per_step": ((agent.counters.bytes_sent - sent0) / max(a.steps, 1)
                                if agent else None),
             "dense_bytes": 4 * params, "taken": dict(taken),
+            "pipelined": agent.counters.pipelined if agent else None,
             # the worker's peak resident memory (Linux: kB): the model, its gradients, DDP's
             # buckets and the all-reduce's buffers together
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),

@@ -6,6 +6,7 @@ trained by 4 workers with DDP, their gradients all-reduced by gloo's ring, throu
     sudo python -m bench.models                                  # soft, 100 Mbit/s and unshaped
     sudo python -m bench.models --targets soft,bmv2 --rates 100,1000,0
     sudo python -m bench.models --models ncf,lstm --shape tiny --steps 3   # a quick look
+    sudo python -m bench.models --variants "gloo,homagg,homagg unpipelined"  # pipelining A/B
 
 Per model and variant: the step time (rank 0's median after the first step), the compute
 time (the same steps under ``no_sync``, measured first), the all-reduce's exposed time (step
@@ -36,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 LOG_DIR = ROOT / "build" / "logs" / "bench-models"
 VARIANTS = [("gloo", ["--backend", "gloo"]), ("homagg", ["--backend", "hook"]),
-            ("homagg dense", ["--backend", "hook", "--mode", "dense"])]
+            ("homagg dense", ["--backend", "hook", "--mode", "dense"]),
+            ("homagg unpipelined", ["--backend", "hook", "--no-pipeline"])]
 
 
 def run_variant(net, model: str, shape: str, args: list[str], steps: int, tag: str) -> dict:
@@ -84,8 +86,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4, help="timed steps (the first is warm-up)")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--out", type=Path, default=OUT / "models.json")
-    ap.add_argument("--variants", default=",".join(n for n, _ in VARIANTS),
-                    help="which of gloo, homagg, homagg dense (gloo is every ratio's base)")
+    ap.add_argument("--variants", default=",".join(n for n, _ in VARIANTS[:3]),
+                    help="which of gloo, homagg, homagg dense, homagg unpipelined (the hook's "
+                    "buckets one at a time); gloo is every ratio's base")
     a = ap.parse_args(argv)
     models = a.models.split(",")
     variants = [(n, args) for n, args in VARIANTS if n in a.variants.split(",")]
