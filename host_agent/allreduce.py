@@ -239,6 +239,8 @@ class Agent:
         if served is not None:
             neg = self._negotiate(local, key, served.proposal, served.first)
             before -= served.wire_bytes
+            # (its round 1 said whether the one after it was ready: in that pipeline)
+            pipeline = pipeline if pipeline is not None else served.pipeline
         else:
             neg = self._negotiate(local, key, self._propose(local, key, pipeline))
         if neg.nonfinite:
@@ -254,11 +256,11 @@ class Agent:
         # the next tensor's round 1 goes with this one's next round, if every worker said so
         self._ahead = pipeline if neg.pipelined else None
         try:
-            return self._after_choice(local, key, neg, mode, union_words, union, out, before)
+            return self._after_choice(local, neg, mode, union_words, union, out, before)
         finally:
             self._ahead = None
 
-    def _after_choice(self, local, key, neg: Negotiation, mode, union_words, union, out,
+    def _after_choice(self, local, neg: Negotiation, mode, union_words, union, out,
                       before: int) -> Result:
         """``allreduce_detailed`` from the mode chosen on: the scales, the split round, the
         value rounds and the decode."""
@@ -352,7 +354,7 @@ class Agent:
         out, first, overflow = fused(op, words, wire.OP_OR, p.words)
         share = p.words.size / max(1, p.words.size + words.size)
         lent = round((self.counters.bytes_sent - before) * share)
-        self._served = Served(x, local, p, first, lent)
+        self._served = Served(x, local, p, first, lent, ahead)
         self.counters.pipelined += 1
         self._lent += lent
         if overflow:

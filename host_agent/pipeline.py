@@ -68,11 +68,14 @@ class Listed:
 @dataclass
 class Served:
     """A tensor whose round 1 rode with the tensor before's: the object the caller passes
-    (``x``), its local tensor, what its round 1 proposed, the ORed words that came back, and
-    the fused round's bytes that were its part (by its share of the words)."""
+    (``x``), its local tensor, what its round 1 proposed, the ORed words that came back, the
+    fused round's bytes that were its part (by its share of the words), and the pipeline its
+    round 1 said the next tensor's readiness of (it goes on with it where its call names
+    none)."""
 
     x: Any
     local: Any
     proposal: Proposal
     first: np.ndarray
     wire_bytes: int
+    pipeline: Pipeline

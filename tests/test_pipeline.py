@@ -223,6 +223,19 @@ def test_the_tensor_after_a_pipelined_one_must_be_the_one_taken():
         agent.allreduce_detailed(np.ones(20, np.float32))
 
 
+def test_a_taken_tensor_goes_on_in_the_pipeline_its_round_1_spoke_for():
+    """The tensor taken from a pipeline, all-reduced without naming one: its round 1 said the
+    next was ready, so it goes on in that pipeline (its peers fuse the next, so must it)."""
+    agent = MemoryJob(1).agents[0]
+    xs = [np.full(n, 0.5, np.float32) for n in (10, 20, 30)]
+    pipe = Listed([(x, None) for x in xs])
+    pipe.start(0)
+    got = [agent.allreduce_detailed(xs[0], pipeline=pipe)]
+    got += [agent.allreduce_detailed(x) for x in xs[1:]]
+    assert agent.counters.pipelined == 2 and agent.counters.rounds == 4
+    assert all(np.array_equal(g.out, x) for g, x in zip(got, xs))
+
+
 def test_allreduce_many_checks_its_arguments_before_any_round():
     agent = MemoryJob(1).agents[0]
     with pytest.raises(AgentError, match="2 tensors, 1 keys and 2 outs"):
