@@ -70,7 +70,7 @@ def figures(s: dict, workers: int) -> dict:
                               if s["bytes_per_step"] is not None
                               else 2 * (workers - 1) / workers),
             "taken": s["taken"], "params": s["params"], "losses": s["losses"],
-            "max_rss_mb": s.get("max_rss_mb")}
+            "max_rss_mb": s.get("max_rss_mb"), "pipelined": s.get("pipelined")}
 
 
 def main(argv=None) -> int:
@@ -127,17 +127,18 @@ def main(argv=None) -> int:
             except (NetError, RuntimeError) as e:
                 print(f"{target} {rate or 'unshaped'}: failed: {e}")
     print(f"\n{a.workers} workers, shape {a.shape}, {a.steps} steps (median after the first)")
-    print(f"{'target':6} {'links':>9} {'model':6} {'variant':13} {'ms/step':>9} "
+    print(f"{'target':6} {'links':>9} {'model':6} {'variant':18} {'ms/step':>9} "
           f"{'compute':>8} {'allreduce':>9} {'vs gloo':>8} {'wire/dense':>10} "
           f"{'elements/s':>11} {'peak MB':>8}  buckets")
     for r in rows:
         link = f"{r['rate_mbit']:.0f} Mbit/s" if r["rate_mbit"] else "unshaped"
-        print(f"{r['target']:6} {link:>9} {r['model']:6} {r['variant']:13} "
+        print(f"{r['target']:6} {link:>9} {r['model']:6} {r['variant']:18} "
               f"{r['step_ms']:9.0f} {r['compute_ms']:8.0f} {r['allreduce_ms']:9.0f} "
               + (f"{r['vs_gloo']:7.2f}x " if r["vs_gloo"] is not None else f"{'-':>8} ")
               + f"{r['wire_vs_dense']:10.3f} {r['elements_per_s']:11.3g} "
               f"{r['max_rss_mb'] or 0:8.0f}  "
-              f"{', '.join(f'{k} {v}' for k, v in sorted(r['taken'].items()))}")
+              f"{', '.join(f'{k} {v}' for k, v in sorted(r['taken'].items()))}"
+              + (f"; {r['pipelined']} fused" if r.get("pipelined") else ""))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(rows, indent=1))
     print(f"\n{time.monotonic() - t_start:.0f} s; figures in {a.out}")
@@ -154,8 +155,8 @@ def figure_rows(rows: list[dict]) -> list[dict]:
         row = out.setdefault((r["target"], link, r["model"]),
                              {"model": r["model"], "links": link, "gloo_s": None,
                               "homagg_s": None, "homagg_dense_s": None})
-        row[{"gloo": "gloo_s", "homagg": "homagg_s",
-             "homagg dense": "homagg_dense_s"}[r["variant"]]] = r["step_ms"] / 1e3
+        row[f"{r['variant'].replace(' ', '_')}_s"] = r["step_ms"] / 1e3  # (plotted: the
+        # first three's)
     return [r for r in out.values() if r["gloo_s"]]
 
 
