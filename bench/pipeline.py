@@ -24,6 +24,7 @@ import multiprocessing as mp
 import queue
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,12 +58,12 @@ def worker(w: int, a, hosts, barrier, results) -> None:
                 c = agent.counters
                 rounds, fused = c.rounds, c.pipelined
                 barrier.wait()
-                t0 = _now()
+                t0 = time.perf_counter()
                 if v == "pipelined":
                     got = agent.allreduce_many(xs, keys)
                 else:
                     got = [agent.allreduce_detailed(x, k) for k, x in zip(keys, xs)]
-                dt = _now() - t0
+                dt = time.perf_counter() - t0
                 sums[v] = [g.out for g in got]
                 if r >= 0:
                     results.put((w, r, v, dt, c.rounds - rounds, c.pipelined - fused))
@@ -70,11 +71,6 @@ def worker(w: int, a, hosts, barrier, results) -> None:
                 if not np.array_equal(one, many):
                     raise SystemExit(f"worker {w}: a pipelined sum differs from one at a time")
         results.put((w, None, agent.transport.engine, 0.0, 0, 0))
-
-
-def _now() -> float:
-    import time
-    return time.perf_counter()
 
 
 def main(argv=None) -> None:

@@ -324,9 +324,10 @@ class Agent:
         they came already (``pipeline``)."""
         B, r1 = self.cfg.block, p.mine
         blocks, flags = r1.blocks, r1.flags
+        if first is None:  # (round 1's words, as proposed: built once)
+            first = self.transport.stream(wire.OP_OR, p.words)
         if p.mode == Mode.DENSE:
-            agg = (self.transport.stream(wire.OP_OR, p.words) if first is None else first
-                   ).view(np.uint32)
+            agg = first.view(np.uint32)
             neg = Negotiation(r1, r1.exponent, p.mode, agg, None, None, {},
                               agg[HEAD_WORDS:HEAD_WORDS + blocks.size],
                               codec.split_blocks(agg[HEAD_WORDS + blocks.size:], r1.n, B))

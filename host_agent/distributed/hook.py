@@ -90,13 +90,15 @@ class _Bucket:
         self.arr: np.ndarray | None = None
         self.in_place = False
 
-    def offer(self):
-        """A dense bucket's host array and key (a sparse one goes its own way: None)."""
-        if self.buf.is_sparse:
-            return None
+    def host(self) -> tuple[np.ndarray, bool]:
+        """``_host`` of a dense bucket's buffer, made once."""
         if self.arr is None:
             self.arr, self.in_place = _host(self.buf)
-        return self.arr, ("ddp", self.bucket.index())
+        return self.arr, self.in_place
+
+    def offer(self):
+        """A dense bucket's host array and key (a sparse one goes its own way: None)."""
+        return None if self.buf.is_sparse else (self.host()[0], ("ddp", self.bucket.index()))
 
     def run(self, behind: Behind | None) -> None:
         state = self.state
@@ -148,12 +150,7 @@ def _mean(agent: Agent, bucket, names, item: _Bucket | None = None,
     buf = bucket.buffer() if item is None else item.buf
     if buf.is_sparse:  # DDP gives a sparse gradient a bucket of its own
         return _sparse_mean(agent, bucket, buf, names)
-    if item is None:
-        arr, in_place = _host(buf)
-    else:
-        offered = item.offer()
-        assert offered is not None
-        arr, in_place = offered[0], item.in_place
+    arr, in_place = _host(buf) if item is None else item.host()
     try:  # a CPU bucket's sum is written over its buffer, as gloo's all-reduce does
         summed = agent.allreduce_detailed(arr, ("ddp", bucket.index()),
                                           out=arr if in_place else None, pipeline=behind).out

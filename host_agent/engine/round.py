@@ -90,16 +90,12 @@ class Round(LossRecovery):
         if second is not None:
             head2, self.h8_second = t.headers(second[0], self.gen or 0)
             parts.append((head2, second[1], split, nchunks - split))
-        if t.native is not None and not self.join:  # the same bytes, in one pass in C
-            batch = np.empty(nchunks, wire.packet_dtype(K))
-            for h, w, at, m in parts:
+        batch = np.empty(nchunks, wire.packet_dtype(K))
+        for h, w, at, m in parts:  # each part's packets in their place
+            if t.native is not None and not self.join:  # the same bytes, in one pass in C
                 t.native.pack(_flat(w), K, m, g0 + at, S, h, out=batch[at:at + m])
-        elif second is None:
-            batch = pack(_flat(words), K, nchunks, g0, S, head, join_nonce)
-        else:
-            batch = np.empty(nchunks, wire.packet_dtype(K))
-            for h, w, at, m in parts:
-                pack(_flat(w), K, m, g0 + at, S, h, out=batch[at:at + m])
+            else:
+                pack(_flat(w), K, m, g0 + at, S, h, join_nonce, out=batch[at:at + m])
         self.batch = batch  # (the native engine sends from its memory)
         self.buf = batch.view(np.uint8).data
         assert len(self.buf) == nchunks * self.psize
