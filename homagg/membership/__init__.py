@@ -3,11 +3,14 @@
 A neutral module: the service (``homagg.controller.service``) and its clients (the host
 agent's ``homagg.host_agent.membership``) both import it, and it imports neither. The stubs
 are generated and committed; after editing the proto, regenerate them with the pinned
-generator (``pip install --no-deps grpcio-tools==1.49.1``: its protoc writes code that runs
-on the protobuf 3.20 p4runtime-shell pins; ``--no-deps`` because it declares protobuf 4):
+generator, which ``./run.sh setup`` installs apart from the venv's packages, in
+``.venv/protogen`` (``PROTOGEN_DIR``): its protoc writes code that runs on the protobuf 3.20
+p4runtime-shell pins, but it declares protobuf 4, which the venv's resolver would report as a
+conflict:
 
-    python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \\
-        homagg/membership/membership.proto
+    pip install --no-deps --target .venv/protogen grpcio-tools==1.49.1
+    PYTHONPATH=.venv/protogen python -m grpc_tools.protoc -I. --python_out=. \\
+        --grpc_python_out=. homagg/membership/membership.proto
 
 ``tests/test_membership_proto.py`` fails while they are stale.
 """
@@ -28,5 +31,7 @@ PROTO = "homagg/membership/membership.proto"
 #: mostly) came from gRPC, the call never reaching the service.
 REFUSAL_KEY = "homagg-refusal"
 GENERATOR = "grpcio-tools==1.49.1"
+#: where the generator lives: in the venv's directory, outside its site-packages
+PROTOGEN_DIR = "protogen"
 
-__all__ = ["GENERATOR", "PROTO", "REFUSAL_KEY", "pb2", "rpc"]
+__all__ = ["GENERATOR", "PROTO", "PROTOGEN_DIR", "REFUSAL_KEY", "pb2", "rpc"]
