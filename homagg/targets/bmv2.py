@@ -61,23 +61,48 @@ class Bmv2Switch:
             cmd = ["ip", "netns", "exec", self.netns] + cmd
         return cmd
 
-    def start(self, timeout: float = 15.0) -> Bmv2Switch:
+    def start(self, timeout: float | None = None) -> Bmv2Switch:
+        """Start bmv2 and wait until it serves P4Runtime: as long as the process lives and is
+        still starting, up to ``timeout`` seconds (``$HOMAGG_BMV2_START_TIMEOUT``, 120 by
+        default: several switches starting at once on a loaded 2-core machine take tens of
+        seconds). A start that fails says why, with the last lines of bmv2's output."""
+        if timeout is None:
+            timeout = float(os.environ.get("HOMAGG_BMV2_START_TIMEOUT", "120"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        out = open(self.log_dir / f"{self.name}-bmv2.out", "w")
+        out = open(self.out_file, "w")
         self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             if self.proc.poll() is not None:
-                raise Bmv2Error(f"simple_switch_grpc exited with {self.proc.returncode}; see "
-                                f"{self.log_dir / (self.name + '-bmv2.out')}")
+                raise Bmv2Error(f"simple_switch_grpc exited with {self.proc.returncode} before "
+                                f"serving P4Runtime at {self.grpc_addr}; its output "
+                                f"({self.out_file}) ends: {self.output_tail()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.grpc_port), 0.2):
                     return self
             except OSError:
-                time.sleep(0.1)
+                pass
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        tail = self.output_tail()
         self.stop()
-        raise Bmv2Error(f"simple_switch_grpc did not open {self.grpc_addr} in {timeout}s")
+        raise Bmv2Error(f"simple_switch_grpc did not open {self.grpc_addr} in {timeout:g} s, "
+                        f"still starting (HOMAGG_BMV2_START_TIMEOUT waits longer); its output "
+                        f"({self.out_file}) ends: {tail}")
+
+    @property
+    def out_file(self) -> Path:
+        return self.log_dir / f"{self.name}-bmv2.out"
+
+    def output_tail(self, lines: int = 5) -> str:
+        """The last lines of bmv2's output, on one line (what a failed start says)."""
+        try:
+            text = self.out_file.read_text(errors="replace").strip().splitlines()
+        except OSError as e:
+            return f"(unreadable: {e})"
+        return " | ".join(text[-lines:]) if text else "(nothing)"
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
