@@ -71,7 +71,9 @@ def soft_pipeline(where: Path) -> Pipeline:
 
 
 def sources() -> list[Path]:
-    return sorted(paths.p4_dir().rglob("*.p4"))
+    """The v1model program's sources (p4/tofino is the TNA program's: build_tofino)."""
+    top = paths.p4_dir()
+    return sorted(p for p in top.rglob("*.p4") if p.relative_to(top).parts[0] != "tofino")
 
 
 def up_to_date(p: Pipeline) -> bool:

@@ -1,6 +1,7 @@
 """homagg-ctl: the operator's CLI over P4Runtime.
 
     homagg-ctl build [--words K]                  compile p4/ (p4c-bm2-ss); K words per packet
+    homagg-ctl build --target tofino [--json]     compile p4/tofino (bf-p4c); its resources
     homagg-ctl -c net.toml install                load the pipeline, base forwarding, the jobs
     homagg-ctl -c net.toml job add 1              install job 1 from the config
     homagg-ctl -c net.toml job add 2 --slots 32 --worker h1:50001 --worker h2:50001
@@ -52,6 +53,7 @@ from homagg.netconfig import (
     load,
     validate_job,
 )
+from homagg.programs import PROGRAMS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -74,6 +76,11 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--words", type=int, metavar="K",
                    help="words per packet: 64, 128, 192, 256 (default) or 320; 64 as on "
                         "Tofino and in SwitchML. Agents learn it from the switch")
+    b.add_argument("--target", dest="build_target", default="bmv2",
+                   choices=("bmv2", "tofino", "tofino2"),
+                   help="bmv2 (default: p4/homagg.p4 with p4c-bm2-ss), or tofino / tofino2 "
+                        "(p4/tofino/homagg_tna.p4 with bf-p4c, then its resource table)")
+    b.add_argument("--json", action="store_true", help="tofino: the resource table as JSON")
 
     i = sub.add_parser("install", help="push pipeline, base forwarding and the config's jobs")
     i.add_argument("--no-jobs", action="store_true", help="do not install the config's jobs")
@@ -161,7 +168,7 @@ def _connect(a, place: P.Place, pipeline: Pipeline | None = None) -> P4RuntimeSw
             a.request_log.with_name(f"{name}-p4runtime.log")
     logf.parent.mkdir(parents=True, exist_ok=True)
     return P4RuntimeSwitch(place.grpc, place.device_id, (high, low), logf, name,
-                           place.tls).open(pipeline)
+                           place.tls, PROGRAMS[place.target]).open(pipeline)
 
 
 def _need_config(a) -> Config:
@@ -239,6 +246,18 @@ def _print_stats(fabric: P.Fabric, as_json: bool) -> None:
 
 
 def run(a) -> int:
+    if a.cmd == "build" and a.build_target != "bmv2":
+        from homagg.controller import build_tofino
+
+        if a.words not in (None, build_tofino.WORDS):
+            raise ConfigError(f"--words {a.words}: the TNA program adds "
+                              f"{build_tofino.WORDS} values per pass")
+        out, table = build_tofino.build(a.build_target)
+        if a.json:
+            print(json.dumps(table.to_json(), indent=2))
+        else:
+            print(f"built {out} (context, bfrt.json, P4Info)\n{table.render()}")
+        return 0
     if a.cmd == "build":
         p = build(a.build_dir, a.force, words=a.words)
         print(f"built {p.bmv2_json} and {p.p4info} ({p.words()} words per packet)")
@@ -249,6 +268,10 @@ def run(a) -> int:
 
         cfg = load(a.config) if a.config else Config(SwitchSpec())
         cfg = dataclasses.replace(cfg, switch=_switch_spec(a, cfg))
+        if cfg.switch.target == "tofino":
+            raise ConfigError("serve places jobs on bmv2 and the software aggregator; on a "
+                              "Tofino switch, install jobs with homagg-ctl job add "
+                              "(docs/deploy.md, 'Tofino')")
         a.election_id = a.service_election_id
         return serve.run(a, cfg, lambda place: _connect(a, place))
 
@@ -260,8 +283,12 @@ def run(a) -> int:
         if install:  # a fresh pipeline on every place: bmv2's compiled one, or homagg's P4Info
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="homagg-soft-"))
             soft = soft_pipeline(Path(tmp))
-            pipelines = {"fallback": soft, "switch": soft if cfg.switch.target == "soft"
-                         else build(a.build_dir, words=a.words)}
+            pipelines = {"fallback": soft}
+            if cfg.switch.target == "soft":
+                pipelines["switch"] = soft
+            elif cfg.switch.target == "bmv2":
+                pipelines["switch"] = build(a.build_dir, words=a.words)
+            # (tofino: bf_switchd loads the compiled program; install checks its P4Info)
 
         def connect(place: P.Place) -> P4RuntimeSwitch:
             return _connect(a, place, pipelines.get(place.role))

@@ -33,6 +33,7 @@ from homagg.netconfig import (  # noqa: F401 (the address converters: callers us
     mac_int,
     uplink_clash,
 )
+from homagg.programs import V1MODEL, Program, program_of
 from homagg.regions import allocate_region, mcast_group
 
 __all__ = ["InstalledJob", "JobCounters", "JobError", "ResetResult", "SwitchStats",
@@ -116,10 +117,10 @@ class SwitchStats:
 def install_base(sw: Switch, cfg: Config) -> None:
     """The switch's own address, proxy ARP for it and every host, and /32 routes to hosts
     (and to the fallback aggregator, where it hangs off this switch)."""
-    s = cfg.switch
-    sw.insert(TableEntry(P4.TABLE_LOCAL_IP, {"dst_addr": ip_int(s.ip)}, P4.ACTION_TO_SWITCH),
+    s, n = cfg.switch, program_of(sw)
+    sw.insert(TableEntry(n.table_local_ip, {"dst_addr": ip_int(s.ip)}, n.action_to_switch),
               or_modify=True)
-    sw.insert(TableEntry(P4.TABLE_ARP_PROXY, {"tpa": ip_int(s.ip)}, P4.ACTION_ARP_REPLY,
+    sw.insert(TableEntry(n.table_arp_proxy, {"tpa": ip_int(s.ip)}, n.action_arp_reply,
                          {"mac": mac_int(s.mac)}), or_modify=True)
     routed = [(h.ip, h.mac, h.port) for h in cfg.hosts]
     fb = cfg.fallback
@@ -134,20 +135,21 @@ def trust_aggregator(sw: Switch, ip: str, port: int) -> None:
     """Let homagg packets from the aggregator at ``ip`` (behind switch port ``port``) through
     as routed traffic: forwarding.p4 drops a packet from homagg's source ports otherwise, so
     that a host cannot forge a result for another."""
-    sw.insert(TableEntry(P4.TABLE_AGGREGATORS, {"src_addr": ip_int(ip), "port": port},
-                         P4.ACTION_TRUSTED), or_modify=True)
+    n = program_of(sw)
+    sw.insert(TableEntry(n.table_aggregators, {"src_addr": ip_int(ip), "port": port},
+                         n.action_trusted), or_modify=True)
 
 
 def add_route(sw: Switch, cfg: Config, ip: str, mac: str, port: int,
               proxy_arp: bool = True) -> None:
     """A /32 route to ``ip`` out of switch port ``port``, to next hop ``mac`` (the host, or
     the switch in front of it), and (``proxy_arp``) this switch answering ARP for it."""
-    s = cfg.switch
+    s, n = cfg.switch, program_of(sw)
     if proxy_arp:
-        sw.insert(TableEntry(P4.TABLE_ARP_PROXY, {"tpa": ip_int(ip)}, P4.ACTION_ARP_REPLY,
+        sw.insert(TableEntry(n.table_arp_proxy, {"tpa": ip_int(ip)}, n.action_arp_reply,
                              {"mac": mac_int(s.mac)}), or_modify=True)
-    sw.insert(TableEntry(P4.TABLE_IPV4_ROUTE, {"dst_addr": (ip_int(ip), 32)},
-                         P4.ACTION_ROUTE, {"port": port, "src_mac": mac_int(s.mac),
+    sw.insert(TableEntry(n.table_ipv4_route, {"dst_addr": (ip_int(ip), 32)},
+                         n.action_route, {"port": port, "src_mac": mac_int(s.mac),
                                            "dst_mac": mac_int(mac)}), or_modify=True)
 
 
@@ -155,16 +157,18 @@ def add_route(sw: Switch, cfg: Config, ip: str, mac: str, port: int,
 
 
 def list_jobs(sw: Switch) -> list[InstalledJob]:
+    n = program_of(sw)
     by_job: dict[int, dict] = {}
-    for e in sw.read(P4.TABLE_JOB_WORKERS):
-        if e.action != P4.ACTION_SET_WORKER:  # e.g. a NoAction entry another client wrote:
+    for e in sw.read(n.table_job_workers):
+        if e.action != n.action_set_worker:  # e.g. a NoAction entry another client wrote:
             continue                          # it admits nobody, so it is no job's sender
         p = e.params
         j = by_job.setdefault(p["job"], {"senders": [], **p})
         j["senders"].append(Sender(p["worker"], int_ip(e.match["src_addr"]),
                                    e.match["src_port"], p["port"]))
-    ups = {e.match["job"]: e.params for e in sw.read(P4.TABLE_UPLINK)
-           if e.action == P4.ACTION_SET_UPLINK}
+    ups = {} if n.table_uplink is None else \
+        {e.match["job"]: e.params for e in sw.read(n.table_uplink)
+         if e.action == n.action_set_uplink}
     return [InstalledJob(j, tuple(sorted(v["senders"], key=lambda s: s.worker)), v["epoch"],
                          v["region_base"], v["region_size"], v["mcast_group"],
                          _uplink_of(ups[j]) if j in ups else None, v["auth"])
@@ -176,8 +180,9 @@ def _uplink_of(p: Mapping[str, int]) -> Uplink:
                   p["src_port"], p["port"], p["auth"])
 
 
-def _uplink_entry(job_id: int, u: Uplink) -> TableEntry:
-    return TableEntry(P4.TABLE_UPLINK, {"job": job_id}, P4.ACTION_SET_UPLINK,
+def _uplink_entry(job_id: int, u: Uplink, n: Program = V1MODEL) -> TableEntry:
+    assert n.table_uplink is not None and n.action_set_uplink is not None
+    return TableEntry(n.table_uplink, {"job": job_id}, n.action_set_uplink,
                       {"job": u.job, "worker": u.worker, "mac": mac_int(u.mac),
                        "ip": ip_int(u.ip), "udp_port": u.udp_port, "src_port": u.src_port,
                        "port": u.switch_port, "auth": u.key})
@@ -189,10 +194,11 @@ def _parent_match(u: Uplink) -> dict:
 
 
 def _parent_entry(job_id: int, u: Uplink, workers: int, epoch: int, base: int, size: int,
-                  group: int, key: int) -> TableEntry:
+                  group: int, key: int, n: Program = V1MODEL) -> TableEntry:
     """Admission's parents table: the parent's answers carry this job (uplink.p4), and its
     key on the way down."""
-    return TableEntry(P4.TABLE_PARENTS, _parent_match(u), P4.ACTION_SET_PARENT,
+    assert n.table_parents is not None and n.action_set_parent is not None
+    return TableEntry(n.table_parents, _parent_match(u), n.action_set_parent,
                       {"job": job_id, "workers": workers, "epoch": epoch, "region_base": base,
                        "region_size": size, "mcast_group": group, "port": u.switch_port,
                        "auth": key})
@@ -201,17 +207,18 @@ def _parent_entry(job_id: int, u: Uplink, workers: int, epoch: int, base: int, s
 def next_epoch(sw: Switch) -> int:
     """A job epoch never handed out before on this switch (kept in a counter cell: bmv2's
     P4Runtime cannot write registers, and counters survive controller restarts)."""
-    cells = sw.read_counter(P4.COUNTER_STATS)
+    stats = program_of(sw).counter_stats
+    cells = sw.read_counter(stats)
     last = cells.get(wire.EPOCH_STORE, CounterValue()).packets
     epoch = last % 0xFFFF + 1  # 1..65535; 0 is what fresh registers hold
-    sw.write_counter(P4.COUNTER_STATS, {wire.EPOCH_STORE: CounterValue(epoch, 0)})
+    sw.write_counter(stats, {wire.EPOCH_STORE: CounterValue(epoch, 0)})
     return epoch
 
 
 def _worker_entry(job_id: int, s: Sender, workers: int, epoch: int, base: int, size: int,
-                  group: int, key: int) -> TableEntry:
-    return TableEntry(P4.TABLE_JOB_WORKERS, {"src_addr": ip_int(s.ip), "src_port": s.udp_port},
-                      P4.ACTION_SET_WORKER,
+                  group: int, key: int, n: Program = V1MODEL) -> TableEntry:
+    return TableEntry(n.table_job_workers, {"src_addr": ip_int(s.ip), "src_port": s.udp_port},
+                      n.action_set_worker,
                       {"job": job_id, "worker": s.worker, "workers": workers, "epoch": epoch,
                        "region_base": base, "region_size": size, "mcast_group": group,
                        "port": s.switch_port, "auth": key})
@@ -223,6 +230,13 @@ def _result_key(job_id: int, worker: int) -> dict:
 
 def add_job(sw: Switch, job: JobSpec, pool: int = wire.SLOTS) -> InstalledJob:
     """Install ``job`` in the first free region of the switch's first ``pool`` slots."""
+    n = program_of(sw)
+    if len(job.workers) > n.max_workers:
+        raise JobError(f"job {job.id} has {len(job.workers)} workers; a {n.name} switch takes "
+                       f"at most {n.max_workers} per job")
+    if job.uplink is not None and not n.supports_trees:
+        raise JobError(f"job {job.id} has an uplink (a tree); the {n.name} program has no "
+                       "uplink: its jobs' workers all hang off the switch")
     installed = list_jobs(sw)
     if any(j.id == job.id for j in installed):
         raise JobError(f"job {job.id} is already installed (remove it first)")
@@ -241,8 +255,8 @@ def add_job(sw: Switch, job: JobSpec, pool: int = wire.SLOTS) -> InstalledJob:
     group = mcast_group(job.id)
     # Egress addressing and the group first: once the job table matches, results can flow.
     for wid, w in enumerate(job.workers):
-        sw.insert(TableEntry(P4.TABLE_RESULT_DST, _result_key(job.id, wid),
-                             P4.ACTION_SET_RESULT_DST,
+        sw.insert(TableEntry(n.table_result_dst, _result_key(job.id, wid),
+                             n.action_set_result_dst,
                              {"mac": mac_int(w.mac), "ip": ip_int(w.ip), "port": w.udp_port}),
                   or_modify=True)
     sw.set_multicast_group(group, [(w.switch_port, wid + wire.RID_WORKER_OFFSET)
@@ -250,10 +264,10 @@ def add_job(sw: Switch, job: JobSpec, pool: int = wire.SLOTS) -> InstalledJob:
     new = tuple(Sender(wid, w.ip, w.udp_port, w.switch_port) for wid, w in enumerate(job.workers))
     if job.uplink is not None:  # a tree's child job: the parent's answers, then where to go
         sw.insert(_parent_entry(job.id, job.uplink, len(new), epoch, base, job.slots, group,
-                                job.key), or_modify=True)
-        sw.insert(_uplink_entry(job.id, job.uplink), or_modify=True)
+                                job.key, n), or_modify=True)
+        sw.insert(_uplink_entry(job.id, job.uplink, n), or_modify=True)
     for s in new:
-        sw.insert(_worker_entry(job.id, s, len(new), epoch, base, job.slots, group, job.key))
+        sw.insert(_worker_entry(job.id, s, len(new), epoch, base, job.slots, group, job.key, n))
     reset_job_counters(sw, job.id)
     return InstalledJob(job.id, new, epoch, base, job.slots, group, job.uplink, job.key)
 
@@ -266,22 +280,23 @@ def find_job(sw: Switch, job_id: int) -> InstalledJob:
 
 
 def remove_job(sw: Switch, job_id: int) -> InstalledJob:
+    n = program_of(sw)
     job = find_job(sw, job_id)
     for s in job.senders:
-        sw.delete(TableEntry(P4.TABLE_JOB_WORKERS, {"src_addr": ip_int(s.ip),
-                                                    "src_port": s.udp_port}))
+        sw.delete(TableEntry(n.table_job_workers, {"src_addr": ip_int(s.ip),
+                                                   "src_port": s.udp_port}))
     for s in job.senders:
         try:
-            sw.delete(TableEntry(P4.TABLE_RESULT_DST, _result_key(job.id, s.worker)))
+            sw.delete(TableEntry(n.table_result_dst, _result_key(job.id, s.worker)))
         except SwitchError:
             pass  # already gone: removal is best effort past the job table
     try:
         sw.delete_multicast_group(job.group)
     except SwitchError:
         pass
-    if job.uplink is not None:
-        for table, match in ((P4.TABLE_UPLINK, {"job": job.id}),
-                             (P4.TABLE_PARENTS, _parent_match(job.uplink))):
+    if job.uplink is not None and n.table_uplink is not None and n.table_parents is not None:
+        for table, match in ((n.table_uplink, {"job": job.id}),
+                             (n.table_parents, _parent_match(job.uplink))):
             try:
                 sw.delete(TableEntry(table, match))
             except SwitchError:
@@ -291,7 +306,7 @@ def remove_job(sw: Switch, job_id: int) -> InstalledJob:
 
 def reset_job_counters(sw: Switch, job_id: int) -> None:
     base = job_id * wire.JOB_STATS_PER_JOB
-    sw.write_counter(P4.COUNTER_JOB_STATS,
+    sw.write_counter(program_of(sw).counter_job_stats,
                      {base + k: CounterValue() for k in range(wire.JOB_STATS_PER_JOB)})
 
 
@@ -299,14 +314,15 @@ def reset_job(sw: Switch, job_id: int, thrift_port: int | None = None) -> ResetR
     """Start the job afresh: a new epoch makes every slot of its region empty to the data plane
     (agents restart their sequence numbers), its counters go to zero, and where bmv2's Thrift
     CLI is installed the region's registers are zeroed too."""
+    n = program_of(sw)
     job = find_job(sw, job_id)
     epoch = next_epoch(sw)
     if job.uplink is not None:
         sw.modify(_parent_entry(job.id, job.uplink, job.workers, epoch, job.base, job.size,
-                                job.group, job.key))
+                                job.group, job.key, n))
     for s in job.senders:
         sw.modify(_worker_entry(job.id, s, job.workers, epoch, job.base, job.size, job.group,
-                                job.key))
+                                job.key, n))
     reset_job_counters(sw, job.id)
     registers = "skipped (no Thrift port)"
     if thrift_port is not None:
@@ -341,9 +357,10 @@ def clear_region_registers(job: InstalledJob, thrift_port: int) -> str:
 
 
 def read_stats(sw: Switch) -> SwitchStats:
-    stats = sw.read_counter(P4.COUNTER_STATS)
-    fwd = sw.read_counter(P4.COUNTER_FWD_STATS)
-    cells = sw.read_counter(P4.COUNTER_JOB_STATS)
+    n = program_of(sw)
+    stats = sw.read_counter(n.counter_stats)
+    fwd = sw.read_counter(n.counter_fwd_stats)
+    cells = sw.read_counter(n.counter_job_stats)
     zero = CounterValue()
     out = SwitchStats({name: stats.get(i, zero).packets for i, name in wire.STATS.items()},
                       {name: fwd.get(i, zero).packets for i, name in wire.FWD_STATS.items()})

@@ -30,12 +30,14 @@ from homagg.errors import HomaggError
 from homagg.netconfig import GrpcTls
 from homagg.p4schema import (
     P4Counter,
+    P4Schema,
     P4SchemaError,
     TableEntry,
     decode_entry,
     encode_entry,
     pipeline_differences,
 )
+from homagg.programs import V1MODEL, Program
 
 log = logging.getLogger("homagg.p4client")
 
@@ -141,9 +143,9 @@ def _client_class(p4runtime: Any) -> Any:
     return Client
 
 
-def _counter(name: str) -> P4Counter:
+def _counter(name: str, schema: P4Schema = P4.SCHEMA) -> P4Counter:
     try:
-        return P4.SCHEMA.counter(name)
+        return schema.counter(name)
     except P4SchemaError as e:  # a SwitchError, as every error of a switch's methods
         raise SwitchError(str(e)) from None
 
@@ -221,8 +223,9 @@ class P4RuntimeSwitch:
 
     def __init__(self, grpc_addr: str = "127.0.0.1:9559", device_id: int = 1,
                  election_id: tuple[int, int] = (0, 1), request_log: Path | None = None,
-                 name: str = "s1", tls: GrpcTls | None = None):
+                 name: str = "s1", tls: GrpcTls | None = None, program: Program = V1MODEL):
         self.addr = grpc_addr
+        self.program = program  # the P4 program it runs: its names and schema (homagg.programs)
         self.tls = tls
         self.device_id = device_id
         self.election_id = election_id
@@ -309,10 +312,11 @@ class P4RuntimeSwitch:
                               "install") from None
         if not info.tables:
             raise SwitchError(f"switch {self.name} has no pipeline; run homagg-ctl install")
-        diff = pipeline_differences(info, P4.SCHEMA)  # the software aggregator's check too
+        diff = pipeline_differences(info, self.program.schema)  # the aggregator's check too
         if diff:
             raise SwitchError(f"switch {self.name} runs another pipeline than this homagg's "
-                              f"({'; '.join(diff[:3])}); run homagg-ctl install")
+                              f"{self.program.name} program ({'; '.join(diff[:3])}); run "
+                              "homagg-ctl install")
 
     def close(self) -> None:
         if self.client is not None:
@@ -380,7 +384,7 @@ class P4RuntimeSwitch:
     def _entry_pb(self, e: TableEntry):
         _pb()  # (p4runtime-shell installed: a clear error if not)
         try:
-            return encode_entry(P4.SCHEMA, e)
+            return encode_entry(self.program.schema, e)
         except P4SchemaError as err:  # a typo or a stale build, before anything is sent
             raise SwitchError(str(err)) from None
 
@@ -420,7 +424,8 @@ class P4RuntimeSwitch:
         _, pb = _pb()
         ent = pb.Entity(table_entry=self._entry_pb(TableEntry(table, {})))
         try:
-            return [decode_entry(P4.SCHEMA, e.table_entry) for e in self._read(table, ent)]
+            return [decode_entry(self.program.schema, e.table_entry)
+                    for e in self._read(table, ent)]
         except P4SchemaError as err:  # the switch answered with what the schema cannot hold
             raise SwitchError(f"switch {self.name}: read {table}: {err}") from None
 
@@ -459,7 +464,7 @@ class P4RuntimeSwitch:
         """index -> value, one wildcard read."""
         _, pb = _pb()
         ent = pb.Entity()
-        ent.counter_entry.counter_id = _counter(name).id
+        ent.counter_entry.counter_id = _counter(name, self.program.schema).id
         return {e.counter_entry.index.index: CounterValue(e.counter_entry.data.packet_count,
                                                           e.counter_entry.data.byte_count)
                 for e in self._read(name, ent)}
@@ -469,7 +474,7 @@ class P4RuntimeSwitch:
         _, pb = _pb()
         if not values:
             return
-        cid = _counter(name).id
+        cid = _counter(name, self.program.schema).id
         updates = []
         for index, v in sorted(values.items()):
             ce = pb.CounterEntry(counter_id=cid)

@@ -36,7 +36,7 @@ class Place:
 
     name: str     # the config's switch or fallback name ("s1", "fb")
     role: str     # "switch" or "fallback"
-    target: str   # "bmv2" or "soft"
+    target: str   # "bmv2", "soft" or "tofino"
     ip: str       # where this place's agents send
     pool: int     # the slots homagg may use here
     grpc: str     # its P4Runtime address

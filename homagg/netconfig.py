@@ -53,7 +53,7 @@ from homagg.errors import ConfigError
 _MAC = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 #: What runs the switch: bmv2 (``homagg-ctl install`` compiles and pushes the P4 program) or
 #: the software aggregator (it runs homagg's pipeline natively: install needs no p4c).
-TARGETS = ("bmv2", "soft")
+TARGETS = ("bmv2", "soft", "tofino")
 #: Where a job may be placed: ``auto`` is the switch while its slots last, then the fallback.
 PLACES = ("auto", "switch", "fallback")
 

@@ -313,9 +313,14 @@ def status_words(seen: int, count: int, k: int = WORDS_PER_PACKET) -> np.ndarray
 
 
 def parse_status(words) -> tuple[int, int]:
-    """(contributors bitmap, count) from a status reply's words (int32 or big-endian)."""
+    """(contributors bitmap, count) from a status reply's words (int32 or big-endian). A
+    count word of 0 under a bitmap that names contributors is a switch that keeps no count
+    (the TNA program: docs/switch.md, "Tofino"): the count is the bitmap's."""
     w = np.asarray(words)[-3:].astype(np.int64) & 0xFFFFFFFF
-    return (int(w[0]) << 32) | int(w[1]), int(w[2])
+    bitmap, count = (int(w[0]) << 32) | int(w[1]), int(w[2])
+    if count == 0 and bitmap:
+        count = bitmap.bit_count()
+    return bitmap, count
 
 
 def packets(n: int, k: int = WORDS_PER_PACKET) -> np.ndarray:

@@ -18,7 +18,11 @@ TOOLS = {
     "p4c-bm2-ss": "HOMAGG_P4C",
     "simple_switch_grpc": "HOMAGG_BMV2",
     "simple_switch_CLI": "HOMAGG_BMV2_CLI",
+    "bf-p4c": "HOMAGG_BF_P4C",  # p4c's driver for p4c-barefoot (Tofino): docs/deploy.md
 }
+#: where the docs say how to get a tool, where not README's "bmv2 and p4c"
+WHERE = {"bf-p4c": "docs/deploy.md, 'Tofino': p4c built with -DENABLE_TOFINO=ON"}
+README_BMV2 = "README, 'bmv2 and p4c'"
 
 
 
@@ -51,8 +55,8 @@ def find(name: str) -> Tool:
 def require(name: str) -> Path:
     tool = find(name)
     if tool.path is None:
-        raise ToolMissing(f"{tool.how}: install {name} (README, 'bmv2 and p4c') or set "
-                          f"{TOOLS[name]}=/path/to/{name}")
+        raise ToolMissing(f"{tool.how}: install {name} ({WHERE.get(name, README_BMV2)}) or "
+                          f"set {TOOLS[name]}=/path/to/{name}")
     return tool.path
 
 
