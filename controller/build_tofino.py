@@ -32,6 +32,9 @@ from homagg.targets.toolchain import require
 #: table's "of")
 TARGETS = {"tofino": ("tna", {8: 64, 16: 96, 32: 64}),
            "tofino2": ("t2na", {8: 80, 16: 120, 32: 80})}
+#: target -> compiler flags it needs: p4c v1.2.5.16's assembler crashes ("No length for clot")
+#: on the header CLOTs Tofino 2's backend gives this program, so Tofino 2 builds without them
+TARGET_FLAGS = {"tofino2": ["-Xp4c=--no-clot"]}
 WORDS = 64  # p4/tofino/include/size.p4's WORDS_PER_PACKET: K, the words a packet carries
 SWITCHML_VALUES = 64  # SwitchML's values per pass (its 256-byte payload)
 
@@ -121,7 +124,7 @@ def build(target: str = "tofino", out: Path | None = None) -> tuple[Path, Resour
     cmd = [str(compiler), "--target", target, "--arch", arch, "--std", "p4-16",
            "-o", str(out), "--verbose", "1",
            "--p4runtime-files", str(p4info_path(out)), "--p4runtime-force-std-externs",
-           f"-DWORDS_PER_PACKET={WORDS}", str(source())]
+           f"-DWORDS_PER_PACKET={WORDS}", *TARGET_FLAGS.get(target, []), str(source())]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     (out / "compile.log").write_text(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
     if proc.returncode != 0:
@@ -171,10 +174,11 @@ def resources(out: Path, target: str) -> ResourceTable:
         tcam += s_tcam
         salu += s_salu
         stats += s_stats
-        sram_avail += st["rams"]["nRows"] * st["rams"]["nColumns"]
-        tcam_avail += st["tcams"]["nRows"] * st["tcams"]["nColumns"]
-        salu_avail += st["meter_alus"]["nAlus"]
-        stats_avail += st["statistic_alus"]["nAlus"]
+        # (every stage has the same; the log lists the stages used, the chip has n_stages)
+        sram_avail = st["rams"]["nRows"] * st["rams"]["nColumns"] * n_stages
+        tcam_avail = st["tcams"]["nRows"] * st["tcams"]["nColumns"] * n_stages
+        salu_avail = st["meter_alus"]["nAlus"] * n_stages
+        stats_avail = st["statistic_alus"]["nAlus"] * n_stages
         tables = sorted({u["used_by"] for m in st["meter_alus"]["meters"] for u in m["usages"]}
                         | {u["used_by"] for r in st["rams"]["srams"] for u in r["usages"]}
                         | {u["used_by"] for t in st["tcams"]["tcams"] for u in t["usages"]})
