@@ -28,7 +28,8 @@ def test_wheel_carries_every_subpackage_and_the_p4_source(tmp_path):
                  "homagg/targets/soft/tables.py", "homagg/controller/cli.py",
                  "homagg/host_agent/cli.py", "homagg/launcher/cli.py",
                  "homagg/p4/homagg.p4", "homagg/p4/include/constants.p4",
-                 "homagg/p4/include/control/aggregation.p4"):
+                 "homagg/p4/include/control/aggregation.p4", "homagg/_p4info_tofino.txtpb",
+                 "homagg/p4/tofino/homagg_tna.p4"):
         assert must in names, f"{must} missing from {wheel.name}"
     p4_sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "p4").rglob("*.p4")}
     assert {f"homagg/{p}" for p in p4_sources} <= names
