@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from homagg import _p4consts as P4
 from homagg.controller.build import Pipeline
 from homagg.errors import HomaggError
 from homagg.netconfig import GrpcTls
@@ -143,7 +142,7 @@ def _client_class(p4runtime: Any) -> Any:
     return Client
 
 
-def _counter(name: str, schema: P4Schema = P4.SCHEMA) -> P4Counter:
+def _counter(name: str, schema: P4Schema) -> P4Counter:
     try:
         return schema.counter(name)
     except P4SchemaError as e:  # a SwitchError, as every error of a switch's methods

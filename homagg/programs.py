@@ -66,6 +66,7 @@ class Program:
     max_workers: int       # workers per job on one switch of this program
     words: int | None      # K, when the program is built for one (None: the build says)
     p4info_file: Path
+    generated: P4Schema | None = None  # the schema already made from p4info_file, if any
 
     @property
     def supports_trees(self) -> bool:
@@ -73,10 +74,8 @@ class Program:
 
     @cached_property
     def schema(self) -> P4Schema:
-        """The program's P4Info as a typed schema."""
-        if self.p4info_file == TOFINO_P4INFO_FILE:
-            return load_schema(self.p4info_file)
-        return P4.SCHEMA
+        """The program's P4Info as a typed schema (read from its file on first use)."""
+        return self.generated if self.generated is not None else load_schema(self.p4info_file)
 
     def names(self) -> dict[str, str]:
         """Every P4Info name this pipeline has, by its role."""
@@ -120,6 +119,7 @@ V1MODEL = Program(
     max_workers=wire.MAX_WORKERS,
     words=None,
     p4info_file=Path(__file__).resolve().parent / "_p4info.txtpb",
+    generated=P4.SCHEMA,  # homagg/_p4consts.py: made from that file, no protobuf needed
 )
 
 _IG = "HomaggIngress"
