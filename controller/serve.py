@@ -69,7 +69,8 @@ class _Servicer(rpc.MembershipServicer):
             if remaining is not None and not math.isnan(wait):  # before the caller's deadline
                 wait = min(wait or self.svc.opts.wait, max(remaining - 1.0, 0.1))
             a = self.svc.join(request.job, request.rank, request.world_size, ip,
-                              request.udp_port, request.slots, wait, context.is_active)
+                              request.udp_port, request.slots, wait, context.is_active,
+                              request.join_secret)
             return pb2.JoinReply(send_to_ip=a.send_to[0], send_to_port=a.send_to[1],
                                  job_id=a.job_id, worker=a.worker, workers=a.workers,
                                  slots=a.slots, place=a.place, place_role=a.role, run=a.run,
@@ -97,16 +98,32 @@ class _Servicer(rpc.MembershipServicer):
         return self._answer(context, call)
 
 
+def one_line(text: str) -> str:
+    """``text`` with every character that is not printable (a newline, a carriage return, an
+    escape sequence) written as its Python escape: a client's string cannot start a log line
+    of its own, or rewrite the terminal's."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class _OneLine(logging.Filter):
-    """gRPC logs a malformed request's deserialization failure with a traceback (about 1 KB a
-    request, an easy way to fill a disk): keep its first line."""
+    """Every record one line: what a client sent (a job name, a claimed address) escaped
+    where it is not printable, and gRPC's report of a malformed request (a traceback of about
+    1 KB a request, an easy way to fill a disk) cut to its first line and the error."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and "deserializ" in record.getMessage():
-            record.msg = f"{record.getMessage()} ({record.exc_info[1]!r})"
-            record.args = ()
+        text = record.getMessage()
+        if record.exc_info and "deserializ" in text:
+            text = f"{text} ({record.exc_info[1]!r})"
             record.exc_info = None
+            record.exc_text = None
+        record.msg, record.args = one_line(text), ()
         return True
+
+
+#: The loggers a request's strings reach: the service's, and gRPC's (malformed requests).
+ONE_LINE_LOGGERS = ("homagg.serve", "homagg.service", "grpc._server", "grpc._common")
 
 
 @dataclass
@@ -221,7 +238,10 @@ def start(svc: JobService, listen: str, tls: tuple[Path, Path] | None = None,
     """Take the switch and read back this service's jobs from it, then serve. Metrics listen
     on ``metrics_addr``, by default the address the service listens on."""
     creds = _tls_credentials(tls) if tls is not None else None
-    logging.getLogger("grpc._server").addFilter(_OneLine())
+    for name in ONE_LINE_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _OneLine) for f in logger.filters):
+            logger.addFilter(_OneLine())
     pool = futures.ThreadPoolExecutor(svc.opts.max_joins + RESERVED_THREADS, "homagg-serve")
     server = grpc.server(pool, options=[("grpc.so_reuseport", 0)])
     rpc.add_MembershipServicer_to_server(_Servicer(svc), server)

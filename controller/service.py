@@ -93,7 +93,9 @@ class JobService:
         self._key = self.opts.key or secrets.token_bytes(32)
         self._pending: dict[str, Pending] = {}
         self.held: dict[int, Held] = {}
-        self._gone: dict[int, str] = {}   # job id -> why it was removed (renewals are told)
+        # job id -> why it was removed, its senders and whether their secrets are checked
+        # (its own workers' renewals are told why; anyone else, nothing of it)
+        self._gone: dict[int, tuple[str, tuple[tuple[str, int], ...], bool]] = {}
         self._removed = 0                 # removals so far: a waiting join watches it move
         self._waiting = 0                 # joins waiting now
         self._stop = threading.Event()
@@ -167,10 +169,13 @@ class JobService:
         return worker_of(self.cfg, ip, port)
 
     def join(self, name: str, rank: int, world: int, ip: str, udp_port: int, slots: int = 0,
-             wait: float = 0.0, active: Callable[[], bool] = lambda: True) -> Answer:
+             wait: float = 0.0, active: Callable[[], bool] = lambda: True,
+             secret: str = "") -> Answer:
         """Block until every rank of job ``name`` has joined (then answer with the job's
-        place) or ``wait`` seconds (then refuse, naming the missing ranks)."""
-        slots, wait = check_join(self.opts, name, rank, world, udp_port, slots, wait)
+        place) or ``wait`` seconds (then refuse, naming the missing ranks). ``secret``: the
+        join secret, which the attempt's first rank fixes and every other must present, before
+        anything of the attempt (its ranks, their addresses) is told."""
+        slots, wait = check_join(self.opts, name, rank, world, udp_port, slots, wait, secret)
         me = (ip, udp_port)
         self._worker(ip, udp_port)  # refused now, not once every rank waited for it
         if self.deposed:
@@ -181,6 +186,12 @@ class JobService:
                               f"job {name!r}: {self._waiting} joins are waiting, this service's "
                               f"limit (homagg-ctl serve --max-joins); join again later")
             p = self._pending.get(name)
+            if p is not None and not hmac.compare_digest(p.secret.encode(), secret.encode()):
+                raise Refusal("PERMISSION_DENIED",
+                              f"job {name!r}: this join's secret is not the one the job's "
+                              "first rank gave: only a rank of the same attempt joins it (each "
+                              "attempt draws its own; HOMAGG_JOIN_SECRET must be alike on "
+                              "every rank)")
             if p is not None and p.world != world:
                 raise Refusal("INVALID_ARGUMENT",
                               f"job {name!r}: rank {rank} joins with world size {world}, but "
@@ -190,7 +201,7 @@ class JobService:
                               f"job {name!r}: rank {rank} asks for {slots} slots, but "
                               f"{ranks_text(p.ranks)} asked for {p.slots}")
             if p is None:
-                p = self._pending[name] = Pending(name, world, slots)
+                p = self._pending[name] = Pending(name, world, slots, secret)
             held = p.ranks.get(rank)
             if held is not None and held != me:
                 raise Refusal("ALREADY_EXISTS", f"job {name!r}: rank {rank} is taken by "
@@ -266,10 +277,12 @@ class JobService:
             if running:
                 h = running[0]
                 if now >= until or not active():
+                    log.info("job %r: a new attempt waited for job %d on %s (workers %s) to "
+                             "end, in vain", p.name, h.job_id, h.place.name,
+                             ", ".join(map(addr_text, h.senders)))
                     error = Refusal(
                         "ALREADY_EXISTS",
-                        f"job {p.name!r} is still running (job {h.job_id} on {h.place.name}, "
-                        f"its workers {', '.join(map(addr_text, h.senders))} renew their leases): "
+                        f"job {p.name!r} is still running (its workers renew their leases): "
                         f"a join cannot replace it; a new attempt is placed once it ends (its "
                         f"workers leave, or stop renewing for {self.opts.lease:g} s)")
                     break
@@ -371,21 +384,35 @@ class JobService:
                           job_secret(self._key, h.job_id, r, senders[r]), spec.key)
                 for r in range(p.world)}
 
+    def _is_worker(self, senders: tuple[tuple[str, int], ...], checks_secret: bool,
+                   job_id: int, worker: int, ip: str, udp_port: int, secret: str) -> bool:
+        """Whether the request comes from ``worker`` of the job, with its secret."""
+        if not 0 <= worker < len(senders) or senders[worker] != (ip, udp_port):
+            return False
+        return not checks_secret or hmac.compare_digest(
+            secret.encode(), job_secret(self._key, job_id, worker, (ip, udp_port)).encode())
+
     def _holder(self, job_id: int, worker: int, ip: str, udp_port: int, secret: str) -> Held:
+        """The job a lease request is for, once the request proved it comes from one of its
+        workers; until then, nothing of the job (its name, why it went) is told."""
         h = self.held.get(job_id)
         if h is None:
-            raise Refusal("NOT_FOUND", self._gone.get(job_id, f"job {job_id} is not one this "
-                                                              "service placed"))
-        if h.removing:
-            raise Refusal("NOT_FOUND", f"{label(h)} is being removed: {h.removing}")
+            gone = self._gone.get(job_id)
+            if gone is not None and self._is_worker(gone[1], gone[2], job_id, worker, ip,
+                                                   udp_port, secret):
+                raise Refusal("NOT_FOUND", gone[0])
+            raise Refusal("NOT_FOUND", f"job {job_id} is not one this service holds (not "
+                                       "placed by it, or removed)")
         if not 0 <= worker < len(h.senders) or h.senders[worker] != (ip, udp_port):
             raise Refusal("PERMISSION_DENIED", f"job {job_id}: {ip}:{udp_port} is not its "
                                                f"worker {worker}")
-        if h.checks_secret and not hmac.compare_digest(
-                secret.encode(), job_secret(self._key, job_id, worker, (ip, udp_port)).encode()):
+        if not self._is_worker(h.senders, h.checks_secret, job_id, worker, ip, udp_port,
+                               secret):
             raise Refusal("PERMISSION_DENIED", f"job {job_id}: worker {worker}'s secret is "
                                                "wrong (only the job's own workers, with the "
                                                "secret their join returned, renew or leave it)")
+        if h.removing:
+            raise Refusal("NOT_FOUND", f"{label(h)} is being removed: {h.removing}")
         return h
 
     def renew(self, job_id: int, worker: int, ip: str, udp_port: int, secret: str = "",
@@ -436,7 +463,7 @@ class JobService:
         with self._cond:
             if self.held.get(h.job_id) is h:
                 del self.held[h.job_id]
-            self._gone[h.job_id] = f"{text} was removed: {why}"
+            self._gone[h.job_id] = (f"{text} was removed: {why}", h.senders, h.checks_secret)
             if len(self._gone) > PLACEMENTS_KEPT:
                 del self._gone[next(iter(self._gone))]
             self.removals[kind] = self.removals.get(kind, 0) + 1

@@ -19,6 +19,7 @@ from homagg.controller import placement as P
 from homagg.controller.p4client import CounterValue
 from homagg.controller.switch import Switch
 from homagg.errors import ConfigError, HomaggError, JobError
+from homagg.membership import MIN_JOIN_SECRET
 from homagg.netconfig import Config, Worker
 
 log = logging.getLogger("homagg.service")
@@ -106,6 +107,7 @@ class Pending:
     name: str
     world: int
     slots: int
+    secret: str = field(default="", repr=False)  # the join secret its first rank gave
     ranks: dict[int, tuple[str, int]] = field(default_factory=dict)
     deadlines: dict[int, float] = field(default_factory=dict)  # rank -> when it stops waiting
     complete: bool = False        # every rank joined: one thread places it
@@ -159,12 +161,18 @@ def peer_ip(peer: str) -> str:
 # -- the checks of a request's fields ------------------------------------------------------------
 
 def check_join(opts: ServeOptions, name: str, rank: int, world: int, udp_port: int,
-               slots: int, wait: float) -> tuple[int, float]:
+               slots: int, wait: float, secret: str = "") -> tuple[int, float]:
     """A join's fields checked (a Refusal, INVALID_ARGUMENT, names the first that is wrong);
     the job's slots and the join's wait, defaults applied."""
     if not name or len(name) > 512 or not name.isprintable():
         raise Refusal("INVALID_ARGUMENT", "a job name is required (at most 512 printable "
                                           "characters)")
+    if len(secret) < MIN_JOIN_SECRET or len(secret) > 512:
+        raise Refusal("INVALID_ARGUMENT",
+                      f"job {name!r}: a join secret of {MIN_JOIN_SECRET} to 512 characters is "
+                      "required, the same on every rank of the job (torch.distributed's homagg "
+                      "backend draws one and shares it through torchrun's store; otherwise set "
+                      "HOMAGG_JOIN_SECRET alike for every rank)")
     if not 1 <= world <= wire.MAX_WORKERS:
         raise Refusal("INVALID_ARGUMENT", f"job {name!r}: world size {world}: 1 to "
                                           f"{wire.MAX_WORKERS} workers per job")
@@ -228,7 +236,7 @@ def address_of(opts: ServeOptions, peer: str, claimed: str) -> str:
                                               "not an IPv4 address") from None
         return claimed
     raise Refusal("PERMISSION_DENIED", f"a worker registers only the address it speaks "
-                                       f"from: it claims {claimed}, and speaks from {seen}")
+                                       f"from: it claims {claimed!r}, and speaks from {seen}")
 
 # -- what the service writes to, and reads from, a switch -----------------------------------------
 

@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from homagg import wire
 from homagg.errors import HomaggError
@@ -190,10 +190,14 @@ class AgentConfig:
         TORCHELASTIC_RUN_ID (torchrun's default run id is the same for every job, so it
         cannot be the name alone), or HOMAGG_JOB_NAME. The agent binds an ephemeral port on
         the address it speaks to the service from (HOMAGG_BIND: another host[:port]).
+        Every rank presents the job's join secret, HOMAGG_JOIN_SECRET, alike (at least
+        16 characters): torch.distributed's homagg backend draws one per attempt and shares it
+        through torchrun's store; ``homagg-net`` gives the commands it runs one.
         Optional: HOMAGG_SLOTS (the job's slots), HOMAGG_JOIN_TIMEOUT (seconds to wait for
         the other ranks, default 120), HOMAGG_JOIN_RETRY (seconds to keep trying a service
         that cannot be reached, default 10)."""
         from homagg.host_agent.membership import join
+        from homagg.membership import MIN_JOIN_SECRET
 
         def need(name: str, why: str) -> str:
             value = env.get(name)
@@ -227,11 +231,21 @@ class AgentConfig:
             f"{need('MASTER_ADDR', torch)}:{need('MASTER_PORT', torch)}/"
             f"{env.get('TORCHELASTIC_RUN_ID') or 'none'}")
         token = env.get("HOMAGG_TOKEN", "")
+        secret = env.get("HOMAGG_JOIN_SECRET", "") or torch_join_secret(name)
+        if len(secret) < MIN_JOIN_SECRET:
+            raise AgentError(
+                f"$HOMAGG_JOIN_SECRET {'is not set' if not secret else 'is too short'}: with "
+                f"HOMAGG_CONTROLLER, every rank of a job presents the same join secret of at "
+                f"least {MIN_JOIN_SECRET} characters, so that no one else can take a rank that "
+                "has not joined yet (torch.distributed's homagg backend draws one and shares it "
+                "through torchrun's store; homagg-net gives one to what it runs; otherwise "
+                "draw one, e.g. python -c 'import secrets; print(secrets.token_hex(16))', and "
+                "give it to every rank)")
         ca = Path(env["HOMAGG_CA"]) if env.get("HOMAGG_CA") else None
         # an address of its own (HOMAGG_BIND) is claimed: the service takes it only where
         # the operator allows (NAT), and otherwise refuses it unless it is the one seen
         m = join(env["HOMAGG_CONTROLLER"], token, name, rank, world, (bind_host, bind_port),
-                 slots, wait, ca, claim_ip=bind_host or "", retry=retry)
+                 slots, wait, ca, claim_ip=bind_host or "", retry=retry, join_secret=secret)
         try:
             return cls(m.job_id, m.worker, m.workers, m.send_to, (m.ip, m.udp_port), m.slots,
                        run=m.run, key=m.key, membership=m, **options)
@@ -243,6 +257,28 @@ class AgentConfig:
     def who(self) -> str:
         """This agent in messages: "job J worker W"."""
         return f"job {self.job} worker {self.worker}"
+
+
+def store_secret(store: Any, key: str) -> str:
+    """A join secret shared through a torch.distributed store (torchrun's, under a prefix of
+    this attempt): drawn by whichever rank asks first, read by the others. Whoever reaches
+    the store is inside the job already; a token holder elsewhere never sees it."""
+    import secrets
+
+    got = store.compare_set(key, "", secrets.token_hex(16))
+    return got.decode() if isinstance(got, bytes) else str(got)
+
+
+def torch_join_secret(name: str) -> str:
+    """Job ``name``'s join secret through torch.distributed's default store, where the
+    program has initialized it already (the DDP hook on a gloo group); "" where
+    torch.distributed is not in use."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return ""
+    return store_secret(dist.distributed_c10d._get_default_store(), f"homagg/join-secret/{name}")
 
 
 def key_from_env(environ: Mapping[str, str] | None = None) -> int:

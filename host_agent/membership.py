@@ -152,10 +152,13 @@ class Membership:
 
 def join(controller: str, token: str, name: str, rank: int, world: int,
          bind: tuple[str | None, int] = (None, 0), slots: int = 0, wait: float = 120.0,
-         ca: Path | None = None, claim_ip: str = "", retry: float = 10.0) -> Membership:
+         ca: Path | None = None, claim_ip: str = "", retry: float = 10.0,
+         join_secret: str = "") -> Membership:
     """Join job ``name`` as ``rank`` of ``world`` through the service at ``controller``
     (HOST:PORT); blocks until the whole job has joined, or raises JoinError. A service that
-    cannot be reached (UNAVAILABLE: down, restarting) is tried again for ``retry`` seconds."""
+    cannot be reached (UNAVAILABLE: down, restarting) is tried again for ``retry`` seconds.
+    ``join_secret``: what every rank of this attempt presents alike (the service refuses a
+    join with another, so no other token holder can take a rank that has not joined yet)."""
     import grpc
 
     from homagg.membership import REFUSAL_KEY, pb2, rpc
@@ -172,7 +175,7 @@ def join(controller: str, token: str, name: str, rank: int, world: int,
     channel = open_channel(controller, ca)
     stub = rpc.MembershipStub(channel)
     req = pb2.JoinRequest(token=token, job=name, rank=rank, world_size=world, udp_port=udp_port,
-                          ip=claim_ip, slots=slots, wait_seconds=wait)
+                          ip=claim_ip, slots=slots, wait_seconds=wait, join_secret=join_secret)
     until = time.monotonic() + retry
     delay = 0.1
     while True:

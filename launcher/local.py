@@ -123,8 +123,9 @@ def run_local(command: list[str], words: int = wire.WORDS_PER_PACKET, slots: int
         svc = JobService(agg.config, connect, ServeOptions(token=token, lease=lease,
                                                            slots=job_slots))
         srv = start(svc, "127.0.0.1:0", metrics_port=metrics_port, metrics_addr="127.0.0.1")
+        # the join secret, for what does not share one through torch's store (a plain agent)
         env = dict(os.environ, HOMAGG_CONTROLLER=srv.address, HOMAGG_TOKEN=token,
-                   HOMAGG_CTL_CONFIG=str(agg.path))
+                   HOMAGG_CTL_CONFIG=str(agg.path), HOMAGG_JOIN_SECRET=secrets.token_hex(16))
         print(f"homagg-net local: software aggregator at {agg.config.switch.ip} "
               f"(P4Runtime {agg.config.switch.grpc}), controller at {srv.address}"
               + (f", metrics at http://127.0.0.1:{srv.metrics_port}/metrics"

@@ -113,12 +113,17 @@ class HomaggNet:
         self.net: Any = None  # mininet.net.Mininet once started
         self.procs: list[subprocess.Popen] = []
         self.keys: dict[tuple, int] = {}  # (where, job) -> the job's key (job_key)
+        self.secrets: dict[int, str] = {}  # job -> its join secret (join_secret)
         self.config: Config = self._config()
         self.aggregator: Any = None  # the software aggregator's process (soft target)
         self.placed: dict[int, Any] = {}  # job id -> controller.placement.PlacedJob
         self.service: Any = None  # controller.serve.Server, with --service
         self.token = secrets.token_hex(16)
         self.new_run()
+
+    def join_secret(self, job: int) -> str:
+        """Job ``job``'s join secret (the service's join), drawn once per job."""
+        return self.secrets.setdefault(job, secrets.token_hex(16))
 
     def job_key(self, job: int, where: object = None) -> int:
         """Job ``job``'s key (on switch ``where``, in a tree): random, drawn once per
@@ -485,7 +490,8 @@ class HomaggNet:
                  "GLOO_SOCKET_IFNAME": host.defaultIntf().name}
         if self.service is not None:  # the job's name is MASTER_ADDR:MASTER_PORT, alike
             return {"HOMAGG_CONTROLLER": self.service.address, "HOMAGG_TOKEN": self.token,
-                    "HOMAGG_SLOTS": str(self.slots), **torch}
+                    "HOMAGG_SLOTS": str(self.slots),
+                    "HOMAGG_JOIN_SECRET": self.join_secret(job), **torch}
         return {
             "HOMAGG_JOB": str(job), "HOMAGG_WORKER": str(index), "HOMAGG_WORKERS": str(workers),
             "HOMAGG_SWITCH": f"{self.job_address(job)}:{wire.HOMAGG_UDP_PORT_MIN}",

@@ -52,7 +52,8 @@ def test_bad_environment_is_one_clear_error(change, message):
 # request; the joins themselves are tests/test_service.py's
 
 TORCHRUN = {"HOMAGG_CONTROLLER": "127.0.0.1:1", "RANK": "0", "WORLD_SIZE": "2",
-            "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+            "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+            "HOMAGG_JOIN_SECRET": "a-join-secret-of-16+"}
 
 
 @pytest.mark.parametrize("change,message", [
@@ -61,6 +62,9 @@ TORCHRUN = {"HOMAGG_CONTROLLER": "127.0.0.1:1", "RANK": "0", "WORLD_SIZE": "2",
                             "HOMAGG_JOIN_RETRY and HOMAGG_BIND's port must be numbers"),
     ({"MASTER_PORT": ""}, r"\$MASTER_PORT is not set"),
     ({"HOMAGG_CONTROLLER": "ctl-host"}, "HOMAGG_CONTROLLER 'ctl-host': expected HOST:PORT"),
+    ({"HOMAGG_JOIN_SECRET": ""}, r"\$HOMAGG_JOIN_SECRET is not set: with HOMAGG_CONTROLLER, "
+                                 "every rank of a job presents the same join secret"),
+    ({"HOMAGG_JOIN_SECRET": "short"}, r"\$HOMAGG_JOIN_SECRET is too short"),
 ])
 def test_joining_through_the_service_needs_torchruns_settings(change, message):
     with pytest.raises(AgentError, match=message):

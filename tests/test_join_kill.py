@@ -71,7 +71,8 @@ def spawn(srv, rank: int, world: int, rounds: int, deadline: float) -> subproces
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOMAGG_")}
     env.update(PYTHONPATH=str(ROOT), HOMAGG_CONTROLLER=srv.address, HOMAGG_TOKEN="t",
                RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="10.1.2.3",
-               MASTER_PORT="29500", TORCHELASTIC_RUN_ID="none")
+               MASTER_PORT="29500", TORCHELASTIC_RUN_ID="none",
+               HOMAGG_JOIN_SECRET="join-secret-of/the-killed-job")
     return subprocess.Popen([sys.executable, "-c", WORKER, str(rank), str(world), str(rounds),
                              str(deadline)], env=env, stdout=subprocess.PIPE, text=True)
 

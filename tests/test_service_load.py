@@ -41,6 +41,7 @@ from tests.test_service import (  # noqa: E402
     connect,
     join_all,
     refused,
+    secret_of,
 )
 
 pytestmark = pytest.mark.slow  # (conftest.py) hundreds of requests, leases and deadlines
@@ -93,7 +94,7 @@ def test_a_running_job_keeps_its_lease_while_600_joins_wait(tmp_path):
     try:
         futures = [rig.stub.Join.future(pb2.JoinRequest(
             token=TOKEN, job=f"crowd-{j}", rank=r, world_size=61, udp_port=20000 + 100 * j + r,
-            wait_seconds=20.0), timeout=40) for j in range(10) for r in range(60)]
+            wait_seconds=20.0, join_secret=secret_of(f"crowd-{j}")), timeout=40) for j in range(10) for r in range(60)]
         deadline = time.monotonic() + 30
         while rig.svc._waiting < 600 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -325,7 +326,7 @@ def test_a_second_service_on_the_same_switch_refuses_to_start(rig):
                             f"{HOLDER_CELL} holds its mark)")
     assert [j["id"] for j in rig.jobs()] == [replies[0].job_id]  # the new holder's, kept
     with pytest.raises(Refusal):
-        first.join("another", 0, 1, "127.0.0.1", 40100)
+        first.join("another", 0, 1, "127.0.0.1", 40100, secret=secret_of("another"))
     # after a clean stop the next starts at once
     addr = rig.srv.address
     rig.stop_service()
@@ -400,7 +401,7 @@ def test_joins_beyond_the_limit_are_refused_and_renewals_still_answered(tmp_path
         job = join_all(rig, "running", 1, ports=[39000])[0]
         futures = [rig.stub.Join.future(pb2.JoinRequest(
             token=TOKEN, job="waiting", rank=r, world_size=5, udp_port=39100 + r,
-            wait_seconds=10.0), timeout=30) for r in range(3)]
+            wait_seconds=10.0, join_secret=secret_of("waiting")), timeout=30) for r in range(3)]
         deadline = time.monotonic() + 10
         while rig.svc._waiting < 3 and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -69,7 +69,8 @@ def test_a_killed_and_restarted_service_the_run_completes_and_the_next_join_is_s
 
     def env(name, rank, n):
         return {"HOMAGG_CONTROLLER": address, "RANK": str(rank), "WORLD_SIZE": str(n),
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9", "TORCHELASTIC_RUN_ID": name}
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9", "TORCHELASTIC_RUN_ID": name,
+                "HOMAGG_JOIN_SECRET": f"join-secret-of/{name}"}
 
     def worker(rank):
         try:

@@ -88,7 +88,8 @@ def tls_service(tmp_path):
 def env_for(address: str, rank: int, world: int, ca: Path | None) -> dict:
     e = {"HOMAGG_CONTROLLER": address, "HOMAGG_TOKEN": "tls-token", "RANK": str(rank),
          "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
-         "TORCHELASTIC_RUN_ID": "tls", "HOMAGG_JOIN_TIMEOUT": "20", "HOMAGG_JOIN_RETRY": "0"}
+         "TORCHELASTIC_RUN_ID": "tls", "HOMAGG_JOIN_TIMEOUT": "20", "HOMAGG_JOIN_RETRY": "0",
+         "HOMAGG_JOIN_SECRET": "join-secret-of/tls"}
     return e | ({"HOMAGG_CA": str(ca)} if ca else {})
 
 

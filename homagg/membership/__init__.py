@@ -30,8 +30,10 @@ PROTO = "homagg/membership/membership.proto"
 #: Trailing metadata the service puts on its own refusals: a status without it (UNAVAILABLE,
 #: mostly) came from gRPC, the call never reaching the service.
 REFUSAL_KEY = "homagg-refusal"
+#: The shortest join secret (JoinRequest.join_secret) the service takes.
+MIN_JOIN_SECRET = 16
 GENERATOR = "grpcio-tools==1.49.1"
 #: where the generator lives: in the venv's directory, outside its site-packages
 PROTOGEN_DIR = "protogen"
 
-__all__ = ["GENERATOR", "PROTO", "PROTOGEN_DIR", "REFUSAL_KEY", "pb2", "rpc"]
+__all__ = ["GENERATOR", "MIN_JOIN_SECRET", "PROTO", "PROTOGEN_DIR", "REFUSAL_KEY", "pb2", "rpc"]

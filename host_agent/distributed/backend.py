@@ -85,7 +85,7 @@ from typing import Any
 import torch.distributed as dist
 
 from homagg.host_agent.allreduce import Agent
-from homagg.host_agent.config import AgentConfig, AgentError
+from homagg.host_agent.config import AgentConfig, AgentError, store_secret
 from homagg.host_agent.distributed.group import BACKEND, HomaggProcessGroup
 from homagg.host_agent.distributed.switch import FLOATS, LIMB_BITS, SMALL_INTS, say_once
 from homagg.host_agent.distributed.work import HomaggWork
@@ -118,15 +118,28 @@ def set_subgroup_config(provider: SubgroupConfig | None) -> None:
     _subgroup_config = provider
 
 
-def _agent_config(rank: int, size: int, environ: Mapping[str, str] | None = None
-                  ) -> AgentConfig:
+#: The store key under which the ranks of a group share their join secret.
+JOIN_SECRET_KEY = "homagg/join-secret"
+
+
+def shared_join_secret(store: Any) -> str:
+    """The group's join secret for the controller service, through the group's store (under
+    a prefix of this group: each subgroup has its own; ``config.store_secret``)."""
+    return store_secret(store, JOIN_SECRET_KEY)
+
+
+def _agent_config(rank: int, size: int, environ: Mapping[str, str] | None = None,
+                  join_secret: str | None = None) -> AgentConfig:
     """``AgentConfig.from_env`` on the environment with the process group's own rank and
     world size where they matter: RANK and WORLD_SIZE are the group's (what a join through a
     controller service names this member by, whatever the rendezvous was), and they are the
     defaults of HOMAGG_WORKER and HOMAGG_WORKERS (``homagg-net exec`` sets those to the
     switch's job table's numbering, which stands). A job of another size than the group is an
-    error (the mean and the scale's headroom divide by it)."""
+    error (the mean and the scale's headroom divide by it). ``join_secret``: the group's
+    (``shared_join_secret``), in place of HOMAGG_JOIN_SECRET."""
     env = dict(os.environ if environ is None else environ)
+    if join_secret is not None:
+        env["HOMAGG_JOIN_SECRET"] = join_secret
     env["RANK"], env["WORLD_SIZE"] = str(rank), str(size)
     env.setdefault("HOMAGG_WORKER", str(rank))
     env.setdefault("HOMAGG_WORKERS", str(size))
@@ -148,7 +161,8 @@ def subgroup_job_name(environ: Mapping[str, str], group: str, ranks: list[int]) 
 
 
 def _joined_subgroup(group: str, ranks: list[int], rank: int, size: int,
-                     environ: Mapping[str, str] | None = None) -> AgentConfig | None:
+                     environ: Mapping[str, str] | None = None,
+                     join_secret: str | None = None) -> AgentConfig | None:
     """This member's config in the subgroup's own job, joined through the controller service
     (None without HOMAGG_CONTROLLER): the join waits for the subgroup's other members, as the
     default group's does for every rank. Its agent binds an address of its own on the host of
@@ -158,6 +172,8 @@ def _joined_subgroup(group: str, ranks: list[int], rank: int, size: int,
         return None
     env["HOMAGG_JOB_NAME"] = subgroup_job_name(env, group, ranks)
     env["RANK"], env["WORLD_SIZE"] = str(rank), str(size)
+    if join_secret is not None:
+        env["HOMAGG_JOIN_SECRET"] = join_secret
     if env.get("HOMAGG_BIND"):
         env["HOMAGG_BIND"] = env["HOMAGG_BIND"].partition(":")[0]
     return AgentConfig.from_env(env, **_options)
@@ -168,17 +184,20 @@ def create(opts, backend_options=None) -> HomaggProcessGroup:
     subgroup is all gloo (see the module doc)."""
     store, rank, size = opts.store, opts.group_rank, opts.group_size
     timeout = opts.timeout
+    # where the ranks join through the service, they prove it to it with one secret
+    secret = shared_join_secret(store) if os.environ.get("HOMAGG_CONTROLLER") else None
     world = list(getattr(opts, "global_ranks_in_group", []) or [])
     subgroup = dist.is_initialized() or (world and world != list(range(len(world))))
     if not subgroup:
         return HomaggProcessGroup(store, rank, size, timeout,
-                                  lambda: Agent(_agent_config(rank, size)))
+                                  lambda: Agent(_agent_config(rank, size, join_secret=secret)))
 
     def subgroup_agent() -> Agent | None:
         if _subgroup_config is not None:
             cfg = _subgroup_config(world, rank)
         else:
-            cfg = _joined_subgroup(str(getattr(opts, "group_id", "") or ""), world, rank, size)
+            cfg = _joined_subgroup(str(getattr(opts, "group_id", "") or ""), world, rank, size,
+                                   join_secret=secret)
         if cfg is None:
             say_once("subgroup", f"process group {getattr(opts, 'group_id', '?')} (ranks "
                      f"{world or '?'}) is a subgroup: it has no homagg job of its own (that "

@@ -1,0 +1,124 @@
+"""What a token holder who is not one of a job's workers can do to it through the service:
+take a rank that has not joined yet, learn its key or its name, forge a log line. Nothing."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+import pytest
+
+pytest.importorskip("p4runtime_sh")
+
+from homagg.controller.serve import ONE_LINE_LOGGERS, one_line  # noqa: E402
+from homagg.membership import pb2  # noqa: E402
+from tests.test_service import TOKEN, Rig, join_all, refused, secret_of  # noqa: E402
+
+VICTIM = "10.9.8.7:29500/victim-run-42"
+
+
+@pytest.fixture
+def rig(tmp_path):
+    r = Rig(tmp_path)
+    yield r
+    r.close()
+
+
+def test_a_token_holder_without_the_join_secret_cannot_take_a_pending_rank(rig):
+    """Rank 0 waits for rank 1 (a slow start, a restart); a squatter with the token and the
+    job's name asks for rank 1 with a secret of its own: refused, told nothing of rank 0, and
+    the real rank 1 joins as if it had not been there."""
+    fut = rig.stub.Join.future(pb2.JoinRequest(
+        token=TOKEN, job=VICTIM, rank=0, world_size=2, udp_port=41000, wait_seconds=20,
+        join_secret=secret_of(VICTIM)), timeout=30)
+    try:
+        e = refused(lambda: rig.join(VICTIM, 1, 2, 41666, join_secret="squatters-own-secret"))
+        assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert e.details().startswith(f"job {VICTIM!r}: this join's secret is not the one the "
+                                      "job's first rank gave")
+        assert "41000" not in e.details() and "rank 0" not in e.details()
+        assert rig.svc._pending[VICTIM].ranks == {0: ("127.0.0.1", 41000)}
+        real = rig.join(VICTIM, 1, 2, 41001)
+        first = fut.result()
+    finally:
+        fut.cancel()
+    assert first.job_id == real.job_id and first.key == real.key != 0
+    (job,) = rig.jobs()
+    assert sorted(w["udp_port"] for w in job["workers"]) == [41000, 41001]
+
+
+@pytest.mark.parametrize("secret", ["", "too-short"])
+def test_a_join_without_a_join_secret_is_refused(rig, secret):
+    e = refused(lambda: rig.join("j", 0, 1, 40000, join_secret=secret))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.details().startswith("job 'j': a join secret of 16 to 512 characters is required")
+    assert rig.jobs() == []
+
+
+def test_a_lease_request_is_told_of_a_job_only_by_its_own_worker(rig):
+    """After the job is gone, Renew's NOT_FOUND says why to its own workers (their address
+    and secret), and to anyone else nothing of it: not its name, nor its workers."""
+    got = join_all(rig, VICTIM, 2, ports=[41000, 41001])
+    job_id = got[0].job_id
+    assert rig.stub.Leave(rig.lease(job_id, 0, 41000, got[0].secret)).removed is False
+    assert rig.stub.Leave(rig.lease(job_id, 1, 41001, got[1].secret)).removed is True
+    for asked in ((0, 41000, "a-guess"), (0, 41666, got[0].secret), (5, 41000, got[0].secret)):
+        e = refused(lambda a=asked: rig.stub.Renew(rig.lease(job_id, *a)))
+        assert e.code() == grpc.StatusCode.NOT_FOUND
+        assert e.details() == (f"job {job_id} is not one this service holds (not placed by "
+                               "it, or removed)")
+    e = refused(lambda: rig.stub.Renew(rig.lease(job_id, 0, 41000, got[0].secret)))
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+    assert e.details() == f"job {job_id} ({VICTIM}) was removed: every worker left"
+
+
+def test_a_running_jobs_lease_refusals_name_nothing_of_it(rig):
+    got = join_all(rig, VICTIM, 1, ports=[41000])
+    e = refused(lambda: rig.stub.Renew(rig.lease(got[0].job_id, 0, 41000, "a-guess")))
+    assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "victim" not in e.details()
+
+
+def test_one_line_escapes_what_is_not_printable():
+    assert one_line("job 'j'") == "job 'j'"
+    assert one_line("a\nb\rc\x1b[2Jd\te") == "a\\nb\\rc\\x1b[2Jd\\te"
+
+
+def test_a_line_break_in_a_claimed_address_cannot_start_a_log_line(rig, caplog):
+    forged = "10.0.0.1\n2026-11-29 INFO homagg.service: job 9 removed"
+    with caplog.at_level(logging.INFO):
+        e = refused(lambda: rig.join("j", 0, 1, 40000, ip=forged))
+        assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+        e = refused(lambda: rig.stub.Renew(pb2.LeaseRequest(token=TOKEN, job_id=1, worker=0,
+                                                            udp_port=40000, ip=forged)))
+    said = [r.getMessage() for r in caplog.records if r.name in ONE_LINE_LOGGERS]
+    assert len(said) == 2, said
+    assert all("\n" not in m and "\\n2026-11-29 INFO" in m for m in said), said
+
+
+def test_a_malformed_request_is_logged_in_one_line(rig, caplog):
+    """gRPC logs a request it cannot parse with a traceback of about 1 KB: here, one line."""
+    join = rig.channel.unary_unary("/homagg.membership.Membership/Join",
+                                   request_serializer=None, response_deserializer=None)
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as e:
+                join(b"\xff\xff\xff\xff not a JoinRequest", timeout=10)
+            assert e.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+    said = [r for r in caplog.records if r.name.startswith("grpc")]
+    assert said, "gRPC logged nothing of the malformed requests"
+    for r in said:
+        assert r.exc_info is None and r.exc_text is None
+        assert "\n" not in r.getMessage() and len(r.getMessage()) < 400, r.getMessage()
+
+
+def test_the_ranks_of_a_group_share_one_secret_through_its_store():
+    dist = pytest.importorskip("torch.distributed")
+    from homagg.host_agent.distributed.backend import shared_join_secret
+
+    store = dist.HashStore()
+    one = shared_join_secret(dist.PrefixStore("attempt_0/default_pg/", store))
+    assert len(one) == 32
+    assert shared_join_secret(dist.PrefixStore("attempt_0/default_pg/", store)) == one
+    # another attempt (torchrun's prefix) or another group draws its own
+    assert shared_join_secret(dist.PrefixStore("attempt_1/default_pg/", store)) != one
