@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import secrets
 import sys
 import tempfile
 from pathlib import Path
@@ -98,8 +99,9 @@ def parser() -> argparse.ArgumentParser:
                     help="auto (default): the switch while its slots last, else the config's "
                          "[fallback]; switch; fallback")
     ja.add_argument("--key", type=lambda s: int(s, 0), metavar="N",
-                    help="the job's key, 0 to 2**32 - 1 (default: the config's, else 0): its "
-                         "agents need it too (HOMAGG_JOB_KEY)")
+                    help="the job's key, 1 to 2**32 - 1 (default: the config's; with --worker, "
+                         "one drawn at random and printed once): its agents need it too "
+                         "(HOMAGG_JOB_KEY)")
     jl = job.add_parser("list", help="jobs installed on the switch (and the fallback)")
     jl.add_argument("--json", action="store_true")
     jr = job.add_parser("remove", help="remove a job")
@@ -178,6 +180,11 @@ def _need_config(a) -> Config:
 
 
 def _job_spec(a, cfg: Config):
+    """The job ``job add`` installs, and whether its key was drawn here (then printed)."""
+    if a.key is not None and not 1 <= a.key <= 2**32 - 1:
+        raise ConfigError(f"--key {a.key}: 1 to 2**32 - 1 (0 is no key: any sender that "
+                          "guesses it would pass for the job's worker; leave --key out to have "
+                          "one drawn)")
     if not a.worker:
         spec = cfg.job(a.id)
         if a.slots or a.place or a.key is not None:
@@ -185,7 +192,7 @@ def _job_spec(a, cfg: Config):
                 validate_job(spec.id, list(spec.workers), a.slots or spec.slots,
                              a.place or spec.place, spec.key if a.key is None else a.key),
                 uplink=spec.uplink)
-        return spec
+        return spec, False
     workers = []
     for w in a.worker:
         name, _, port = w.partition(":")
@@ -195,7 +202,9 @@ def _job_spec(a, cfg: Config):
         except ValueError:
             raise ConfigError(f"--worker {w!r}: port must be an integer") from None
         workers.append(Worker(h.ip, udp, h.mac, h.port, h.name))
-    return validate_job(a.id, workers, a.slots or 64, a.place or "auto", a.key or 0)
+    drawn = a.key is None
+    key = secrets.randbits(32) or 1 if drawn else a.key
+    return validate_job(a.id, workers, a.slots or 64, a.place or "auto", key), drawn
 
 
 def _added(pj: P.PlacedJob) -> str:
@@ -305,8 +314,11 @@ def run(a) -> int:
                 for job in cfg.jobs:
                     print(_added(fabric.add(job)))
         elif a.cmd == "job" and a.job_cmd == "add":
-            spec = _job_spec(a, _need_config(a))
+            spec, drawn = _job_spec(a, _need_config(a))
             print(_added(fabric.add(spec)))
+            if drawn:  # said once: the switch never tells it again
+                print(f"job {spec.id}: key {spec.key:#010x}, drawn at random: give its agents "
+                      f"HOMAGG_JOB_KEY={spec.key:#010x}")
         elif a.cmd == "job" and a.job_cmd == "list":
             placed = fabric.list()
             several = len(fabric.places()) > 1

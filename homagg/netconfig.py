@@ -30,10 +30,13 @@
     slots = 64                     # slot region size (the agents' window)
     workers = [ { host = "h1", udp_port = 50000 }, { host = "h2", udp_port = 50000 } ]
     place = "auto"                 # auto (the switch, else the fallback), switch or fallback
+    key = 0x5f3a9c21               # required, 1 to 2**32 - 1: every packet of its workers
+                                   # carries it (their HOMAGG_JOB_KEY); others are dropped
     # a tree's child job (optional): its parent job, this switch's worker id there, the
     # parent's address, and the port its partial sums leave from (one per child job under a
     # parent: the parent knows this switch's job by its address and that port)
-    uplink = { job = 1, worker = 0, ip = "10.0.0.254", udp_port = 48864, src_port = 48864 }
+    uplink = { job = 1, worker = 0, ip = "10.0.0.254", udp_port = 48864, src_port = 48864,
+               key = 0x1d2e3f40 }       # the parent job's key
 
 Every problem is a ConfigError with one line naming the key.
 """
@@ -43,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
+import secrets
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,6 +246,18 @@ def _int(value, where: str, lo: int, hi: int) -> int:
     return value
 
 
+def _key(value, where: str) -> int:
+    """A config job's key: required, 1 to 2**32 - 1 (0 is no key: any sender that guesses 0
+    would be taken for the job's worker). The message offers one drawn at random."""
+    if value is None or value == 0:
+        drawn = secrets.randbits(32) or 1
+        why = "missing" if value is None else "0 is no key"
+        raise ConfigError(f"{where}: {why}: every job needs one, 1 to 2**32 - 1, which its "
+                          f"agents give too (HOMAGG_JOB_KEY); one drawn at random: "
+                          f"key = {drawn:#010x}")
+    return _int(value, where, 1, 2**32 - 1)
+
+
 def validate_job(job_id: int, workers: list[Worker], slots: int, place: str = "auto",
                  key: int = 0) -> JobSpec:
     _int(job_id, "job id", 0, wire.MAX_JOBS - 1)
@@ -313,9 +329,9 @@ def parse(data: dict) -> Config:
         place = j.get("place", "auto")
         if place == "fallback" and fallback is None:
             raise ConfigError(f"{where}.place: 'fallback', but the config has no [fallback]")
-        job = validate_job(_int(j["id"], f"{where}.id", 0, wire.MAX_JOBS - 1), workers,
-                           j.get("slots", 64), place,
-                           _int(j.get("key", 0), f"{where}.key", 0, 2**32 - 1))
+        job_id = _int(j["id"], f"{where}.id", 0, wire.MAX_JOBS - 1)
+        job = validate_job(job_id, workers, j.get("slots", 64), place,
+                           _key(j.get("key"), f"{where}.key"))
         if "uplink" in j:
             if place == "fallback":
                 raise ConfigError(f"{where}: a tree's child job (uplink) stays on its switch, "
@@ -355,7 +371,7 @@ def _uplink(u, where: str) -> Uplink:
                   _int(u.get("src_port", d.src_port), f"{where}.src_port",
                        wire.HOMAGG_UDP_PORT_MIN, wire.HOMAGG_UDP_PORT_MAX),
                   _int(u.get("port", d.switch_port), f"{where}.port", 0, 510),
-                  _int(u.get("key", 0), f"{where}.key", 0, 2**32 - 1))
+                  _key(u.get("key"), f"{where}.key"))
 
 
 def _fallback(fb) -> FallbackSpec | None:

@@ -43,3 +43,8 @@ def wait_for(cond: Callable[[], object], timeout: float = 10.0, what: str = "") 
             raise AssertionError(f"timed out after {timeout} s waiting for "
                                  f"{what or 'a condition'}")
         time.sleep(0.002)
+
+
+def job_key(job: int) -> int:
+    """The key the tests' configs give job ``job`` (a config job needs one, as its agents do)."""
+    return 0x5EC0_0000 | job

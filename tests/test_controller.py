@@ -61,6 +61,10 @@ def test_config_parses_into_hosts_and_jobs(tmp_path):
     (("id = 3", "id = 64"), "id"),
     (("key = 0xC0FFEE42", "key = 0x1C0FFEE42"), r"jobs\[0\].key"),
     (("key = 0xC0FFEE42", "key = -1"), r"jobs\[0\].key"),
+    (("key = 0xC0FFEE42\n", ""), r"^jobs\[0\].key: missing: every job needs one, 1 to "
+                                r"2\*\*32 - 1, which its agents give too \(HOMAGG_JOB_KEY\); "
+                                r"one drawn at random: key = 0x[0-9a-f]{8}$"),
+    (("key = 0xC0FFEE42", "key = 0"), r"^jobs\[0\].key: 0 is no key: every job needs one"),
     (('{ host = "h2" }', '{ host = "h1", udp_port = 50000 }'), "listed twice"),
     (('name = "s9"', 'name = "s9"\ncolour = "blue"'), "unknown key"),
     (("port = 2", ""), "missing 'port'"),

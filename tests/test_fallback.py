@@ -25,7 +25,7 @@ from homagg.host_agent import Agent, AgentConfig  # noqa: E402
 from homagg.host_agent.cli import check_exact  # noqa: E402
 from homagg.targets.p4runtime_server import P4RuntimeServer  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
-from tests.staging import agent_addresses  # noqa: E402
+from tests.staging import agent_addresses, job_key  # noqa: E402
 
 pytestmark = pytest.mark.slow  # (conftest.py) several aggregators and jobs per test
 
@@ -49,7 +49,7 @@ class Fabric:
         hosts = "".join(f'[[hosts]]\nname = "h{i}"\nip = "{ip}"\nmac = "00:00:0a:00:00:{i + 1:02x}"'
                         f"\nport = {i + 1}\n\n" for i, (ip, _) in enumerate(self.hosts))
         jobs = "".join(
-            f"[[jobs]]\nid = {j + 1}\nslots = {SLOTS}\nworkers = [ "
+            f"[[jobs]]\nid = {j + 1}\nslots = {SLOTS}\nkey = {job_key(j + 1)}\nworkers = [ "
             + ", ".join(f'{{ host = "h{h}", udp_port = {self.hosts[h][1]} }}'
                         for h in range(j * PER_JOB, (j + 1) * PER_JOB)) + " ]\n\n"
             for j in range(JOBS))
@@ -83,7 +83,7 @@ def run_jobs(fabric: Fabric, placed: dict[int, str], iterations: int = 3) -> dic
     def worker(job: int, w: int) -> None:
         h = (job - 1) * PER_JOB + w
         cfg = AgentConfig(job, w, PER_JOB, (placed[job], fabric.port), fabric.hosts[h],
-                          slots=SLOTS, deadline=20.0)
+                          slots=SLOTS, deadline=20.0, key=job_key(job))
         try:
             with Agent(cfg) as agent:
                 for it in range(iterations):

@@ -53,7 +53,7 @@ from homagg.targets.p4runtime_server import (  # noqa: E402
 )
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 from homagg.targets.toolchain import missing  # noqa: E402
-from tests.staging import wait_for  # noqa: E402
+from tests.staging import job_key, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow  # (conftest.py) the conformance table again over P4Runtime, and p4c
 
@@ -111,7 +111,7 @@ class LoopbackHosts:
 
     def job_toml(self, job: int, workers: range, slots: int = 8) -> str:
         ws = ", ".join(f'{{ host = "h{i}", udp_port = {self.addr(i)[1]} }}' for i in workers)
-        return f"[[jobs]]\nid = {job}\nslots = {slots}\nworkers = [ {ws} ]\n"
+        return f"[[jobs]]\nid = {job}\nslots = {slots}\nkey = {job_key(job)}\nworkers = [ {ws} ]\n"
 
     def close(self) -> None:
         for s in self.socks:
@@ -183,10 +183,12 @@ def words_of(seed: int, n: int = 3) -> np.ndarray:
                                                 dtype=np.int64).astype(np.int32)
 
 
-def aggregate(agg, job: int, words: np.ndarray, seq: int = 1, slot: int = 0) -> None:
-    """Workers 0..n-1 send one ADD each; every one must get the exact sum."""
+def aggregate(agg, job: int, words: np.ndarray, seq: int = 1, slot: int = 0,
+              key: int = 0) -> None:
+    """Workers 0..n-1 send one ADD each, with the job's key; every one must get the exact
+    sum."""
     for w in range(len(words)):
-        agg.send(w, wire.pack(wire.OP_ADD, job, w, slot, seq, words[w]))
+        agg.send(w, wire.pack(wire.OP_ADD, job, w, slot, seq, words[w], auth=key))
     expect = words.astype(np.int64).sum(0)
     for w in range(len(words)):
         got = agg.recv(w, 2.0, 1)
@@ -519,7 +521,7 @@ def test_homagg_ctl_drives_the_software_aggregator(agg, tmp_path, capsys, monkey
     assert ctl(base + ["job", "add", "7"]) == 0
     assert "job 7: 3 workers, slots 0-7, epoch 1" in capsys.readouterr().out
 
-    aggregate(agg, 7, words_of(4))
+    aggregate(agg, 7, words_of(4), key=job_key(7))
     assert ctl(base + ["stats", "--json"]) == 0
     st = json.loads(capsys.readouterr().out)
     assert st["switch"]["STAT_COMPLETED"] == 1 and st["jobs"]["7"]["JOB_STAT_ACCEPTED"][
@@ -527,7 +529,7 @@ def test_homagg_ctl_drives_the_software_aggregator(agg, tmp_path, capsys, monkey
     assert ctl(base + ["reset", "7"]) == 0
     assert ("job 7 reset: epoch 2, counters zeroed, registers skipped (software aggregator: "
             "the new epoch empties the region)") in capsys.readouterr().out
-    aggregate(agg, 7, words_of(5))
+    aggregate(agg, 7, words_of(5), key=job_key(7))
 
     assert ctl(base + ["job", "add", "7"]) == 1
     assert "job 7 is already installed" in one_line_error(capsys)
@@ -549,6 +551,40 @@ def test_homagg_ctl_drives_the_software_aggregator(agg, tmp_path, capsys, monkey
     assert "SetForwardingPipelineConfig" in log and "0 bytes of bmv2 JSON" in log
 
 
+def test_a_job_added_without_a_key_gets_one_drawn_at_random_and_said_once(agg, tmp_path,
+                                                                         capsys):
+    """``job add --worker ...`` without --key: a key drawn at random, printed once, that the
+    job's packets must carry (key 0, which any sender could guess, is refused)."""
+    import re
+
+    cfg = tmp_path / "net.toml"
+    cfg.write_text(agg.toml(agg.grpc))
+    base = ["-c", str(cfg), "--request-log", str(tmp_path / "l")]
+    workers = [a for i in range(3) for a in ("--worker", f"h{i}:{agg.addr(i)[1]}")]
+    assert ctl(base + ["job", "add", "4", "--key", "0", *workers]) == 1
+    assert "--key 0: 1 to 2**32 - 1 (0 is no key" in one_line_error(capsys)
+    keys = []
+    for job in (4, 5):
+        assert ctl(base + ["job", "add", str(job), *workers, "--slots", "8"]) == 0
+        out = capsys.readouterr().out
+        said = re.findall(rf"^job {job}: key (0x[0-9a-f]{{8}}), drawn at random: give its "
+                          rf"agents HOMAGG_JOB_KEY=\1$", out, re.M)
+        assert len(said) == 1, out
+        keys.append(int(said[0], 16))
+        assert keys[-1] != 0
+        if job == 4:  # (the same workers: one job at a time)
+            assert ctl(base + ["job", "remove", "4"]) == 0
+            capsys.readouterr()
+    assert keys[0] != keys[1]
+    assert ctl(base + ["job", "list", "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["keyed"] is True
+    for w in range(3):  # a packet with key 0 is dropped as spoofed: no result for anyone
+        agg.send(w, wire.pack(wire.OP_ADD, 5, w, 0, 1, words_of(1)[w]))
+    assert all(agg.recv(w, 0.3, 1) == [] for w in range(3))
+    aggregate(agg, 5, words_of(2), seq=2, key=keys[1])
+
+
 def test_homagg_softswitch_serves_p4runtime_next_to_udp(tmp_path, capsys):
     """The command: jobs from its config are in the tables homagg-ctl reads, SIGHUP resets
     them, the stats file follows the counters; a P4Runtime address in use is an error."""
@@ -567,7 +603,7 @@ def test_homagg_softswitch_serves_p4runtime_next_to_udp(tmp_path, capsys):
             assert ctl(base + ["job", "list", "--json"]) == 0
             (job,) = json.loads(capsys.readouterr().out)
             assert (job["id"], job["epoch"], job["slots"], len(job["workers"])) == (3, 1, 16, 3)
-            aggregate(hosts, 3, words_of(6))
+            aggregate(hosts, 3, words_of(6), key=job_key(3))
             os.kill(proc.pid, signal.SIGHUP)
             deadline = time.monotonic() + 5
             while True:
@@ -576,7 +612,7 @@ def test_homagg_softswitch_serves_p4runtime_next_to_udp(tmp_path, capsys):
                     break
                 assert time.monotonic() < deadline, "SIGHUP did not reset the job"
                 time.sleep(0.1)
-            aggregate(hosts, 3, words_of(7))  # seq 1 again after the reset
+            aggregate(hosts, 3, words_of(7), key=job_key(3))  # seq 1 again after the reset
             wait_for(lambda: stats.exists()
                      and json.loads(stats.read_text())["switch"]["STAT_COMPLETED"] == 2,
                      what="the stats file to count both rounds")

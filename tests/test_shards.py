@@ -19,7 +19,7 @@ from homagg.targets.soft import SoftSwitchServer
 from homagg.targets.soft.server import SoftSwitchError
 from homagg.targets.soft.shards import ShardedSwitch, steering_program
 from tests import test_tree
-from tests.staging import agent_addresses
+from tests.staging import agent_addresses, job_key
 from tests.test_agent import assert_exact, run_agents, sparse_tensors
 
 pytestmark = pytest.mark.slow  # (conftest.py) aggregator processes, one per shard
@@ -231,7 +231,8 @@ def test_homagg_softswitch_shards_from_a_config_with_sighup_and_sigterm(tmp_path
     addrs = [agent_addresses(2) for _ in range(2)]
     hosts = "".join(f'[[hosts]]\nname = "h{j}{w}"\nip = "{a[0]}"\nmac = "00:00:00:00:00:01"\n'
                     f"port = {2 * j + w + 1}\n" for j in range(2) for w, a in enumerate(addrs[j]))
-    jobs_toml = "".join(f"[[jobs]]\nid = {j + 1}\nslots = 16\nworkers = [ "
+    jobs_toml = "".join(f"[[jobs]]\nid = {j + 1}\nslots = 16\nkey = {job_key(j + 1)}\n"
+                        "workers = [ "
                         + ", ".join(f'{{ host = "h{j}{w}", udp_port = {a[1]} }}'
                                     for w, a in enumerate(addrs[j])) + " ]\n"
                         for j in range(2))
@@ -243,7 +244,8 @@ def test_homagg_softswitch_shards_from_a_config_with_sighup_and_sigterm(tmp_path
                              "--ready-file", str(ready), "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     agents = [Agent(AgentConfig(job=j + 1, worker=w, workers=2, switch=(ip, PORT),
-                                bind=addrs[j][w], slots=16, timeout=0.01, deadline=10.0))
+                                bind=addrs[j][w], slots=16, timeout=0.01, deadline=10.0,
+                                key=job_key(j + 1)))
               for j in range(2) for w in range(2)]
     try:
         wait_for(lambda: ready.exists() and stats.exists(), 30, "the ready and stats files")

@@ -24,7 +24,7 @@ from homagg.faults import FaultSpec, ImpairedSocket
 from homagg.host_agent import Agent, AgentConfig, AggregationTimeout
 from homagg.netconfig import Uplink
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer
-from tests.staging import agent_addresses, wait_for
+from tests.staging import agent_addresses, job_key, wait_for
 from tests.test_agent import (
     assert_exact,
     closing_factory,
@@ -428,7 +428,8 @@ def test_a_tree_set_up_by_hand_from_configs_and_the_command_line(tmp_path):
         ws = ", ".join(f'{{ host = "{n}", udp_port = {p} }}' for n, p in workers)
         path = tmp_path / f"{name}.toml"
         path.write_text(f'[switch]\nname = "{name}"\ntarget = "soft"\nip = "{ip}"\n{hs}'
-                        f"[[jobs]]\nid = 1\nslots = 16\nworkers = [ {ws} ]\n{uplink}")
+                        f"[[jobs]]\nid = 1\nslots = 16\nkey = {job_key(1)}\nworkers = [ {ws} ]\n"
+                        f"{uplink}")
         return path
 
     procs = []
@@ -439,7 +440,8 @@ def test_a_tree_set_up_by_hand_from_configs_and_the_command_line(tmp_path):
         for i, ip in enumerate(leaves):
             cfgs.append(config(f"leaf{i}", ip, [(f"w{w}", addrs[i][w][0]) for w in range(4)],
                                [(f"w{w}", addrs[i][w][1]) for w in range(4)],
-                               f'uplink = {{ job = 1, worker = {i}, ip = "{spine}" }}\n'))
+                               f'uplink = {{ job = 1, worker = {i}, ip = "{spine}", '
+                               f'key = {job_key(1)} }}\n'))
         for c in cfgs:
             procs.append(subprocess.Popen([sys.executable, "-m", "homagg.targets.soft", "-c",
                                            str(c), "--grpc", "none", "--log-level", "warning"],
@@ -452,7 +454,8 @@ def test_a_tree_set_up_by_hand_from_configs_and_the_command_line(tmp_path):
                     [sys.executable, "-m", "homagg.host_agent", "--job", "1", "--worker", str(w),
                      "--workers", "8", "--local-workers", "4", "--rank", str(4 * i + w),
                      "--siblings", "leaf0,leaf1", "--switch", ip, "--slots", "16",
-                     "--bind", f"{addrs[i][w][0]}:{addrs[i][w][1]}", "bench", "--size", "30000",
+                     "--bind", f"{addrs[i][w][0]}:{addrs[i][w][1]}", "--key", str(job_key(1)),
+                     "bench", "--size", "30000",
                      "--iterations", "3", "--check"],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         procs += agents
@@ -535,9 +538,10 @@ def test_two_child_jobs_of_a_leaf_on_one_source_port_are_an_error_not_a_wrong_su
     text = ('[switch]\nname = "leaf1"\ntarget = "soft"\nip = "127.0.3.1"\n'
             + "".join(f'[[hosts]]\nname = "h{w}"\nip = "127.0.3.{10 + w}"\n'
                       f'mac = "00:00:00:00:00:01"\nport = {w + 1}\n' for w in range(4))
-            + "".join(f'[[jobs]]\nid = {j}\nworkers = [ {{ host = "h{2 * j - 2}" }}, '
-                      f'{{ host = "h{2 * j - 1}" }} ]\nuplink = {{ job = {j}, worker = 0, '
-                      f'ip = "{spine}", src_port = SRC{j} }}\n' for j in (1, 2)))
+            + "".join(f'[[jobs]]\nid = {j}\nkey = {job_key(j)}\nworkers = [ '
+                      f'{{ host = "h{2 * j - 2}" }}, {{ host = "h{2 * j - 1}" }} ]\nuplink = '
+                      f'{{ job = {j}, worker = 0, ip = "{spine}", src_port = SRC{j}, '
+                      f'key = {job_key(j)} }}\n' for j in (1, 2)))
 
     def config(src1, src2, text=text):
         return text.replace("SRC1", str(src1)).replace("SRC2", str(src2))
