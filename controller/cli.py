@@ -115,8 +115,10 @@ def parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="the controller as a service: workers join by themselves "
                                       "(gRPC), hold leases, and are counted (Prometheus)")
-    sv.add_argument("--listen", default="0.0.0.0:9600", metavar="HOST:PORT",
-                    help="gRPC address (default %(default)s; port 0: any, printed)")
+    sv.add_argument("--listen", default="127.0.0.1:9600", metavar="HOST:PORT",
+                    help="gRPC address (default %(default)s: this host only; workers on other "
+                         "hosts need an address of theirs, best with --tls-cert; port 0: any, "
+                         "printed)")
     sv.add_argument("--token-file", type=Path, help="the workers' shared token (first line); "
                                                      "default: $HOMAGG_TOKEN")
     sv.add_argument("--no-token", action="store_true", help="serve without a token (explicitly)")

@@ -42,6 +42,8 @@ TOKEN = "s3cret"
 def secret_of(name: str) -> str:
     """The join secret every rank of job ``name`` presents, in these tests."""
     return f"join-secret-of/{name}"
+
+
 KEY = b"the job secrets' key, kept in a --key-file"
 POOL = 128
 

@@ -122,3 +122,73 @@ def test_the_ranks_of_a_group_share_one_secret_through_its_store():
     assert shared_join_secret(dist.PrefixStore("attempt_0/default_pg/", store)) == one
     # another attempt (torchrun's prefix) or another group draws its own
     assert shared_join_secret(dist.PrefixStore("attempt_1/default_pg/", store)) != one
+
+
+def test_a_plain_serve_and_its_metrics_are_not_reachable_off_loopback(tmp_path):
+    """``homagg-ctl serve`` with no --listen serves this host only, and its metrics where it
+    serves; a worker on another host needs an address given on purpose."""
+    import socket
+    import urllib.request
+
+    from homagg.controller.cli import parser
+    from homagg.controller.serve import start
+    from homagg.controller.service import JobService
+    from homagg.udpio import route_source
+
+    a = parser().parse_args(["serve"])
+    host, _, _ = a.listen.rpartition(":")
+    assert host == "127.0.0.1" and a.metrics_addr is None
+    rig = Rig(tmp_path)
+    try:
+        rig.stop_service()
+        svc = JobService(rig.agg.config, rig.svc._connect, rig.opts)
+        srv = start(svc, f"{host}:0", metrics_port=0)
+        try:
+            port = int(srv.address.rpartition(":")[2])
+            assert srv.metrics.server_address[0] == "127.0.0.1"
+            with urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics",
+                                        timeout=5) as r:
+                assert r.status == 200
+            try:
+                other = route_source(("192.0.2.1", 9))  # an address of this host's, not lo
+            except OSError:
+                other = None
+            if other is None or other.startswith("127."):
+                pytest.skip("this host has no address but loopback to try from")
+            for p in (port, srv.metrics_port):
+                with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+                    s.settimeout(5)
+                    s.connect((other, p))
+        finally:
+            srv.stop()
+    finally:
+        rig.agg.stop()
+
+
+def test_p4runtime_over_tls_without_a_client_ca_is_refused_unless_said(tmp_path, caplog):
+    """The aggregator's P4Runtime over TLS takes only controllers its client CA signed; one
+    that takes any client is asked for by name, and said in a warning."""
+    import argparse
+
+    pytest.importorskip("cryptography.x509")
+    from homagg.errors import HomaggError
+    from homagg.targets.soft import SoftSwitch
+    from homagg.targets.soft.cli import _p4runtime, parser
+    from tests.test_service_tls import make_pki
+
+    _, cert, key = make_pki(tmp_path, "switch")
+    tls = ["--grpc", "127.0.0.1:0", "--grpc-tls-cert", str(cert), "--grpc-tls-key", str(key)]
+    a: argparse.Namespace = parser().parse_args(tls)
+    with pytest.raises(HomaggError, match=r"^P4Runtime over TLS without --grpc-tls-client-ca "
+                                          r"takes any client as primary"):
+        _p4runtime(a, None, SoftSwitch())
+    with caplog.at_level(logging.WARNING):
+        srv = _p4runtime(parser().parse_args(tls + ["--grpc-tls-any-client"]), None,
+                         SoftSwitch())
+        srv.stop()
+        plain = _p4runtime(parser().parse_args(["--grpc", "0.0.0.0:0"]), None, SoftSwitch())
+        plain.stop()
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("over TLS WITHOUT client certificates (--grpc-tls-any-client)" in m
+               for m in said), said
+    assert any("in clear, WITHOUT client certificates" in m for m in said), said

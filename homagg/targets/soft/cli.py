@@ -51,6 +51,20 @@ def _p4runtime(a, cfg, sw: SoftSwitch):
     if addr.lower() == "none":
         return None
     device = a.device_id if a.device_id is not None else (cfg.switch.device_id if cfg else 1)
+    tls_on = bool(a.grpc_tls_cert or a.grpc_tls_key or a.grpc_tls_client_ca)
+    if tls_on and a.grpc_tls_client_ca is None and not a.grpc_tls_any_client:
+        raise HomaggError("P4Runtime over TLS without --grpc-tls-client-ca takes any client as "
+                          "primary (it may remove jobs and read their keys): give the "
+                          "controllers' CA, or --grpc-tls-any-client to serve so knowingly")
+    if tls_on and a.grpc_tls_client_ca is None:
+        log.warning("P4Runtime at %s over TLS WITHOUT client certificates "
+                    "(--grpc-tls-any-client): any client that reaches it can take the switch "
+                    "as primary, remove jobs and read their keys", addr)
+    elif not tls_on and not _is_local(addr):
+        log.warning("P4Runtime at %s in clear, WITHOUT client certificates: anyone who reaches "
+                    "it can take the switch as primary, remove jobs and read their keys "
+                    "(--grpc-tls-cert/--grpc-tls-key/--grpc-tls-client-ca, or a loopback or "
+                    "unix: address)", addr)
     try:
         from homagg.targets.p4runtime_server import P4RuntimeServer
 
@@ -68,6 +82,20 @@ def _p4runtime(a, cfg, sw: SoftSwitch):
         log.warning("P4Runtime not served: %s (--grpc HOST:PORT to choose, --grpc none to "
                     "silence)", e)
         return None
+
+
+def _is_local(addr: str) -> bool:
+    """Whether a gRPC address is reachable from this host only: a unix socket (its file's
+    permissions), or a loopback address."""
+    import ipaddress
+
+    if addr.startswith("unix:"):
+        return True
+    host = addr.rpartition(":")[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -100,7 +128,11 @@ def parser() -> argparse.ArgumentParser:
                     help="serve P4Runtime over TLS with this certificate (and --grpc-tls-key)")
     ap.add_argument("--grpc-tls-key", type=Path, metavar="PEM", help="its private key")
     ap.add_argument("--grpc-tls-client-ca", type=Path, metavar="PEM",
-                    help="mutual TLS: only controllers with a certificate this CA signed")
+                    help="mutual TLS: only controllers with a certificate this CA signed "
+                         "(required with TLS, unless --grpc-tls-any-client)")
+    ap.add_argument("--grpc-tls-any-client", action="store_true",
+                    help="TLS without client certificates: any client that reaches P4Runtime "
+                         "may take the switch as primary (said in a warning)")
     ap.add_argument("--device-id", type=int,
                     help="P4Runtime device id (default: the config's, else 1)")
     ap.add_argument("--words", type=int, default=wire.WORDS_PER_PACKET, metavar="K",
