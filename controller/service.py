@@ -20,15 +20,14 @@ across a switch call. A renewal takes only ``_cond``, for microseconds, so no jo
 switch can make a healthy job's lease run out; and a lease counts from when its renewal was
 *received* (the gRPC handler's first line), not processed.
 
-Each worker gets a secret in its join's answer (``job_secret``), which Renew and Leave must present
-(another token holder can neither end a job nor renew a dead one), and the job's key, which its
-packets carry (the switch drops others as spoofed). A join by a running job's name waits for that
-job to end, and is refused if it does not: a name is no credential. One service holds a switch at a
-time (``holder``); the vocabulary is ``service_state``'s."""
+The ranks of one attempt present one join secret, which its first rank fixes. Each worker gets a
+secret in its join's answer (``job_secret``), which Renew and Leave must present, and the job's
+key, which its packets carry. A join by a running job's name waits for that job to end: a name is
+no credential. One service holds a switch at a time (``holder``); the vocabulary is
+``service_state``'s."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 import secrets
 import threading
@@ -53,9 +52,11 @@ from homagg.controller.service_state import (
     ServeOptions,
     addr_text,
     address_of,
+    check_attempt,
     check_join,
     check_token,
     free_text,
+    is_worker,
     job_secret,
     label,
     peer_ip,
@@ -186,30 +187,10 @@ class JobService:
                               f"job {name!r}: {self._waiting} joins are waiting, this service's "
                               f"limit (homagg-ctl serve --max-joins); join again later")
             p = self._pending.get(name)
-            if p is not None and not hmac.compare_digest(p.secret.encode(), secret.encode()):
-                raise Refusal("PERMISSION_DENIED",
-                              f"job {name!r}: this join's secret is not the one the job's "
-                              "first rank gave: only a rank of the same attempt joins it (each "
-                              "attempt draws its own; HOMAGG_JOIN_SECRET must be alike on "
-                              "every rank)")
-            if p is not None and p.world != world:
-                raise Refusal("INVALID_ARGUMENT",
-                              f"job {name!r}: rank {rank} joins with world size {world}, but "
-                              f"{ranks_text(p.ranks)} joined with world size {p.world}")
-            if p is not None and p.slots != slots:
-                raise Refusal("INVALID_ARGUMENT",
-                              f"job {name!r}: rank {rank} asks for {slots} slots, but "
-                              f"{ranks_text(p.ranks)} asked for {p.slots}")
             if p is None:
                 p = self._pending[name] = Pending(name, world, slots, secret)
-            held = p.ranks.get(rank)
-            if held is not None and held != me:
-                raise Refusal("ALREADY_EXISTS", f"job {name!r}: rank {rank} is taken by "
-                                                f"{addr_text(held)} (this join: {addr_text(me)})")
-            twin = [r for r, a in p.ranks.items() if a == me and r != rank]
-            if twin:
-                raise Refusal("ALREADY_EXISTS", f"job {name!r}: {addr_text(me)} already joined as "
-                                                f"rank {twin[0]} (this join: rank {rank})")
+            else:
+                check_attempt(p, rank, world, slots, secret, me)
             p.ranks[rank] = me
             deadline = self._clock() + wait
             p.deadlines[rank] = deadline
@@ -384,30 +365,22 @@ class JobService:
                           job_secret(self._key, h.job_id, r, senders[r]), spec.key)
                 for r in range(p.world)}
 
-    def _is_worker(self, senders: tuple[tuple[str, int], ...], checks_secret: bool,
-                   job_id: int, worker: int, ip: str, udp_port: int, secret: str) -> bool:
-        """Whether the request comes from ``worker`` of the job, with its secret."""
-        if not 0 <= worker < len(senders) or senders[worker] != (ip, udp_port):
-            return False
-        return not checks_secret or hmac.compare_digest(
-            secret.encode(), job_secret(self._key, job_id, worker, (ip, udp_port)).encode())
-
     def _holder(self, job_id: int, worker: int, ip: str, udp_port: int, secret: str) -> Held:
         """The job a lease request is for, once the request proved it comes from one of its
         workers; until then, nothing of the job (its name, why it went) is told."""
         h = self.held.get(job_id)
         if h is None:
             gone = self._gone.get(job_id)
-            if gone is not None and self._is_worker(gone[1], gone[2], job_id, worker, ip,
-                                                   udp_port, secret):
+            if gone is not None and is_worker(self._key, gone[1], gone[2], job_id, worker,
+                                              (ip, udp_port), secret):
                 raise Refusal("NOT_FOUND", gone[0])
             raise Refusal("NOT_FOUND", f"job {job_id} is not one this service holds (not "
                                        "placed by it, or removed)")
         if not 0 <= worker < len(h.senders) or h.senders[worker] != (ip, udp_port):
             raise Refusal("PERMISSION_DENIED", f"job {job_id}: {ip}:{udp_port} is not its "
                                                f"worker {worker}")
-        if not self._is_worker(h.senders, h.checks_secret, job_id, worker, ip, udp_port,
-                               secret):
+        if not is_worker(self._key, h.senders, h.checks_secret, job_id, worker, (ip, udp_port),
+                         secret):
             raise Refusal("PERMISSION_DENIED", f"job {job_id}: worker {worker}'s secret is "
                                                "wrong (only the job's own workers, with the "
                                                "secret their join returned, renew or leave it)")

@@ -190,6 +190,34 @@ def check_join(opts: ServeOptions, name: str, rank: int, world: int, udp_port: i
     return slots, min(wait or opts.wait, opts.wait)
 
 
+def check_attempt(p: Pending, rank: int, world: int, slots: int, secret: str,
+                  me: tuple[str, int]) -> None:
+    """A join (of ``rank`` from ``me``) checked against the attempt its job's earlier ranks
+    started: the join secret first, so that nothing of the attempt is told to anyone else;
+    then the world size, the slots, and the rank's place."""
+    name = p.name
+    if not hmac.compare_digest(p.secret.encode(), secret.encode()):
+        raise Refusal("PERMISSION_DENIED",
+                      f"job {name!r}: this join's secret is not the one the job's first rank "
+                      "gave: only a rank of the same attempt joins it (each attempt draws its "
+                      "own; HOMAGG_JOIN_SECRET must be alike on every rank)")
+    if p.world != world:
+        raise Refusal("INVALID_ARGUMENT",
+                      f"job {name!r}: rank {rank} joins with world size {world}, but "
+                      f"{ranks_text(p.ranks)} joined with world size {p.world}")
+    if p.slots != slots:
+        raise Refusal("INVALID_ARGUMENT", f"job {name!r}: rank {rank} asks for {slots} slots, "
+                                          f"but {ranks_text(p.ranks)} asked for {p.slots}")
+    held = p.ranks.get(rank)
+    if held is not None and held != me:
+        raise Refusal("ALREADY_EXISTS", f"job {name!r}: rank {rank} is taken by "
+                                        f"{addr_text(held)} (this join: {addr_text(me)})")
+    twin = [r for r, a in p.ranks.items() if a == me and r != rank]
+    if twin:
+        raise Refusal("ALREADY_EXISTS", f"job {name!r}: {addr_text(me)} already joined as "
+                                        f"rank {twin[0]} (this join: rank {rank})")
+
+
 def worker_of(cfg: Config, ip: str, port: int) -> Worker:
     """The job's worker at (``ip``, ``port``): refused if results could not be sent there,
     and, on bmv2, unless the config knows the host (its switch port and MAC)."""
@@ -256,6 +284,15 @@ def job_secret(key: bytes, job_id: int, worker: int, sender: tuple[str, int]) ->
     """A worker's secret for its job: what Renew and Leave must present."""
     msg = f"homagg job secret/{job_id}/{worker}/{sender[0]}:{sender[1]}".encode()
     return hmac.new(key, msg, hashlib.sha256).hexdigest()[:32]
+
+
+def is_worker(key: bytes, senders: tuple[tuple[str, int], ...], checks_secret: bool,
+              job_id: int, worker: int, sender: tuple[str, int], secret: str) -> bool:
+    """Whether a lease request comes from ``worker`` of the job, with its secret."""
+    if not 0 <= worker < len(senders) or senders[worker] != sender:
+        return False
+    return not checks_secret or hmac.compare_digest(
+        secret.encode(), job_secret(key, job_id, worker, sender).encode())
 
 
 def free_text(f: P.Fabric) -> str:

@@ -11,10 +11,9 @@ Host ``fb`` runs a second software aggregator, the fallback: jobs the switch has
 told to send to it (``--switch`` / $HOMAGG_SWITCH). The switch routes their packets to it.
 
 Every link runs at one MTU: 1500 bytes, or jumbo frames (``--mtu 9000``, both ends of every
-link, the bridges and bmv2's ports), which hold packets of up to 2239 words (``--words``;
-2176 on bmv2).
-Each worker link can be shaped with netem on both of its ends: rate (Mbit/s), delay, jitter,
-loss, duplication and reordering. Workers may be split into several concurrent jobs.
+link, the bridges and bmv2's ports), which hold packets of up to 2239 words (``--words``; 2176
+on bmv2). Each worker link can be shaped with netem on both of its ends: rate (Mbit/s), delay,
+jitter, loss, duplication and reordering. Workers may be split into several concurrent jobs.
 Everything is torn down on exit or Ctrl-C: processes, bmv2, veths, namespaces.
 """
 
@@ -93,11 +92,9 @@ class HomaggNet:
         self.opts = opts
         self.target, self.why = choose_target(opts.target)
         if opts.slots is None:
-            # Measured (bench, 4 workers, 1M at 1%): window 64 on bmv2 retransmits ~30% of
-            # packets (its queues drop bursts); 16 retransmits <1% and finishes sooner. With
-            # larger packets bmv2 takes longer per packet: at K = 2240 a window of 16 had 40%
-            # of its packets resent (their results came late, not lost), 8 under 1%. So about
-            # 16 x 256 words in flight, and at least 8 packets.
+            # bmv2's queues drop bursts, and it takes longer per packet the larger the packet:
+            # about 16 x 256 words in flight, at least 8 packets, resend least (measured with
+            # bench, 4 workers: window 64 resent ~30% of the packets, 16 under 1%)
             k = opts.words or wire.WORDS_PER_PACKET
             opts.slots = max(8, min(16, 16 * 256 // k)) if self.target == "bmv2" else 64
         if opts.workers % opts.jobs:
@@ -113,17 +110,13 @@ class HomaggNet:
         self.net: Any = None  # mininet.net.Mininet once started
         self.procs: list[subprocess.Popen] = []
         self.keys: dict[tuple, int] = {}  # (where, job) -> the job's key (job_key)
-        self.secrets: dict[int, str] = {}  # job -> its join secret (join_secret)
+        self.secrets: dict[int, str] = {}  # job -> its join secret (with --service)
         self.config: Config = self._config()
         self.aggregator: Any = None  # the software aggregator's process (soft target)
         self.placed: dict[int, Any] = {}  # job id -> controller.placement.PlacedJob
         self.service: Any = None  # controller.serve.Server, with --service
         self.token = secrets.token_hex(16)
         self.new_run()
-
-    def join_secret(self, job: int) -> str:
-        """Job ``job``'s join secret (the service's join), drawn once per job."""
-        return self.secrets.setdefault(job, secrets.token_hex(16))
 
     def job_key(self, job: int, where: object = None) -> int:
         """Job ``job``'s key (on switch ``where``, in a tree): random, drawn once per
@@ -491,7 +484,8 @@ class HomaggNet:
         if self.service is not None:  # the job's name is MASTER_ADDR:MASTER_PORT, alike
             return {"HOMAGG_CONTROLLER": self.service.address, "HOMAGG_TOKEN": self.token,
                     "HOMAGG_SLOTS": str(self.slots),
-                    "HOMAGG_JOIN_SECRET": self.join_secret(job), **torch}
+                    "HOMAGG_JOIN_SECRET": self.secrets.setdefault(job, secrets.token_hex(16)),
+                    **torch}
         return {
             "HOMAGG_JOB": str(job), "HOMAGG_WORKER": str(index), "HOMAGG_WORKERS": str(workers),
             "HOMAGG_SWITCH": f"{self.job_address(job)}:{wire.HOMAGG_UDP_PORT_MIN}",
