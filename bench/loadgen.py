@@ -57,6 +57,8 @@ def main(argv=None) -> int:
     ap.add_argument("--start-at", type=float, default=0.0,
                     help="time.time() to start at (the generators of a run start together)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--key", type=lambda s: int(s, 0), default=0,
+                    help="the job's key (its config's): every packet carries it")
     a = ap.parse_args(argv)
     k, n, workers = a.words, a.slots, len(a.bind)
     size = wire.packet_bytes(k)
@@ -68,6 +70,7 @@ def main(argv=None) -> int:
     for w, r in enumerate(rec):
         r["version_op"] = (wire.HOMAGG_VERSION << 4) | wire.OP_ADD
         r["job"], r["worker"], r["slot"], r["flags"] = a.job, w, np.arange(n), 0
+        r["auth"] = a.key
         r["words"] = rng.integers(-(2**20), 2**20, (n, k))
     expect = np.sum([r["words"].astype(np.int64) for r in rec], axis=0).astype(np.int32)
     seq_at, flags_at = wire.OFFSETS["seq"], wire.OFFSETS["flags"]

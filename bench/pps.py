@@ -54,6 +54,7 @@ from homagg import wire
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 SWITCH_IP = "127.0.0.254"
+KEY = 0x5EC00000  # the jobs' keys: KEY + job id (a config job needs one)
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -83,7 +84,7 @@ def run_homagg(k: int, workers: int, size: int, iterations: int, tmp: Path) -> d
         f'[switch]\nname = "s1"\ntarget = "soft"\nip = "{SWITCH_IP}"\n\n'
         + "".join(f'[[hosts]]\nname = "h{w}"\nip = "{ip}"\nmac = "00:00:0a:00:00:{w + 1:02x}"\n'
                   f"port = {w + 1}\n\n" for w, (ip, _) in enumerate(hosts))
-        + "[[jobs]]\nid = 1\nslots = 64\nworkers = [ "
+        + f"[[jobs]]\nid = 1\nslots = 64\nkey = {KEY + 1}\nworkers = [ "
         + ", ".join(f'{{ host = "h{w}", udp_port = {port} }}' for w, (_, port) in enumerate(hosts))
         + " ]\n")
     stats = tmp / f"k{k}-stats.json"
@@ -99,7 +100,8 @@ def run_homagg(k: int, workers: int, size: int, iterations: int, tmp: Path) -> d
         agents = [subprocess.Popen(
             [sys.executable, "-m", "homagg.host_agent", "--job", "1", "--worker", str(w),
              "--workers", str(workers), "--switch", SWITCH_IP, "--bind", f"{ip}:{port}",
-             "--slots", "64", "--mode", "dense", "--summary-json", str(tmp / f"k{k}-w{w}.json"),
+             "--slots", "64", "--mode", "dense", "--key", str(KEY + 1),
+             "--summary-json", str(tmp / f"k{k}-w{w}.json"),
              "bench", "--size", str(size), "--density", "1", "--iterations", str(iterations)],
             stdout=subprocess.DEVNULL) for w, (ip, port) in enumerate(hosts)]
         done = [wait_cpu(p) for p in agents]
@@ -184,7 +186,7 @@ def run_shards(shards: int, jobs: int, workers: int, slots: int, k: int, seconds
             text += (f'[[hosts]]\nname = "h{j}x{w}"\nip = "{ip}"\n'
                      f'mac = "00:00:0a:00:{n >> 8:02x}:{n & 255:02x}"\nport = {n}\n\n')
     for j, hs in enumerate(hosts):
-        text += (f"[[jobs]]\nid = {j + 1}\nslots = {slots}\nworkers = [ "
+        text += (f"[[jobs]]\nid = {j + 1}\nslots = {slots}\nkey = {KEY + j + 1}\nworkers = [ "
                  + ", ".join(f'{{ host = "h{j}x{w}", udp_port = {port} }}'
                              for w, (_, port) in enumerate(hs)) + " ]\n\n")
     cfg.write_text(text)
@@ -208,6 +210,7 @@ def run_shards(shards: int, jobs: int, workers: int, slots: int, k: int, seconds
              "--switch", f"{SWITCH_IP}:{wire.HOMAGG_UDP_PORT_MIN}",
              *[f"--bind={ip}:{port}" for ip, port in hs], "--slots", str(slots),
              "--words", str(k), "--seconds", str(seconds), "--start-at", str(start),
+             "--key", str(KEY + j + 1),
              "--out", str(tmp / f"gen{j}.json")]) for j, hs in enumerate(hosts)]
         while time.time() < start:
             time.sleep(0.01)

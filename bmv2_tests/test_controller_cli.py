@@ -17,6 +17,7 @@ import pytest
 from bmv2_tests.conftest import LOG_DIR, bmv2_skip_reason
 from homagg import wire
 from homagg.controller.cli import main as ctl
+from tests.staging import job_key
 
 
 class SoftSide:
@@ -74,7 +75,8 @@ class Bmv2Side:
         path.write_text(f'[switch]\nname = "s1"\ngrpc = "{bed.switch.grpc_addr}"\n'
                         f"thrift_port = {bed.switch.thrift_port}\n"
                         f'ip = "10.0.0.254"\nmac = "00:00:0a:00:00:fe"\n\n{hosts}'
-                        "[[jobs]]\nid = 7\nslots = 8\nworkers = [ { host = \"h0\" }, "
+                        f"[[jobs]]\nid = 7\nslots = 8\nkey = {job_key(7)}\n"
+                        "workers = [ { host = \"h0\" }, "
                         "{ host = \"h1\" }, { host = \"h2\" } ]\n")
         return path
 
@@ -112,7 +114,7 @@ def switch(request):
 def contribute(switch, words, seq=1):
     """h0..h2 send job 7's workers' words for slot 0."""
     for w in range(3):
-        switch.send(w, wire.pack(wire.OP_ADD, 7, w, 0, seq, words[w]))
+        switch.send(w, wire.pack(wire.OP_ADD, 7, w, 0, seq, words[w], auth=job_key(7)))
 
 
 def expect_sum(switch, words):

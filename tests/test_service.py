@@ -398,6 +398,7 @@ def test_a_restarted_service_reads_its_jobs_back_and_leaves_the_clis_alone(tmp_p
         cfg = tmp_path / "ops.toml"
         cfg.write_text(rig.agg.path.read_text() + '\n[[hosts]]\nname = "h1"\nip = "127.0.0.9"\n'
                        'mac = "00:00:0a:00:00:09"\nport = 9\n\n[[jobs]]\nid = 40\nslots = 8\n'
+                       'key = 0x40404040\n'
                        'workers = [ { host = "h1", udp_port = 45000 } ]\n')
         assert ctl(["-c", str(cfg), "job", "add", "40"]) == 0
         replies = join_all(rig, "served", 2)

@@ -94,7 +94,8 @@ def test_a_running_job_keeps_its_lease_while_600_joins_wait(tmp_path):
     try:
         futures = [rig.stub.Join.future(pb2.JoinRequest(
             token=TOKEN, job=f"crowd-{j}", rank=r, world_size=61, udp_port=20000 + 100 * j + r,
-            wait_seconds=20.0, join_secret=secret_of(f"crowd-{j}")), timeout=40) for j in range(10) for r in range(60)]
+            wait_seconds=20.0, join_secret=secret_of(f"crowd-{j}")), timeout=40)
+            for j in range(10) for r in range(60)]
         deadline = time.monotonic() + 30
         while rig.svc._waiting < 600 and time.monotonic() < deadline:
             time.sleep(0.05)
