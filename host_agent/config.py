@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from homagg import wire
-from homagg.errors import HomaggError
 from homagg.faults import FaultSpec
 from homagg.host_agent.codec import (
     AUTO,
@@ -28,17 +27,10 @@ from homagg.host_agent.codec import (
     as_index,
     as_mode,
 )
+from homagg.host_agent.errors import AgentError, AggregationTimeout  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from homagg.host_agent.membership import Membership
-
-
-class AgentError(HomaggError):
-    """The all-reduce cannot complete; the message says who and what."""
-
-
-class AggregationTimeout(AgentError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from homagg.host_agent.config import AgentError
+from homagg.host_agent.errors import AgentError
 from homagg.udpio import route_source
 
 log = logging.getLogger("homagg.membership")

@@ -532,7 +532,7 @@ def test_two_child_jobs_of_a_leaf_on_one_source_port_are_an_error_not_a_wrong_su
 
     from homagg.errors import ConfigError, JobError
     from homagg.netconfig import parse
-    from homagg.targets.soft import main as softswitch
+    from homagg.targets.soft.cli import main as softswitch
 
     spine = "10.0.0.254"
     text = ('[switch]\nname = "leaf1"\ntarget = "soft"\nip = "127.0.3.1"\n'

@@ -34,9 +34,9 @@ one pass over that bitmap (``union_indices`` + ``assemble`` remain, for the sket
 reference). ``Scan.of`` reads the tensor once for bitmap, positions and values.
 
 The modules, by concern: ``quantization`` (the scale), ``blocks`` (per-block scales),
-``scan`` (a worker's tensor, round 1's bitmaps), ``index`` (flat or hierarchical index, and
-the choice between them), ``sketch``
-(count sketch and peeling), ``modes`` (``Mode``, the byte-count choice),
+``scan`` (a worker's tensor, round 1's bitmaps, the shifts a job agrees on), ``index``
+(flat or hierarchical index, and the choice between them), ``sketch`` (count sketch and
+peeling), ``modes`` (``Mode``, the byte-count choice),
 ``union`` (a worker's rounds 2 and 3), ``kernels`` (numba or numpy: ``_jit`` and ``_ref``;
 ``_jit`` gathers ``_jit_bitmap``, ``_jit_sketch`` and ``_jit_blocks``), ``errors``. This
 package re-exports their public names.
@@ -46,16 +46,13 @@ from homagg.host_agent.codec import kernels
 from homagg.host_agent.codec.blocks import (
     DEFAULT_BLOCK,
     MAX_OFFSET,
-    agreed_shifts,
     block_count,
     block_offsets,
     block_words,
     check_out,
-    decode_union_blocks,
     element_shifts,
     element_words,
     scale_blocks,
-    split_blocks,
     split_flags,
     split_offsets,
     split_positions,
@@ -94,10 +91,12 @@ from homagg.host_agent.codec.scan import (
     Scan,
     Sparse,
     Summary,
+    agreed_shifts,
     bitmap,
     bitmap_words,
     ranks_in,
     set_bits,
+    split_blocks,
     union_indices,
     union_size,
 )
@@ -115,6 +114,7 @@ from homagg.host_agent.codec.union import (
     assemble,
     check_int32,
     decode_union,
+    decode_union_blocks,
     decode_values,
     encode_union,
     encode_union_dense,

@@ -96,13 +96,6 @@ def split_flags(idx: np.ndarray, raw: np.ndarray, n: int, block: int,
         np.asarray(idx, np.int64), raw, nb, block, SPLIT_BINADES, SPLIT_RUN))
 
 
-def split_blocks(flag_words: np.ndarray, n: int, block: int) -> np.ndarray:
-    """The blocks (sorted int64) set in ORed split flags."""
-    from homagg.host_agent.codec.scan import set_bits
-
-    return set_bits(flag_words, block_count(n, block))
-
-
 def split_positions(blocks: np.ndarray, n: int, block: int) -> np.ndarray:
     """The elements (sorted int64) of the split ``blocks``: one word each in the split round."""
     blocks = np.asarray(blocks, np.int64)
@@ -178,61 +171,3 @@ def check_out(out: np.ndarray, n: int, dtype) -> np.ndarray:
     if not (out.flags.c_contiguous and out.flags.writeable):
         raise CodecError("out must be a contiguous, writeable array")
     return out.reshape(-1)
-
-
-def decode_union_blocks(union_words: np.ndarray, n: int, values: np.ndarray,
-                        block_shifts: np.ndarray, block: int, dtype=np.float32,
-                        out: np.ndarray | None = None) -> np.ndarray:
-    """``union.decode_union`` with block scales: the dense float sum, each value rounded once
-    from the exact ``value * 2**-shift`` of its block; in one pass over the bitmap when the
-    block is a whole number of bitmap words (32 elements), else decoded then scaled. Into
-    ``out`` where given (``check_out``; it may be the worker's own tensor, an all-reduce in
-    place: nothing is written there unless the union and the values agree)."""
-    from homagg.host_agent.codec.scan import checked_words
-    from homagg.host_agent.codec.union import decode_union
-
-    if out is not None:
-        out = check_out(out, n, dtype)
-    if block % 32:
-        return scale_blocks(decode_union(union_words, n, values, 0, np.float64), block_shifts,
-                            block, dtype, out)
-    words = checked_words(union_words, n)
-    scales = np.repeat(np.ldexp(1.0, -np.asarray(block_shifts, np.int64)), block // 32)
-    out = kernels.active.decode_union_scaled(words, n, np.asarray(values),
-                                             scales[:-(-n // 32)], dtype, out)
-    if out is None:
-        raise CodecError("union bitmap and values disagree on the union size")
-    return out
-
-
-def agreed_shifts(arrays, headroom: int | None = None, block: int = DEFAULT_BLOCK,
-                  shift_bias: int = 0, split: bool = False,
-                  enabled: bool = True) -> np.ndarray:
-    """The per-block shifts (int64) a job of ``len(arrays)`` workers agrees on for these
-    tensors (finite floats, same size), before any rescale: what the agents' negotiation
-    round gives, computed here from all the tensors at once (for checks and tests). With
-    ``split``, the per-element shifts (n) after the split round (the agents' ``Result.shift``;
-    ``enabled``: ``AgentConfig.split``)."""
-    from homagg.host_agent.codec.quantization import DEFAULT_HEADROOM, shift_for
-    from homagg.host_agent.codec.scan import Scan
-
-    scans = [Scan.of(np.asarray(a).reshape(-1)) for a in arrays]
-    if not scans:
-        raise CodecError("agreed_shifts needs at least one tensor")
-    n = scans[0].n
-    exps = [s.max_exponent() for s in scans]
-    ored = np.zeros(block_count(n, block), np.uint32)
-    for s, e in zip(scans, exps):
-        ored |= block_words(s.idx, s.raw, n, block, e)
-    known = [e for e in exps if e is not None]
-    shift = shift_for(max(known) if known else None, len(scans),
-                      DEFAULT_HEADROOM if headroom is None else headroom) + shift_bias
-    offsets = block_offsets(ored)
-    if split:
-        flags = np.bitwise_or.reduce([split_flags(s.idx, s.raw, n, block, enabled)
-                                      for s in scans])
-        pos = split_positions(split_blocks(flags, n, block), n, block)
-        words = np.bitwise_or.reduce([element_words(s.idx, s.raw, pos, e)
-                                      for s, e in zip(scans, exps)])
-        offsets = split_offsets(offsets, block, n, pos, words)
-    return shift + offsets

@@ -15,9 +15,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from homagg.host_agent.codec import kernels
-from homagg.host_agent.codec.blocks import SPLIT_BINADES, SPLIT_RUN, block_count, peak_words
+from homagg.host_agent.codec.blocks import (
+    DEFAULT_BLOCK,
+    SPLIT_BINADES,
+    SPLIT_RUN,
+    block_count,
+    block_offsets,
+    block_words,
+    element_words,
+    peak_words,
+    split_flags,
+    split_offsets,
+    split_positions,
+)
 from homagg.host_agent.codec.errors import CodecError
-from homagg.host_agent.codec.quantization import max_exponent, quantize
+from homagg.host_agent.codec.quantization import DEFAULT_HEADROOM, max_exponent, quantize, shift_for
 
 # --------------------------------------------------------------------------------------------
 # Sparse view of one worker's tensor
@@ -197,3 +209,38 @@ def ranks_in(union: np.ndarray, idx: np.ndarray) -> np.ndarray:
 def union_size(words: np.ndarray, n: int) -> int:
     """u: the number of positions < n set in an ORed bitmap (without listing them)."""
     return int(kernels.active.union_size(checked_words(words, n), n))
+
+
+def split_blocks(flag_words: np.ndarray, n: int, block: int) -> np.ndarray:
+    """The blocks (sorted int64) set in ORed split flags."""
+    return set_bits(flag_words, block_count(n, block))
+
+
+def agreed_shifts(arrays, headroom: int | None = None, block: int = DEFAULT_BLOCK,
+                  shift_bias: int = 0, split: bool = False,
+                  enabled: bool = True) -> np.ndarray:
+    """The per-block shifts (int64) a job of ``len(arrays)`` workers agrees on for these
+    tensors (finite floats, same size), before any rescale: what the agents' negotiation
+    round gives, computed here from all the tensors at once (for checks and tests). With
+    ``split``, the per-element shifts (n) after the split round (the agents' ``Result.shift``;
+    ``enabled``: ``AgentConfig.split``)."""
+    scans = [Scan.of(np.asarray(a).reshape(-1)) for a in arrays]
+    if not scans:
+        raise CodecError("agreed_shifts needs at least one tensor")
+    n = scans[0].n
+    exps = [s.max_exponent() for s in scans]
+    ored = np.zeros(block_count(n, block), np.uint32)
+    for s, e in zip(scans, exps):
+        ored |= block_words(s.idx, s.raw, n, block, e)
+    known = [e for e in exps if e is not None]
+    shift = shift_for(max(known) if known else None, len(scans),
+                      DEFAULT_HEADROOM if headroom is None else headroom) + shift_bias
+    offsets = block_offsets(ored)
+    if split:
+        flags = np.bitwise_or.reduce([split_flags(s.idx, s.raw, n, block, enabled)
+                                      for s in scans])
+        pos = split_positions(split_blocks(flags, n, block), n, block)
+        words = np.bitwise_or.reduce([element_words(s.idx, s.raw, pos, e)
+                                      for s, e in zip(scans, exps)])
+        offsets = split_offsets(offsets, block, n, pos, words)
+    return shift + offsets

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from homagg.host_agent.codec import kernels
+from homagg.host_agent.codec.blocks import check_out, scale_blocks
 from homagg.host_agent.codec.errors import AggregationOverflow, CodecError
 from homagg.host_agent.codec.modes import Mode, as_mode
 from homagg.host_agent.codec.quantization import INT32_MAX, INT32_MIN
@@ -125,3 +126,25 @@ def check_int32(values: np.ndarray, round_name: str) -> None:
     if values.size and (values.max() > INT32_MAX or values.min() < INT32_MIN):
         raise AggregationOverflow(round_name,
                                   np.flatnonzero((values > INT32_MAX) | (values < INT32_MIN)))
+
+
+def decode_union_blocks(union_words: np.ndarray, n: int, values: np.ndarray,
+                        block_shifts: np.ndarray, block: int, dtype=np.float32,
+                        out: np.ndarray | None = None) -> np.ndarray:
+    """``union.decode_union`` with block scales: the dense float sum, each value rounded once
+    from the exact ``value * 2**-shift`` of its block; in one pass over the bitmap when the
+    block is a whole number of bitmap words (32 elements), else decoded then scaled. Into
+    ``out`` where given (``check_out``; it may be the worker's own tensor, an all-reduce in
+    place: nothing is written there unless the union and the values agree)."""
+    if out is not None:
+        out = check_out(out, n, dtype)
+    if block % 32:
+        return scale_blocks(decode_union(union_words, n, values, 0, np.float64), block_shifts,
+                            block, dtype, out)
+    words = checked_words(union_words, n)
+    scales = np.repeat(np.ldexp(1.0, -np.asarray(block_shifts, np.int64)), block // 32)
+    out = kernels.active.decode_union_scaled(words, n, np.asarray(values),
+                                             scales[:-(-n // 32)], dtype, out)
+    if out is None:
+        raise CodecError("union bitmap and values disagree on the union size")
+    return out

@@ -31,6 +31,7 @@ from __future__ import annotations
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,7 +44,6 @@ from homagg.host_agent.engine.congestion import Congestion
 from homagg.host_agent.engine.round import Round, SwitchOverflow
 from homagg.host_agent.engine.round_cost import RoundCost
 from homagg.host_agent.engine.rto import RtoEstimator
-from homagg.host_agent.warm import warm
 
 if TYPE_CHECKING:
     from homagg.host_agent.engine import Counters
@@ -52,6 +52,18 @@ __all__ = ["SwitchOverflow", "Transport"]
 
 #: Receives' worth of datagrams gathered before matching (1 MiB with 64 KiB receives).
 RECV_BATCH = 16
+
+#: Called before every agent's join: compiles (or loads) the kernels the rounds call, so that
+#: none is compiled inside a round. ``homagg.host_agent`` sets it to ``warm.warm`` when it is
+#: imported (as it is before this module, its parent): warm runs agents through the
+#: simulator, a layer above this one, which this module therefore does not import.
+
+
+def _nothing() -> None:
+    return None
+
+
+before_join: Callable[[], object] = _nothing
 
 
 class Transport:
@@ -152,8 +164,8 @@ class Transport:
     def join(self) -> int:
         """The job's barrier at the start of this agent's run: the generation the switch hands
         out once every worker has joined (retransmitted like any round, with the deadline).
-        The kernels are compiled (or loaded) first: never inside a round (``warm``)."""
-        warm()
+        The kernels are compiled (or loaded) first: never inside a round (``before_join``)."""
+        before_join()
         nonce = secrets.randbits(32) or 1  # 0: a register never written
         words = np.zeros(wire.JOIN_WORDS, np.int32)
         words[wire.JOIN_RUN_WORD] = np.uint32(self.cfg.run).view(np.int32)  # the attempt

@@ -8,14 +8,15 @@ conformance suite holds bmv2 to). Three parts, each one job:
   five tables, the multicast groups, the counters), as homagg-ctl writes and reads them on bmv2;
 - ``server``: ``SoftSwitchServer``, that switch on UDP sockets;
 - ``cli``: ``homagg-softswitch``, the two with a P4Runtime server
-  (``homagg.targets.p4runtime_server``), so homagg-ctl drives it as it drives bmv2.
+  (``homagg.targets.p4runtime_server``), so homagg-ctl drives it as it drives bmv2. Not
+  imported here: it installs a config's jobs with the controller's job logic, which reaches
+  ``tables`` in process through ``homagg.controller.local``.
 
 Jobs are the controller's business (``homagg.controller.jobs``), written over P4Runtime or in
 process (``homagg.controller.local``).
 """
 
-from homagg.targets.soft.cli import main
 from homagg.targets.soft.server import SoftSwitchError, SoftSwitchServer
 from homagg.targets.soft.tables import SoftSwitch
 
-__all__ = ["SoftSwitch", "SoftSwitchError", "SoftSwitchServer", "main"]
+__all__ = ["SoftSwitch", "SoftSwitchError", "SoftSwitchServer"]

@@ -306,11 +306,9 @@ class SoftSwitchServer:
                 return
 
     def start(self) -> SoftSwitchServer:
-        if self.shards > 1:
-            from homagg.targets.soft import shards
-
-            self._procs = shards.start(self.switch, self.shard_socks,  # type: ignore[arg-type]
-                                       self.faults, self.requested_engine)
+        if self.shards > 1:  # a ShardedSwitch (``shards``, which builds on this module)
+            self._procs = self.switch.start_processes(  # type: ignore[attr-defined]
+                self.shard_socks, self.faults, self.requested_engine)
         self._thread = threading.Thread(target=self.serve, name="softswitch", daemon=True)
         self._thread.start()
         return self
@@ -332,9 +330,7 @@ class SoftSwitchServer:
         if self._thread:
             self._thread.join(2)
         if self._procs:
-            from homagg.targets.soft import shards
-
-            shards.stop(self.switch, self._procs)  # type: ignore[arg-type]
+            self.switch.stop_processes(self._procs)  # type: ignore[attr-defined]
             self._procs = []
         for sock in self.socks.values():
             sock.close()

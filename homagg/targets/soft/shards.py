@@ -244,6 +244,15 @@ class ShardedSwitch(SoftSwitch):
         with self.lock:
             return self._counts_io()[2] if self._conns else dict(self._last_io)
 
+    def start_processes(self, socks: list[dict[int, socket.socket]],
+                        faults: FaultSpec | None = None, engine: str = "auto") -> list:
+        """``start``: what the ``SoftSwitchServer`` serving this switch calls."""
+        return start(self, socks, faults, engine)
+
+    def stop_processes(self, procs: list) -> None:
+        """``stop``: what the ``SoftSwitchServer`` serving this switch calls."""
+        stop(self, procs)
+
 
 # -- the shard processes ---------------------------------------------------------------------
 def start(switch: ShardedSwitch, socks: list[dict[int, socket.socket]],
