@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -365,7 +364,5 @@ def main() -> int:
     return 1 if bad else 0
 
 
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONPATH", str(ROOT))
-    sys.path.insert(0, str(ROOT))
+if __name__ == "__main__":  # python -m bench.gpu_check, from the repository's root
     raise SystemExit(main())

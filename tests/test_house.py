@@ -78,3 +78,31 @@ def test_a_long_module_job_logic_and_a_second_p4info_conversion_are_found(tmp_pa
     assert not any("p4schema" in p for p in found)
     assert "merge-conflict marker: docs/notes.md:2" in found
     assert house.main([str(root)]) == 1
+
+
+def test_a_deferred_import_closes_a_circle_and_symlinked_parts_are_read(tmp_path):
+    """An import inside a function counts (it hides the circle from Python, not from the
+    design); the package's symlinked parts (controller/, host_agent/) are its modules."""
+    root = _tree(tmp_path, {
+        "homagg/__init__.py": "",
+        "homagg/low.py": "def f():\n    from homagg.host_agent import high\n",
+        "host_agent/__init__.py": "",
+        "host_agent/high.py": "from homagg import low\n",
+    })
+    (root / "homagg" / "host_agent").symlink_to(root / "host_agent")
+    known = house.modules(root)
+    assert "homagg.host_agent.high" in known
+    assert ["homagg.host_agent.high", "homagg.low"] in house.import_cycles(known)
+
+
+def test_a_sys_path_patch_is_found_wherever_it_is(tmp_path):
+    root = _tree(tmp_path, {
+        "homagg/__init__.py": "",
+        "bench/run.py": "import sys\nsys.path.insert(0, '..')\n",
+        "tests/helper.py": "import sys\n\n\ndef f():\n    sys.path[:0] = ['x']\n",
+        "tools/fine.py": "import sys\nprint(sys.path)\n",
+    })
+    found = house.problems(root)
+    assert "a sys.path patch: bench/run.py:2" in found
+    assert "a sys.path patch: tests/helper.py:5" in found
+    assert not any("fine.py" in p for p in found)

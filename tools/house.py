@@ -4,10 +4,11 @@ logic, one P4Info conversion.
     python tools/house.py [ROOT]      # prints each broken rule; exit 1 if any
 
 The rules (what a review of the tree asked for, kept by tests/test_house.py):
-- no import circle among the package's modules. An import counts when it runs at import time:
-  module level, not under ``if TYPE_CHECKING:`` and not inside a function (a deferred import
-  is how a module says "only when called"); importing ``a.b.c`` also imports ``a`` and
-  ``a.b`` (their ``__init__``), as Python does;
+- no import circle among the package's modules. Every import counts, a deferred one (inside a
+  function) as well as one at module level: a deferred import hides a circle from Python at
+  import time, not from the design. Only imports under ``if TYPE_CHECKING:`` are left out
+  (they never run). Importing ``a.b.c`` also imports ``a`` and ``a.b`` (their ``__init__``),
+  as Python does;
 - no module over 500 lines in homagg/, controller/, host_agent/ or launcher/ (generated files,
   marked as such in their first lines, excepted);
 - no job logic outside controller/: no function named ``add_job``, ``remove_job`` or
@@ -15,7 +16,9 @@ The rules (what a review of the tree asked for, kept by tests/test_house.py):
 - no second P4Info-to-Python conversion: only homagg/p4schema.py reads a P4Info entity's
   ``preamble``, which every such conversion must;
 - no merge-conflict markers left in the tree's text files (git's tracked files where ROOT is a
-  checkout).
+  checkout);
+- no ``sys.path`` patch in any Python file of the tree (tests, benchmarks and tools included):
+  code is imported as the installed package, or run with ``python -m`` from the root.
 
 The package is homagg/ with its symlinked parts (controller/, host_agent/, launcher/, p4/),
 read from ``ROOT``; tests, benchmarks and examples are not part of it.
@@ -24,6 +27,7 @@ read from ``ROOT``; tests, benchmarks and examples are not part of it.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -51,9 +55,11 @@ def modules(root: Path) -> dict[str, Module]:
     once)."""
     out: dict[str, Module] = {}
     base = root / PACKAGE
-    for path in sorted(base.rglob("*.py")):
-        if "__pycache__" in path.parts:
-            continue
+    found = []
+    for folder, dirs, files in os.walk(base, followlinks=True):  # (the symlinked parts too)
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        found += [Path(folder) / f for f in files if f.endswith(".py")]
+    for path in sorted(found):
         rel = path.relative_to(base).with_suffix("")
         parts = [PACKAGE, *rel.parts]
         if parts[-1] == "__init__":
@@ -70,25 +76,18 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _import_time_nodes(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """The statements that run when the module is imported (not functions' bodies, not
-    TYPE_CHECKING blocks); classes' bodies run, so they are walked."""
-    for node in body:
-        if isinstance(node, ast.If):
-            if not _is_type_checking(node):
-                yield from _import_time_nodes(node.body)
-            yield from _import_time_nodes(node.orelse)
-        elif isinstance(node, (ast.Try, ast.With)):
-            for part in ("body", "handlers", "orelse", "finalbody"):
-                for sub in getattr(node, part, []):
-                    if isinstance(sub, ast.ExceptHandler):
-                        yield from _import_time_nodes(sub.body)
-                    else:
-                        yield from _import_time_nodes([sub])
-        elif isinstance(node, ast.ClassDef):
-            yield from _import_time_nodes(node.body)
-        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield node
+def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement under ``node``, at any depth (functions' bodies included),
+    except those under ``if TYPE_CHECKING:``, which never run."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield node
+        return
+    if isinstance(node, ast.If) and _is_type_checking(node):
+        for sub in node.orelse:
+            yield from _import_nodes(sub)
+        return
+    for sub in ast.iter_child_nodes(node):
+        yield from _import_nodes(sub)
 
 
 def _with_parents(name: str, known: dict[str, Module]) -> list[str]:
@@ -101,7 +100,7 @@ def imports(mod: Module, known: dict[str, Module]) -> set[str]:
     """The package's modules that importing ``mod`` imports directly."""
     out: set[str] = set()
     is_pkg = mod.path.name == "__init__.py"
-    for node in _import_time_nodes(mod.tree.body):
+    for node in _import_nodes(mod.tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 out.update(_with_parents(alias.name, known))
@@ -208,16 +207,20 @@ _MARKERS = ("<" * 7 + " ", "=" * 7 + "\n", ">" * 7 + " ")
 _TEXT = {".py", ".md", ".toml", ".p4", ".txt", ".sh", ".cfg", ".json", ".txtpb", ".yml"}
 
 
-def conflict_markers(root: Path) -> list[str]:
-    """Files with a line a merge left: ``<<<<<<< ``, ``=======`` alone, ``>>>>>>> ``."""
+def _tracked(root: Path) -> list[Path]:
+    """The tree's files: git's tracked ones where ROOT is a checkout, else every file."""
     try:
         listed = subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True,
                                 text=True, check=True).stdout.split("\n")
-        paths = [root / p for p in listed if p]
+        return [root / p for p in listed if p and (root / p).is_file()]
     except (OSError, subprocess.CalledProcessError):  # not a checkout: every file
-        paths = [p for p in root.rglob("*") if p.is_file()]
+        return [p for p in root.rglob("*") if p.is_file()]
+
+
+def conflict_markers(root: Path) -> list[str]:
+    """Files with a line a merge left: ``<<<<<<< ``, ``=======`` alone, ``>>>>>>> ``."""
     out = []
-    for path in paths:
+    for path in _tracked(root):
         if path.suffix not in _TEXT and path.name not in ("run.sh", "run"):
             continue
         try:
@@ -231,6 +234,34 @@ def conflict_markers(root: Path) -> list[str]:
     return out
 
 
+def _is_sys_path(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "path" \
+        and isinstance(node.value, ast.Name) and node.value.id == "sys"
+
+
+def sys_path_patches(root: Path) -> list[str]:
+    """Where a Python file changes ``sys.path``: a call of one of its methods, an assignment
+    to it or to a slice of it."""
+    out = []
+    for path in _tracked(root):
+        if path.suffix != ".py":
+            continue
+        try:
+            tree = ast.parse(path.read_text(), str(path))
+        except (OSError, UnicodeDecodeError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            hit = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                   and _is_sys_path(node.func.value)) or (
+                isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                and any(_is_sys_path(t.value if isinstance(t, ast.Subscript) else t)
+                        for t in (node.targets if isinstance(node, ast.Assign)
+                                  else [node.target])))
+            if hit:
+                out.append(f"{path.relative_to(root).as_posix()}:{getattr(node, 'lineno', 0)}")
+    return out
+
+
 def problems(root: Path) -> list[str]:
     known = modules(root)
     out = [f"import circle: {' -> '.join(c)}" for c in import_cycles(known)]
@@ -238,6 +269,7 @@ def problems(root: Path) -> list[str]:
     out += [f"job logic outside controller/: {p}" for p in job_logic_outside(known)]
     out += [f"a second P4Info conversion: {p}" for p in p4info_conversions(known)]
     out += [f"merge-conflict marker: {p}" for p in conflict_markers(root)]
+    out += [f"a sys.path patch: {p}" for p in sys_path_patches(root)]
     return out
 
 

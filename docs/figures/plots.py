@@ -13,6 +13,7 @@ Needs matplotlib (``pip install -e ".[bench]"``); no root, no network.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from collections.abc import Callable
@@ -20,10 +21,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "benchmarks.json"
-if str(HERE.parents[1]) not in sys.path:
-    sys.path.insert(0, str(HERE.parents[1]))  # the repository root: bench.plots
 
-from bench import plots as figures  # noqa: E402
+
+def _bench_plots():
+    """bench/plots.py, loaded from its file (it imports nothing of the repository's): this
+    script runs as a file, with no package of its own to import it from."""
+    spec = importlib.util.spec_from_file_location("bench.plots",
+                                                  HERE.parents[1] / "bench" / "plots.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+figures = _bench_plots()
 
 plt = figures.pyplot()
 plt.rcParams.update({
