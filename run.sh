@@ -3,6 +3,8 @@
 #
 #   ./run.sh demo [args]   the main job (see README)
 #   ./run.sh test [args]   ruff, mypy and the test suite (what CI runs); extra args go to pytest
+#   ./run.sh quick [args]  ruff, mypy and the quick tier (no slow, bmv2 or Mininet tests), its
+#                          tests on HOMAGG_TEST_WORKERS (default 4) workers where it can
 #   ./run.sh setup         only the installation steps
 #
 # Installs: Debian packages (Mininet and friends; only as root, only when missing) and a venv in
@@ -47,7 +49,7 @@ setup_venv() {
         # the stubs' generator, for their currency test, in its own directory: it declares
         # protobuf 4 and p4runtime-shell pins 3.20, so in the venv pip would report a conflict
         # (homagg/membership/__init__.py says how it is run)
-        "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --upgrade \
             --target "$VENV/protogen" "grpcio-tools==1.49.1" \
             || log "grpcio-tools not installed: the stubs' test will skip"
         touch "$stamp"
@@ -118,6 +120,32 @@ case "$cmd" in
         [ $rc -eq 5 ] && { log "pytest collected no tests"; rc=0; }
         exit $rc
         ;;
+    quick)
+        setup
+        log "ruff check"
+        "$VENV/bin/python" -m ruff check .
+        log "mypy (config in pyproject.toml)"
+        "$VENV/bin/python" -m mypy
+        tier=(-m "not slow and not bmv2 and not mininet")
+        # Parallel workers, each in a network namespace of its own (tools/isolated-python):
+        # the tests wait on timers far more than they compute, and bind fixed loopback
+        # addresses. Without root, unshare or pytest-xdist: one process, as ./run.sh test.
+        workers=${HOMAGG_TEST_WORKERS:-4}
+        if [ "$workers" -gt 1 ] && "$VENV/bin/python" -c "import xdist" 2>/dev/null \
+                && unshare --net true 2>/dev/null && command -v ip >/dev/null; then
+            export HOMAGG_ISOLATED_PYTHON="$VENV/bin/python"
+            tier+=(--tx "$workers*popen//python=$ROOT/tools/isolated-python" --dist load)
+            log "quick tier on $workers workers, each in a network namespace of its own"
+        else
+            log "quick tier in one process (parallel workers need root, unshare and pytest-xdist)"
+        fi
+        set +e
+        "$VENV/bin/python" -m pytest "${tier[@]}" "$@"
+        rc=$?
+        set -e
+        [ $rc -eq 5 ] && { log "pytest collected no tests"; rc=0; }
+        exit $rc
+        ;;
     demo)
         setup
         # Mininet demo: 4 workers train through bmv2 where installed, else the software
@@ -125,7 +153,7 @@ case "$cmd" in
         exec "$VENV/bin/python" -m homagg.launcher demo "$@"
         ;;
     *)
-        echo "usage: ./run.sh {demo|test|setup} [args]" >&2
+        echo "usage: ./run.sh {demo|test|quick|setup} [args]" >&2
         exit 2
         ;;
 esac
