@@ -12,6 +12,7 @@ pytest.importorskip("p4runtime_sh")
 
 from homagg.controller.serve import ONE_LINE_LOGGERS, one_line  # noqa: E402
 from homagg.membership import pb2  # noqa: E402
+from tests.staging import wait_for  # noqa: E402
 from tests.test_service import TOKEN, Rig, join_all, refused, secret_of  # noqa: E402
 
 VICTIM = "10.9.8.7:29500/victim-run-42"
@@ -32,6 +33,7 @@ def test_a_token_holder_without_the_join_secret_cannot_take_a_pending_rank(rig):
         token=TOKEN, job=VICTIM, rank=0, world_size=2, udp_port=41000, wait_seconds=20,
         join_secret=secret_of(VICTIM)), timeout=30)
     try:
+        wait_for(lambda: VICTIM in rig.svc._pending, 10, "rank 0's join to wait")
         e = refused(lambda: rig.join(VICTIM, 1, 2, 41666, join_secret="squatters-own-secret"))
         assert e.code() == grpc.StatusCode.PERMISSION_DENIED
         assert e.details().startswith(f"job {VICTIM!r}: this join's secret is not the one the "
