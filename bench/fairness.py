@@ -24,8 +24,9 @@ before job 2 started, and each job's lowest goodput over a second of the window,
 mean (a job that collapses when the other starts shows it there).
 
 bmv2: not run. Its switch is the aggregator (no link both jobs' packets cross but the switch's
-own ports), and it forwards 5-15k packets/s here (docs/performance.md), about what one
-100 Mbit/s link carries: the shared link would not be the bottleneck. Needs root and Mininet.
+own ports), and it forwards 13.6-16.3k packets/s here at K = 256 (docs/performance.md,
+"Switch cost (bmv2)"), about what one 100 Mbit/s link carries: the shared link would not be
+the bottleneck. Needs root and Mininet.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class AgentConfig:
     congestion: bool = False     # AIMD window in slots and pacing (host_agent.congestion);
                                  # off: the whole slot window, unpaced (or at rate_pps). Off
                                  # by default: measured no fairer, and more resends (see
-                                 # docs/performance.md, "Fairness")
+                                 # docs/performance.md, "Aggregation throughput")
     mode: str = AUTO             # auto | dense | union | sketch (a codec.Mode or its name)
     index: str = AUTO            # auto | flat | hier: the non-zeros' index (codec.index)
     ratio: float = DEFAULT_RATIO  # sketch counters per union element (codec.sketch_size) and

@@ -1,7 +1,7 @@
 """Draw every figure under docs/figures/ (SVG) from committed data, with matplotlib.
 
     python docs/figures/plots.py            # all figures
-    python docs/figures/plots.py tree seq   # some of them (names: see FIGURES)
+    python docs/figures/plots.py models sequence   # some of them (names: see FIGURES)
 
 The benchmark figures are drawn by bench/plots.py, the functions the benchmarks draw their PNGs
 with, from ``docs/figures/data/benchmarks.json``: the numbers the benchmarks printed on the
@@ -60,18 +60,6 @@ def _save(fig, name: str) -> Path:
 
 def aggregation() -> Path:
     return _save(figures.aggregation(_rows(_data()["aggregation"])), "aggregation")
-
-
-def training() -> Path:
-    fig = figures.training(_rows(_data()["training"]),
-                           "GMF demo model, 4 workers, 100 Mbit/s links (x: speed vs gloo)")
-    return _save(fig, "training")
-
-
-def tree() -> Path:
-    fig = figures.tree(_rows(_data()["tree"]), "leaf/spine (2 leaves x 4) vs star (8 workers), "
-                       "dense, 100k elements (x: tree / star)")
-    return _save(fig, "tree")
 
 
 def switch_cost() -> Path:
@@ -135,21 +123,6 @@ def _grouped_bars(ax, rows: list[dict], cols, scale: float = 1.0) -> None:
         ax.bar([i + w * k for i in range(len(rows))], [r[col] / scale for r in rows], w,
                label=label, color=color)
     ax.set_xticks([i + w for i in range(len(rows))], [""] * len(rows))
-
-
-def pps() -> Path:
-    rows = _rows(_data()["pps"])
-    fig, ax = plt.subplots(figsize=(5.5, 2.6))
-    cols = [("echo_dgps", "Python UDP echo", "grey"),
-            ("aggregator_dgps", "software aggregator", "tab:blue"),
-            ("agent_dgps", "agent", "tab:orange")]
-    _grouped_bars(ax, rows, cols, 1e3)
-    ax.set_xticklabels([f"K = {r['k']}" for r in rows])
-    ax.set_ylabel("k datagrams per CPU second")
-    ax.set_title("datagrams per core, loopback, 4 agents --mode dense", fontsize=8)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _save(fig, "pps")
 
 
 def linerate() -> Path:
@@ -324,8 +297,8 @@ def sequence() -> Path:
 
 
 FIGURES: dict[str, Callable[[], Path]] = {
-    "aggregation": aggregation, "training": training, "tree": tree,
-    "switch_cost": switch_cost, "ddp_step": ddp_step, "pps": pps, "codec": codec,
+    "aggregation": aggregation, "switch_cost": switch_cost, "ddp_step": ddp_step,
+    "codec": codec,
     "reliability": reliability, "topology": topology, "sequence": sequence,
     "linerate": linerate, "models": models,
 }

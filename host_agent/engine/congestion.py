@@ -2,7 +2,7 @@
 job's slots the agent keeps in flight (its window), and how fast it opens them (pacing), so that
 jobs sharing a link share it, and none collapses when another starts. (Off by default because
 bench/fairness.py measured two jobs sharing a 100 Mbit/s link as fair without it, and with more
-resends with it: docs/performance.md, "Fairness".)
+resends with it: docs/performance.md, "Aggregation throughput".)
 
 AIMD on a window counted in slots (chunks sent and not yet done), as TCP's congestion avoidance
 (RFC 5681) but for slots: the window starts at the job's slots (its cap: a job alone on its
