@@ -39,6 +39,15 @@ def local_grads(model, rank, step):
     return [p.grad.detach().clone() for p in model.parameters()]
 
 
+def finish(agent) -> None:
+    """Both ranks done before either tears down: a rank that destroys its gloo group while
+    the other is still in a collective can end the other with std::terminate ("terminate
+    called without an active exception", a SIGABRT seen once in a while here)."""
+    dist.barrier()
+    agent.close()
+    dist.destroy_process_group()
+
+
 def worker(rank, world, addrs, out_dir, overlap):
     from homagg.host_agent import Agent, AgentConfig
     from homagg.host_agent.distributed.hook import HookState, homagg_hook
@@ -75,8 +84,7 @@ def worker(rank, world, addrs, out_dir, overlap):
             for p in model.parameters():
                 p -= 0.1 * p.grad
     torch.save(results, f"{out_dir}/rank{rank}.pt")
-    agent.close()
-    dist.destroy_process_group()
+    finish(agent)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -139,8 +147,7 @@ def scaler_worker(rank, world, addrs, out_dir):
         log.append((scale, scaler.get_scale(), changed,
                     [p.detach().clone() for p in model.parameters()]))
     torch.save(log, f"{out_dir}/rank{rank}.pt")
-    agent.close()
-    dist.destroy_process_group()
+    finish(agent)
 
 
 def test_ddp_grad_scaler_skips_the_step_on_every_rank_after_an_inf_on_one(tmp_path):
@@ -241,8 +248,7 @@ def sparse_worker(rank, world, addrs, out_dir):
         g = model[0].weight.grad
         results.append((g.is_sparse, g.detach().coalesce().clone()))
     torch.save(results, f"{out_dir}/sparse{rank}.pt")
-    agent.close()
-    dist.destroy_process_group()
+    finish(agent)
 
 
 def test_ddp_sparse_gradients_go_through_the_hook_sparse_and_exact(tmp_path):
