@@ -118,7 +118,7 @@ def test_a_killed_rank_is_named_its_job_freed_and_an_elastic_restart_completes(s
         watcher.join()
         assert job not in svc.held
         assert freed_at[0] - killed_at < LEASE + 2.0
-        assert svc._gone[job].startswith(f"job {job} (10.1.2.3:29500/none) was removed: its "
+        assert svc._gone[job][0].startswith(f"job {job} (10.1.2.3:29500/none) was removed: its "
                                          "lease ran out: worker 2 (127.0.0.1:")
         # torchrun restarting the job: the same name, every rank again; it joins and completes
         procs = [spawn(srv, r, world, 5, deadline=20.0) for r in range(world)]
