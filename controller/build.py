@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -108,6 +109,13 @@ def build(out: Path = DEFAULT_OUT, force: bool = False, regenerate: bool = True,
     return p
 
 
+def portable_p4info(text: str) -> str:
+    """A P4Info as the shipped file keeps it: p4c after 1.2.4.8 also writes each table's
+    ``initial_default_action`` (what its default action is at start, which the program says
+    too), and the shipped file stays the same whichever p4c built it."""
+    return re.sub(r"\n  initial_default_action \{\n    action_id: \d+\n  \}", "", text)
+
+
 def _regenerate(p: Pipeline) -> None:
     """In a checkout, rewrite homagg/_p4consts.py and homagg/_p4info.txtpb (the P4Info the
     software aggregator serves) from this build (commit the change). An installed homagg cannot
@@ -119,8 +127,9 @@ def _regenerate(p: Pipeline) -> None:
         if genconsts.generate(p.p4info):
             log.warning("%s regenerated from the P4 program: restart running processes and "
                         "commit it", genconsts.OUT)
-        if not P4INFO_FILE.is_file() or P4INFO_FILE.read_text() != p.p4info.read_text():
-            P4INFO_FILE.write_text(p.p4info.read_text())
+        shipped = portable_p4info(p.p4info.read_text())
+        if not P4INFO_FILE.is_file() or P4INFO_FILE.read_text() != shipped:
+            P4INFO_FILE.write_text(shipped)
             log.warning("%s refreshed from the build: commit it", P4INFO_FILE)
         return
     fresh = genconsts.render(paths.p4_dir(), genconsts.parse_p4info(p.p4info))
