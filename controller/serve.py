@@ -27,6 +27,7 @@ import grpc
 from homagg.controller.service import JobService, Refusal, ServeOptions
 from homagg.errors import ConfigError
 from homagg.membership import REFUSAL_KEY, pb2, rpc
+from homagg.netconfig import is_local_address
 from homagg.udpio import route_source
 
 log = logging.getLogger("homagg.serve")
@@ -225,14 +226,6 @@ def _advertised(host: str, port: int, svc: JobService) -> tuple[str, int] | None
     return (str(ip), port) if ip.version == 4 else None
 
 
-def _is_loopback(listen: str) -> bool:
-    host = listen.rpartition(":")[0].strip("[]")
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def start(svc: JobService, listen: str, tls: tuple[Path, Path] | None = None,
           metrics_port: int | None = None, metrics_addr: str | None = None) -> Server:
     """Take the switch and read back this service's jobs from it, then serve. Metrics listen
@@ -263,7 +256,7 @@ def start(svc: JobService, listen: str, tls: tuple[Path, Path] | None = None,
     svc.start()
     server.start()
     out = Server(svc, server, f"{host}:{port}")
-    if creds is None and not _is_loopback(listen):
+    if creds is None and not is_local_address(listen):
         log.warning("serving at %s without TLS: the token and the jobs' secrets cross the "
                     "network in clear (--tls-cert/--tls-key, or a private network)", listen)
     if metrics_port is not None:

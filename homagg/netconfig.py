@@ -207,6 +207,18 @@ def host_mac(i: int) -> str:
 
 # -- addresses as P4Runtime carries them (integers), for the controller and the aggregator --
 
+def is_local_address(addr: str) -> bool:
+    """Whether a gRPC address (HOST:PORT or unix:PATH) is reachable from this host only: a
+    unix socket (its file's permissions say who), or a loopback address."""
+    if addr.startswith("unix:"):
+        return True
+    host = addr.rpartition(":")[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def ip_int(ip: str) -> int:
     """An IPv4 address as the integer a table key or parameter holds."""
     try:

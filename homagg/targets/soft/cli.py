@@ -29,6 +29,7 @@ from pathlib import Path
 
 from homagg import wire
 from homagg.errors import HomaggError
+from homagg.netconfig import is_local_address
 from homagg.targets.soft.server import (
     ENGINES,
     SoftSwitchError,
@@ -60,7 +61,7 @@ def _p4runtime(a, cfg, sw: SoftSwitch):
         log.warning("P4Runtime at %s over TLS WITHOUT client certificates "
                     "(--grpc-tls-any-client): any client that reaches it can take the switch "
                     "as primary, remove jobs and read their keys", addr)
-    elif not tls_on and not _is_local(addr):
+    elif not tls_on and not is_local_address(addr):
         log.warning("P4Runtime at %s in clear, WITHOUT client certificates: anyone who reaches "
                     "it can take the switch as primary, remove jobs and read their keys "
                     "(--grpc-tls-cert/--grpc-tls-key/--grpc-tls-client-ca, or a loopback or "
@@ -82,20 +83,6 @@ def _p4runtime(a, cfg, sw: SoftSwitch):
         log.warning("P4Runtime not served: %s (--grpc HOST:PORT to choose, --grpc none to "
                     "silence)", e)
         return None
-
-
-def _is_local(addr: str) -> bool:
-    """Whether a gRPC address is reachable from this host only: a unix socket (its file's
-    permissions), or a loopback address."""
-    import ipaddress
-
-    if addr.startswith("unix:"):
-        return True
-    host = addr.rpartition(":")[0].strip("[]")
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def parser() -> argparse.ArgumentParser:
