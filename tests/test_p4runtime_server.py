@@ -649,3 +649,12 @@ def test_conformance_with_jobs_over_p4runtime(p4rt_target, case):
     if case.tree:  # the job table reads back with its uplink, through P4Runtime
         (job,) = J.list_jobs(p4rt_target.conn)
         assert job.uplink == p4rt_target.uplink
+
+
+def test_the_softswitchs_old_entry_point_still_runs_the_cli_with_a_warning(capsys):
+    from homagg.targets import soft
+
+    with pytest.warns(DeprecationWarning, match="use homagg.targets.soft.cli.main"), \
+            pytest.raises(SystemExit) as e:
+        soft.main(["--help"])
+    assert e.value.code == 0 and "homagg-softswitch" in capsys.readouterr().out

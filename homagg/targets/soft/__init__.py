@@ -16,7 +16,21 @@ Jobs are the controller's business (``homagg.controller.jobs``), written over P4
 process (``homagg.controller.local``).
 """
 
+import importlib
+import warnings
+
 from homagg.targets.soft.server import SoftSwitchError, SoftSwitchServer
 from homagg.targets.soft.tables import SoftSwitch
 
 __all__ = ["SoftSwitch", "SoftSwitchError", "SoftSwitchServer"]
+
+
+def main(argv=None) -> int:
+    """Deprecated: ``homagg.targets.soft.cli.main`` (the ``homagg-softswitch`` script's entry
+    point since 0.2.0). Kept for one release; it reaches the CLI by name, at call time, so the
+    package itself still does not import it (the CLI imports the controller, which imports
+    this package's tables)."""
+    warnings.warn("homagg.targets.soft.main is deprecated: use homagg.targets.soft.cli.main "
+                  "(reinstall homagg to rewrite an old homagg-softswitch script)",
+                  DeprecationWarning, stacklevel=2)
+    return importlib.import_module("homagg.targets.soft.cli").main(argv)
