@@ -174,10 +174,10 @@ def run_bench(agent: Agent, a) -> dict:
     in_stream = [0.0]
     stream = agent.transport.stream
 
-    def timed_stream(op, words):  # the agent looks its transport's stream up at each round
+    def timed_stream(op, words, flagged=False):  # the agent looks it up at each round
         t0 = time.process_time()
         try:
-            return stream(op, words)
+            return stream(op, words, flagged)
         finally:
             in_stream[0] += time.process_time() - t0
 

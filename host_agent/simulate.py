@@ -24,16 +24,18 @@ one round by hand.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from homagg import wire
 from homagg.host_agent import codec
-from homagg.host_agent.allreduce import Agent, Counters, Result
+from homagg.host_agent.allreduce import Agent, Counters, Result, SwitchLink
 from homagg.host_agent.codec import AUTO, AggregationOverflow, CodecError, Mode
 from homagg.host_agent.config import AgentConfig, AgentError, AggregationTimeout
 from homagg.host_agent.engine.transport import SwitchOverflow
+from homagg.host_agent.hostreduce import ThreadHost
 from homagg.switch_model import lane_add, lane_or
 
 
@@ -72,7 +74,7 @@ class MemorySwitch:
     def __init__(self, workers: int, deadline: float = 10.0):
         self.workers = workers
         self.barrier = threading.Barrier(workers, timeout=deadline)
-        self.inbox: list[tuple[int, np.ndarray] | None] = [None] * workers
+        self.inbox: list[tuple[int, np.ndarray, bool] | None] = [None] * workers
         self.result = np.zeros(0, np.int32)
         self.overflow = False
         self.overflow_words = np.zeros(0, np.int64)  # the last flagged round's, for errors
@@ -81,8 +83,8 @@ class MemorySwitch:
 
     def _combine(self) -> None:
         got = [c for c in self.inbox if c is not None]
-        ops = {op for op, _ in got}
-        sizes = {w.size for _, w in got}
+        ops = {op for op, _, _ in got}
+        sizes = {w.size for _, w, _ in got}
         self.error = None
         if len(got) != self.workers or len(ops) != 1 or len(sizes) != 1:
             self.error = (f"workers disagree on the round: ops {sorted(ops)}, sizes "
@@ -90,14 +92,15 @@ class MemorySwitch:
             return
         op = ops.pop()
         self.adds += op == wire.OP_ADD
-        self.result, over = switch_combine(op, [words for _, words in got])
-        self.overflow = bool(over.any())
+        self.result, over = switch_combine(op, [words for _, words, _ in got])
+        # (a flagged contribution: a partial sum that overflowed on its way, ``hostreduce``)
+        self.overflow = bool(over.any()) or any(flagged for _, _, flagged in got)
         if self.overflow:
             self.overflow_words = np.flatnonzero(over)
 
-    def round(self, worker: int, op: int, words: np.ndarray) -> tuple[np.ndarray, bool,
-                                                                     str | None]:
-        self.inbox[worker] = (op, words)
+    def round(self, worker: int, op: int, words: np.ndarray, flagged: bool = False
+              ) -> tuple[np.ndarray, bool, str | None]:
+        self.inbox[worker] = (op, words, flagged)
         if self.barrier.wait() == 0:
             self._combine()
         self.barrier.wait()  # every worker reads the result before the next round's combine
@@ -119,23 +122,24 @@ class MemoryTransport:
     def close(self) -> None:
         pass
 
-    def stream(self, op: int, words: np.ndarray) -> np.ndarray:
-        out, overflow = self._round(op, words)
+    def stream(self, op: int, words: np.ndarray, flagged: bool = False) -> np.ndarray:
+        out, overflow = self._round(op, words, flagged)
         self.counters.rounds += 1
         if overflow:
             raise SwitchOverflow()
         return out
 
-    def stream_fused(self, op: int, words: np.ndarray, op2: int, words2: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray, bool]:
+    def stream_fused(self, op: int, words: np.ndarray, op2: int, words2: np.ndarray,
+                     flagged: bool = False) -> tuple[np.ndarray, np.ndarray, bool]:
         """``Transport.stream_fused`` in memory: the two parts combined one after the other,
         counted as one round (one round trip on a network)."""
-        out, overflow = self._round(op, words)
-        out2, overflow2 = self._round(op2, words2)
+        out, overflow = self._round(op, words, flagged)
+        out2, overflow2 = self._round(op2, words2, flagged)
         self.counters.rounds += 1
         return out, out2, overflow or overflow2
 
-    def _round(self, op: int, words: np.ndarray) -> tuple[np.ndarray, bool]:
+    def _round(self, op: int, words: np.ndarray, flagged: bool = False
+               ) -> tuple[np.ndarray, bool]:
         if self.broken:
             raise AgentError(f"{self.who}: agent unusable after an earlier failure "
                              f"({self.broken}); reset the job and start a new agent")
@@ -146,7 +150,8 @@ class MemoryTransport:
         self.counters.packets_sent += chunks
         self.counters.bytes_sent += chunks * wire.packet_bytes(k)
         try:
-            out, overflow, error = self.memory_switch.round(self.cfg.worker, op, words)
+            out, overflow, error = self.memory_switch.round(self.cfg.worker, op, words,
+                                                            flagged)
         except threading.BrokenBarrierError:
             self.broken = "timeout"
             raise AggregationTimeout(f"{self.who}: a peer failed or did not take part in "
@@ -174,15 +179,34 @@ class AllreduceSim:
 
 
 class MemoryJob:
-    """W agents on a ``MemorySwitch``, kept across calls (so ``key`` memory works)."""
+    """W agents on a ``MemorySwitch``, kept across calls (so ``key`` memory works).
 
-    def __init__(self, workers: int, **options):
+    ``hosts``: the ranks' hosts, as their sizes in rank order (``[8, 8]``: ranks 0-7 on host 0,
+    8-15 on host 1): each host reduces locally (``hostreduce.ThreadHost``) and its leader is
+    the switch's worker, so the switch has one worker per host. None: a worker per rank."""
+
+    def __init__(self, workers: int, hosts: list[int] | None = None, **options):
         job = options.pop("job", 1)
-        cfgs = [AgentConfig(job, w, workers, **options) for w in range(workers)]
-        self.switch = MemorySwitch(workers, cfgs[0].deadline)
-        self.agents = [Agent(c, transport=lambda c, counters: MemoryTransport(self.switch, c,
-                                                                              counters))
-                       for c in cfgs]
+        sizes = [1] * workers if hosts is None else list(hosts)
+        if sum(sizes) != workers or min(sizes, default=0) < 1:
+            raise AgentError(f"hosts {sizes}: sizes of at least 1 that add up to the "
+                             f"{workers} ranks")
+        self.switch = MemorySwitch(len(sizes), options.get("deadline", 10.0))
+        self.hosts = [ThreadHost(m) for m in sizes] if hosts is not None else []
+
+        def memory(c: AgentConfig, counters: Counters) -> SwitchLink:
+            return MemoryTransport(self.switch, c, counters)
+
+        self.agents = []
+        link: Callable[[AgentConfig, Counters], SwitchLink]
+        for h, m in enumerate(sizes):
+            for r in range(m):
+                if hosts is None:
+                    cfg, link = AgentConfig(job, h, workers, **options), memory
+                else:
+                    cfg = AgentConfig(job, h, workers, local_workers=len(sizes), **options)
+                    link = self.hosts[h].link(r, memory if r == 0 else None)
+                self.agents.append(Agent(cfg, transport=link))
 
     def allreduce(self, arrays, key=None) -> AllreduceSim:
         if len(arrays) != len(self.agents):
@@ -196,6 +220,8 @@ class MemoryJob:
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 errors[w] = e
                 self.switch.barrier.abort()  # its peers stop now, not at the deadline
+                for host in self.hosts:
+                    host.barrier.abort()
 
         threads = [threading.Thread(target=work, args=(w,)) for w in range(len(arrays))]
         for t in threads:
@@ -208,10 +234,12 @@ class MemoryJob:
         return AllreduceSim(results)
 
 
-def simulate_allreduce(arrays, key=None, **options) -> AllreduceSim:
+def simulate_allreduce(arrays, key=None, hosts: list[int] | None = None,
+                       **options) -> AllreduceSim:
     """All-reduce ``arrays`` (one float tensor per worker) in memory; ``options`` are
-    ``AgentConfig``'s (mode, index, headroom, block, shift_bias, max_rescales, seed, job...)."""
-    return MemoryJob(len(arrays), **options).allreduce(arrays, key)
+    ``AgentConfig``'s (mode, index, headroom, block, shift_bias, max_rescales, seed, job...);
+    ``hosts``: ``MemoryJob``'s (local reduction per host)."""
+    return MemoryJob(len(arrays), hosts, **options).allreduce(arrays, key)
 
 
 @dataclass

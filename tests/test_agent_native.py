@@ -46,23 +46,27 @@ def native_link(job: Job, w: int = 0) -> engine_native.NativeLink:
 
 
 @needs_native
+@pytest.mark.parametrize("flags", [0, wire.FLAG_OVERFLOW])
 @pytest.mark.parametrize("n,k,g0,slots", [
     (1, 16, 0, 1), (300, 256, 0, 4), (256 * 7, 256, 13, 4), (1000, 100, (1 << 32) - 3, 7),
     (2239 * 3 + 5, 2239, 64 * 5 + 1, 64), (50, 16, 1 << 40, 3)])
-def test_the_native_packets_are_the_python_engines_byte_for_byte(n, k, g0, slots):
-    """Headers (op, job, worker, run, key; each chunk's copy flag, slot and round tag, the
-    tag wrapping at 2**32) and the words in the wire's order, the last chunk's tail zero."""
+def test_the_native_packets_are_the_python_engines_byte_for_byte(n, k, g0, slots, flags):
+    """Headers (op, job, worker, run, key, the header's flags: FLAG_OVERFLOW for a host's
+    partial sum that overflowed; each chunk's copy flag, slot and round tag, the tag wrapping
+    at 2**32) and the words in the wire's order, the last chunk's tail zero."""
     rng = np.random.default_rng(n)
     flat = rng.integers(-(1 << 31), 1 << 31, n, dtype=np.int64).astype(np.int32)
     nchunks = -(-n // k)
     head = wire.header(op=wire.OP_OR, job=513, worker=7, slot=0, seq=0, gen=201,
-                       auth=0xDEADBEEF)
+                       auth=0xDEADBEEF, flags=flags)
     link = engine_native.NativeLink.__new__(engine_native.NativeLink)
     link.lib = native.load()
     got = link.pack(flat, k, nchunks, g0, slots, head)
     want = pack(flat, k, nchunks, g0, slots, head)
     assert got.dtype == want.dtype
     assert got.tobytes() == want.tobytes()
+    phase = np.where((g0 + np.arange(nchunks)) // slots % 2 == 1, wire.FLAG_PHASE, 0)
+    assert np.array_equal(want["flags"], phase | flags)
 
 
 @needs_native

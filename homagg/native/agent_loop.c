@@ -129,7 +129,8 @@ int64_t ha_round_bytes(void) { return (int64_t)sizeof(ha_round); }
 
 /* A round's packets, as round.Round builds them with numpy (its reference): chunk c is global
  * chunk g0 + c, in slot g % slots, copy (g / slots) % 2 (FLAG_PHASE), round tag g + 1; the
- * header is ``head`` (HX_OFF_WORDS bytes, its flags, slot and tag zero) with those three set;
+ * header is ``head`` (HX_OFF_WORDS bytes, its slot and tag zero; its flags FLAG_OVERFLOW where a
+ * partial sum overflowed, else zero) with those three set;
  * then chunk c's k words of ``words`` (n in all) in the wire's order, the last chunk's tail
  * zero. */
 void ha_pack(uint8_t *buf, const int32_t *words, int64_t n, int64_t k, int64_t nchunks,
@@ -140,7 +141,7 @@ void ha_pack(uint8_t *buf, const int32_t *words, int64_t n, int64_t k, int64_t n
         int64_t g = g0 + c, slot = g % slots;
         uint32_t seq = htonl((uint32_t)((g + 1) & 0xFFFFFFFF));
         memcpy(p, head, HX_OFF_WORDS);
-        p[HX_OFF_FLAGS] = (g / slots) % 2 ? HX_FLAG_PHASE : 0;
+        p[HX_OFF_FLAGS] = (uint8_t)(head[HX_OFF_FLAGS] | ((g / slots) % 2 ? HX_FLAG_PHASE : 0));
         p[HX_OFF_SLOT] = (uint8_t)(slot >> 8);
         p[HX_OFF_SLOT + 1] = (uint8_t)slot;
         memcpy(p + HX_OFF_SEQ, &seq, 4);

@@ -64,8 +64,9 @@ class SwitchLink(Protocol):
     #: the socket to the switch (an ``ImpairedSocket`` with fault injection); None in memory
     sock: Any
 
-    def stream(self, op: int, words: np.ndarray) -> np.ndarray:
-        """One round: ``words`` through the switch (``op``: OP_ADD or OP_OR), the result."""
+    def stream(self, op: int, words: np.ndarray, flagged: bool = False) -> np.ndarray:
+        """One round: ``words`` through the switch (``op``: OP_ADD or OP_OR), the result.
+        ``flagged``: the words are a partial sum that overflowed (``hostreduce``)."""
         ...
 
     def close(self) -> None: ...

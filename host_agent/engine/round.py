@@ -69,7 +69,7 @@ class Round(LossRecovery):
     """
 
     def __init__(self, t: Transport, op: int, words: np.ndarray, join_nonce: int | None = None,
-                 second: tuple[int, np.ndarray] | None = None):
+                 second: tuple[int, np.ndarray] | None = None, flagged: bool = False):
         cfg = t.cfg
         self.t, self.cfg, self.counters = t, cfg, t.counters
         self.join = join_nonce is not None  # the join: one packet, its seq the nonce
@@ -84,11 +84,12 @@ class Round(LossRecovery):
         self.g0 = g0 = 0 if self.join else t.chunk
         self.gen: int | None = None if self.join else t.gen
         S = cfg.slots
-        head, self.h8_plain = t.headers(op, self.gen or 0)
+        flags = wire.FLAG_OVERFLOW if flagged else 0  # (a partial sum that overflowed)
+        head, self.h8_plain = t.headers(op, self.gen or 0, flags)
         parts = [(head, words, 0, split)]
         self.h8_second = self.h8_plain
         if second is not None:
-            head2, self.h8_second = t.headers(second[0], self.gen or 0)
+            head2, self.h8_second = t.headers(second[0], self.gen or 0, flags)
             parts.append((head2, second[1], split, nchunks - split))
         batch = np.empty(nchunks, wire.packet_dtype(K))
         for h, w, at, m in parts:  # each part's packets in their place

@@ -106,20 +106,21 @@ class Transport:
         self.round_cost = RoundCost()
         # The window in slots and the pacing, across this agent's rounds (None: off)
         self.cc = Congestion(cfg.slots, self.rtt) if cfg.congestion else None
-        self._headers: dict[tuple[int, int], tuple[bytes, np.uint64]] = {}
+        self._headers: dict[tuple[int, int, int], tuple[bytes, np.uint64]] = {}
         # the rounds' engine: the C loop where it can run (``engine.native``), else this one's
         self.engine = native.choose(cfg, self.sock)
         self.native = native.NativeLink(self) if self.engine == "native" else None
 
-    def headers(self, op: int, gen: int) -> tuple[bytes, np.uint64]:
-        """A round's packet header (its slot, tag and copy flag zero) and what a plain result
-        of it has in its first 8 bytes (``results.head8``), per op and run: made once."""
-        got = self._headers.get((op, gen))
+    def headers(self, op: int, gen: int, flags: int = 0) -> tuple[bytes, np.uint64]:
+        """A round's packet header (its slot, tag and copy flag zero; ``flags``: FLAG_OVERFLOW
+        where the words are a partial sum that overflowed) and what a plain result of it has
+        in its first 8 bytes (``results.head8``), per op, run and flags: made once."""
+        got = self._headers.get((op, gen, flags))
         if got is None:
             cfg = self.cfg
-            got = self._headers[op, gen] = (
+            got = self._headers[op, gen, flags] = (
                 wire.header(op=op, job=cfg.job, worker=cfg.worker, slot=0, seq=0, gen=gen,
-                            auth=cfg.key),
+                            auth=cfg.key, flags=flags),
                 results.head8(version_op=op, flags=wire.FLAG_RESULT, job=cfg.job, gen=gen))
         return got
 
@@ -128,24 +129,27 @@ class Transport:
             self.native.close()
         self.sock.close()
 
-    def stream(self, op: int, words: np.ndarray) -> np.ndarray:
+    def stream(self, op: int, words: np.ndarray, flagged: bool = False) -> np.ndarray:
         """Aggregate ``words`` (int32, or uint32 bit sets for OR) with every worker's; returns
-        int32. Raises SwitchOverflow if the switch flagged an int32 overflow (after completing)."""
+        int32. Raises SwitchOverflow if the switch flagged an int32 overflow (after completing).
+        ``flagged``: the words are a partial sum that overflowed already (a host's,
+        ``hostreduce``): the packets say so, and the switch flags the round."""
         self._start()
-        r = Round(self, op, words)
+        r = Round(self, op, words, flagged=flagged)
         out = r.run()
         self.round_cost.sample(r.nchunks, r.k, time.monotonic() - r.t_start)
         return out
 
-    def stream_fused(self, op: int, words: np.ndarray, op2: int, words2: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray, bool]:
+    def stream_fused(self, op: int, words: np.ndarray, op2: int, words2: np.ndarray,
+                     flagged: bool = False) -> tuple[np.ndarray, np.ndarray, bool]:
         """Two rounds in one window and one round trip: ``words`` (``op``), then ``words2``
         (``op2``) from the next chunk boundary on, each chunk with its part's op (a pipelined
         tensor's round 1 riding with the one before's values: ``Agent``). Every worker must
         fuse the same two. Returns both results and whether the switch flagged an overflow
-        (in an ADD part: the caller redoes that part; the other's result stands)."""
+        (in an ADD part: the caller redoes that part; the other's result stands). ``flagged``:
+        as ``stream``'s, for the whole window."""
         self._start()
-        r = Round(self, op, words, second=(op2, words2))
+        r = Round(self, op, words, second=(op2, words2), flagged=flagged)
         try:
             out, overflow = r.run(), False
         except SwitchOverflow:
