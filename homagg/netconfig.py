@@ -45,16 +45,16 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import re
 import secrets
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from homagg import wire
+from homagg.configfields import GrpcTls, _int, _ip, _mac, _tls
 from homagg.errors import ConfigError
+from homagg.treeconfig import TreeSwitch, networks, parse_switches, render_switches
 
-_MAC = re.compile(r"^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$")
 #: What runs the switch: bmv2 (``homagg-ctl install`` compiles and pushes the P4 program) or
 #: the software aggregator (it runs homagg's pipeline natively: install needs no p4c).
 TARGETS = ("bmv2", "soft", "tofino")
@@ -128,29 +128,6 @@ class JobSpec:
 
 
 @dataclass(frozen=True)
-class GrpcTls:
-    """How the controller reaches a switch's P4Runtime over TLS: the CA that signed the
-    switch's certificate (``grpc_ca``), and for mutual TLS this controller's own certificate
-    and key (``grpc_cert``, ``grpc_key``). PEM file paths."""
-
-    ca: str
-    cert: str | None = None
-    key: str | None = None
-
-
-def _tls(table: dict, where: str) -> GrpcTls | None:
-    ca, cert, key = (table.get(k) for k in ("grpc_ca", "grpc_cert", "grpc_key"))
-    if ca is None:
-        if cert is not None or key is not None:
-            raise ConfigError(f"{where}: grpc_cert and grpc_key need grpc_ca (the switch's CA)")
-        return None
-    if (cert is None) != (key is None):
-        raise ConfigError(f"{where}: grpc_cert and grpc_key go together (mutual TLS)")
-    return GrpcTls(str(ca), None if cert is None else str(cert), None if key is None
-                   else str(key))
-
-
-@dataclass(frozen=True)
 class SwitchSpec:
     name: str = "s1"
     grpc: str = "127.0.0.1:9559"
@@ -161,6 +138,7 @@ class SwitchSpec:
     target: str = "bmv2"  # one of TARGETS
     slots: int | None = None  # the slot pool homagg may use; None: the whole register
     tls: GrpcTls | None = None  # P4Runtime over TLS (grpc_ca, grpc_cert, grpc_key)
+    under: tuple[str, ...] = ()  # in a tree (treeconfig), the hosts cabled to the root
 
 
 @dataclass(frozen=True)
@@ -182,6 +160,7 @@ class Config:
     hosts: tuple[Host, ...] = ()
     jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
     fallback: FallbackSpec | None = None
+    switches: tuple[TreeSwitch, ...] = ()  # a tree's switches below [switch] (treeconfig)
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -239,25 +218,6 @@ def int_mac(value: int) -> str:
     return ":".join(f"{(value >> s) & 0xFF:02x}" for s in range(40, -8, -8))
 
 
-def _ip(value, where: str) -> str:
-    try:
-        return str(ipaddress.IPv4Address(value))
-    except (ipaddress.AddressValueError, ValueError):
-        raise ConfigError(f"{where}: {value!r} is not an IPv4 address") from None
-
-
-def _mac(value, where: str) -> str:
-    if not isinstance(value, str) or not _MAC.match(value):
-        raise ConfigError(f"{where}: {value!r} is not a MAC address (aa:bb:cc:dd:ee:ff)")
-    return value.lower()
-
-
-def _int(value, where: str, lo: int, hi: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise ConfigError(f"{where}: {value!r} is not an integer in [{lo}, {hi}]")
-    return value
-
-
 def _key(value, where: str) -> int:
     """A config job's key: required, 1 to 2**32 - 1 (0 is no key: any sender that guesses 0
     would be taken for the job's worker). The message offers one drawn at random."""
@@ -293,7 +253,7 @@ def parse(data: dict) -> Config:
     if not isinstance(sw, dict):
         raise ConfigError("[switch] must be a table")
     known = {"name", "target", "grpc", "device_id", "thrift_port", "ip", "mac", "slots",
-             "grpc_ca", "grpc_cert", "grpc_key"}
+             "grpc_ca", "grpc_cert", "grpc_key", "under"}
     extra = set(sw) - known
     if extra:
         raise ConfigError(f"[switch]: unknown key(s) {', '.join(sorted(extra))}")
@@ -311,6 +271,7 @@ def parse(data: dict) -> Config:
         target=target,
         slots=None if "slots" not in sw else _int(sw["slots"], "switch.slots", 1, wire.SLOTS),
         tls=_tls(sw, "[switch]"),
+        under=networks(sw.get("under", []), "switch.under"),
     )
     fallback = _fallback(data.get("fallback"))
     hosts = []
@@ -359,7 +320,13 @@ def parse(data: dict) -> Config:
             why = uplink_clash(b.id, b.uplink, a.id, a.uplink)  # type: ignore[arg-type]
             if why:
                 raise ConfigError(f"jobs: {why}")
-    return Config(switch, tuple(hosts), tuple(jobs), fallback)
+    switches = parse_switches(data.get("switches", []), switch.name, switch.under, wire.SLOTS)
+    if switch.under and not switches:
+        raise ConfigError("switch.under: a tree's root's hosts, but the config has no "
+                          "[[switches]] below it")
+    if fallback is not None and fallback.name in [s.name for s in switches]:
+        raise ConfigError(f"switches: {fallback.name!r} is the [fallback]'s name")
+    return Config(switch, tuple(hosts), tuple(jobs), fallback, switches)
 
 
 def _uplink(u, where: str) -> Uplink:
@@ -432,7 +399,8 @@ def render(cfg: Config) -> str:
     lines = ["[switch]", f'name = "{s.name}"', f'target = "{s.target}"', f'grpc = "{s.grpc}"',
              f"device_id = {s.device_id}", f"thrift_port = {s.thrift_port}", f'ip = "{s.ip}"',
              f'mac = "{s.mac}"'] + ([f"slots = {s.slots}"] if s.slots else []) \
-        + _render_tls(s.tls) + [""]
+        + _render_tls(s.tls) \
+        + (["under = [" + ", ".join(f'"{n}"' for n in s.under) + "]"] if s.under else []) + [""]
     fb = cfg.fallback
     if fb is not None:
         lines += ["[fallback]", f'name = "{fb.name}"', f'ip = "{fb.ip}"', f'mac = "{fb.mac}"',
@@ -454,4 +422,4 @@ def render(cfg: Config) -> str:
                          f"port = {u.switch_port}" + (f", key = {u.key}" if u.key else "")
                          + " }")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + render_switches(cfg.switches))
