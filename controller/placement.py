@@ -71,6 +71,13 @@ def switch_place(cfg: Config) -> Place:
                  s.thrift_port if s.target == "bmv2" else None, s.tls)
 
 
+def tree_places(cfg: Config) -> list[Place]:
+    """The switches of a tree below ``[switch]`` (``[[switches]]``: homagg.treeconfig), in the
+    config's order; none for one switch."""
+    return [Place(s.name, "switch", s.target, s.ip, s.slots or wire.SLOTS, s.grpc, s.device_id,
+                  s.thrift_port if s.target == "bmv2" else None, s.tls) for s in cfg.switches]
+
+
 def fallback_place(cfg: Config) -> Place | None:
     fb = cfg.fallback
     return None if fb is None else Place(fb.name, "fallback", "soft", fb.ip, wire.SLOTS,
@@ -78,7 +85,8 @@ def fallback_place(cfg: Config) -> Place | None:
 
 
 class Fabric:
-    """The switch and, where the config names one, its fallback: open sessions to both.
+    """The switch, a tree's switches below it, and, where the config names one, its fallback:
+    open sessions to each.
 
     ``connect(place)`` opens a session to ``place.grpc`` (``homagg-ctl`` passes one that logs
     requests, and pushes a pipeline on install); each is opened on first use, so a config
@@ -88,6 +96,7 @@ class Fabric:
         self.cfg = cfg
         self.switch = switch_place(cfg)
         self.fallback = fallback_place(cfg)
+        self.tree = tree_places(cfg)
         self._connect = connect
         self._sessions: dict[str, Switch] = {}
         self.unreachable: dict[str, str] = {}  # place name -> why, for list and stats
@@ -98,7 +107,7 @@ class Fabric:
         return self._sessions[place.name]
 
     def places(self) -> list[Place]:
-        return [self.switch] + ([self.fallback] if self.fallback else [])
+        return [self.switch, *self.tree] + ([self.fallback] if self.fallback else [])
 
     def _reachable_sessions(self) -> Iterator[tuple[Place, Switch]]:
         """Every place that answers; a fallback that does not is noted, not fatal: the

@@ -75,7 +75,9 @@ class _Servicer(rpc.MembershipServicer):
             return pb2.JoinReply(send_to_ip=a.send_to[0], send_to_port=a.send_to[1],
                                  job_id=a.job_id, worker=a.worker, workers=a.workers,
                                  slots=a.slots, place=a.place, place_role=a.role, run=a.run,
-                                 lease_seconds=a.lease, ip=a.ip, secret=a.secret, key=a.key)
+                                 lease_seconds=a.lease, ip=a.ip, secret=a.secret, key=a.key,
+                                 leaf_worker=a.leaf_worker, leaf_workers=a.leaf_workers,
+                                 siblings=a.siblings)
         return self._answer(context, call)
 
     def Renew(self, request, context):

@@ -36,8 +36,8 @@ from collections import deque
 from collections.abc import Callable
 
 from homagg import wire
-from homagg.controller import jobs as J
 from homagg.controller import placement as P
+from homagg.controller import treeplace as T
 from homagg.controller.holder import HolderMark
 from homagg.controller.p4client import SwitchError
 from homagg.controller.service_state import (
@@ -108,6 +108,8 @@ class JobService:
         #: (job id, name, place) of the latest PLACEMENTS_KEPT jobs placed, in order
         self.placements: deque[tuple[int, str, str]] = deque(maxlen=PLACEMENTS_KEPT)
         self.renewed = 0                    # leases renewed
+        #: the most workers a job may have: 64 a switch (at most, on a tree of switches)
+        self.max_world = wire.MAX_WORKERS * (1 + len(cfg.switches))
 
     def fabric(self) -> P.Fabric:
         return P.Fabric(self.cfg, self._connect)
@@ -118,32 +120,16 @@ class JobService:
         it (re)started: each gets a fresh lease, which its workers' renewals keep. A mark
         whose job is gone is cleared."""
         now = self._clock()
-        found = []
+        found: list[Held] = []
         with self._switch, self.fabric() as f:
             self.holder.take(f.session(f.switch), address)
-            for place in f.places():
-                try:
-                    sw = f.session(place)
-                except SwitchError as e:
-                    if place.role == "switch":
-                        raise
-                    # its jobs' renewals will be refused: they run on, and stay (job remove)
-                    log.warning("fallback %s unreachable, its jobs not read back: %s",
-                                place.name, e)
-                    continue
-                mask = read_jobs_mark(sw)
-                if not mask:
-                    continue
-                keep = 0
-                for j in J.list_jobs(sw):
-                    if mask >> j.id & 1:
-                        keep |= 1 << j.id
-                        h = Held(j.id, None, place, tuple((s.ip, s.udp_port) for s in j.senders),
-                                 [now + self.opts.lease] * j.workers, j.size,
-                                 checks_secret=self.opts.key is not None)
-                        found.append(h)
-                if keep != mask:
-                    write_jobs_mark(sw, keep)
+            parts = T.read_marked(f)
+        for job_id, part in sorted(parts.items()):
+            root, senders = T.senders_of(part)  # (a tree's: its senders in tree order)
+            found.append(Held(job_id, None, root, senders, [now + self.opts.lease] * len(senders),
+                              part[root].size, checks_secret=self.opts.key is not None,
+                              places=(root, *(pl for pl in part if pl != root))
+                              if len(part) > 1 else ()))
         with self._cond:
             for h in found:
                 self.held[h.job_id] = h
@@ -176,7 +162,8 @@ class JobService:
         place) or ``wait`` seconds (then refuse, naming the missing ranks). ``secret``: the
         join secret, which the attempt's first rank fixes and every other must present, before
         anything of the attempt (its ranks, their addresses) is told."""
-        slots, wait = check_join(self.opts, name, rank, world, udp_port, slots, wait, secret)
+        slots, wait = check_join(self.opts, name, rank, world, udp_port, slots, wait, secret,
+                                 self.max_world)
         me = (ip, udp_port)
         self._worker(ip, udp_port)  # refused now, not once every rank waited for it
         if self.deposed:
@@ -314,6 +301,8 @@ class JobService:
             if not free:
                 raise Refusal("RESOURCE_EXHAUSTED", f"job {p.name!r}: no free job id (all "
                                                     f"{wire.MAX_JOBS - 1} in use)")
+            if self.cfg.switches:
+                return self._place_tree(f, p, placed, free[0])
             fits = False
             for pl in f.places():
                 try:
@@ -364,6 +353,24 @@ class JobService:
                           run, self.opts.lease, p.ranks[r][0],
                           job_secret(self._key, h.job_id, r, senders[r]), spec.key)
                 for r in range(p.world)}
+
+    def _place_tree(self, f: P.Fabric, p: Pending, placed: list[P.PlacedJob], job_id: int
+                    ) -> dict[int, Answer]:
+        """``_place`` on a tree of switches (``controller.treeplace``): every switch of the
+        job's tree written, or none."""
+        tp, root, senders = T.place(f, self.cfg, job_id, p.name, p.ranks, p.slots, placed)
+        run = secrets.randbits(32) or 1
+        with self._cond:
+            h = Held(job_id, p.name, root, senders, [self._clock() + self.opts.lease] * p.world,
+                     p.slots, run, places=tuple(sj.place for sj in tp.jobs) if tp.tree else ())
+            self.held[job_id] = h
+            self._gone.pop(job_id, None)
+            self.joined += 1
+            self.placements.append((job_id, p.name, root.name))
+        log.info("job %d (%r): %d workers placed on %s, run %d", job_id, p.name, p.world,
+                 " > ".join(f"{sj.place.name} ({len(sj.spec.workers)})" for sj in tp.jobs), run)
+        return T.answers(tp, senders, p.ranks, run, self.opts.lease,
+                         lambda w, a: job_secret(self._key, job_id, w, a))
 
     def _holder(self, job_id: int, worker: int, ip: str, udp_port: int, secret: str) -> Held:
         """The job a lease request is for, once the request proved it comes from one of its
@@ -421,12 +428,9 @@ class JobService:
         try:
             with self.fabric() as f:
                 self.holder.check(f.session(f.switch))
-                sw = f.session(h.place)
-                try:
-                    J.remove_job(sw, h.job_id)
-                except JobError:
-                    pass  # removed by hand already: the mark goes all the same
-                write_jobs_mark(sw, read_jobs_mark(sw) & ~(1 << h.job_id))
+                for pl in reversed(h.everywhere):  # (a tree's leaves first)
+                    # (removed by hand already: the mark goes all the same)
+                    T.unmark(f.session(pl), h.job_id, remove=True)
         except (SwitchError, Refusal) as e:
             log.warning("job %d: cannot remove it (%s): %s", h.job_id, why, e)
             with self._cond:

@@ -21,6 +21,7 @@ from homagg.controller.switch import Switch
 from homagg.errors import ConfigError, HomaggError, JobError
 from homagg.membership import MIN_JOIN_SECRET
 from homagg.netconfig import Config, Worker
+from homagg.treeconfig import Tree
 
 log = logging.getLogger("homagg.service")
 
@@ -98,6 +99,12 @@ class Answer:
     ip: str
     secret: str = ""
     key: int = 0      # the job's key (the auth word of its packets)
+    # a job over a tree of switches (controller.treeplace): this worker's id in its switch's
+    # job, that job's size, and the workers of that switch's parent (names); 0, 0, () for a
+    # job on one switch, where ``worker`` and ``workers`` say it all
+    leaf_worker: int = 0
+    leaf_workers: int = 0
+    siblings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -129,6 +136,12 @@ class Held:
     left: set[int] = field(default_factory=set)
     checks_secret: bool = True    # False: read back without the key its secrets came from
     removing: str | None = None   # why a removal is under way (leases are no longer served)
+    places: tuple[P.Place, ...] = ()  # a tree's: every place holding the job, the root first
+
+    @property
+    def everywhere(self) -> tuple[P.Place, ...]:
+        """Every place that holds the job: its tree's switches, or its one place."""
+        return self.places or (self.place,)
 
 
 def addr_text(a: tuple[str, int]) -> str:
@@ -161,7 +174,8 @@ def peer_ip(peer: str) -> str:
 # -- the checks of a request's fields ------------------------------------------------------------
 
 def check_join(opts: ServeOptions, name: str, rank: int, world: int, udp_port: int,
-               slots: int, wait: float, secret: str = "") -> tuple[int, float]:
+               slots: int, wait: float, secret: str = "",
+               max_world: int = wire.MAX_WORKERS) -> tuple[int, float]:
     """A join's fields checked (a Refusal, INVALID_ARGUMENT, names the first that is wrong);
     the job's slots and the join's wait, defaults applied."""
     if not name or len(name) > 512 or not name.isprintable():
@@ -173,9 +187,11 @@ def check_join(opts: ServeOptions, name: str, rank: int, world: int, udp_port: i
                       "required, the same on every rank of the job (torch.distributed's homagg "
                       "backend draws one and shares it through torchrun's store; otherwise set "
                       "HOMAGG_JOIN_SECRET alike for every rank)")
-    if not 1 <= world <= wire.MAX_WORKERS:
+    if not 1 <= world <= max_world:
         raise Refusal("INVALID_ARGUMENT", f"job {name!r}: world size {world}: 1 to "
-                                          f"{wire.MAX_WORKERS} workers per job")
+                                          f"{max_world} workers per job" + (
+                                              "" if max_world == wire.MAX_WORKERS else
+                                              " on this tree of switches"))
     if not 0 <= rank < world:
         raise Refusal("INVALID_ARGUMENT", f"job {name!r}: rank {rank} is out of range for "
                                           f"world size {world} (ranks 0 to {world - 1})")
@@ -227,12 +243,18 @@ def worker_of(cfg: Config, ip: str, port: int) -> Worker:
         raise Refusal("INVALID_ARGUMENT", f"worker address {ip!r}: not an IPv4 address") \
             from None
     fb = P.fallback_place(cfg)
-    own = {P.switch_place(cfg).ip} | ({fb.ip} if fb else set())
+    own = {P.switch_place(cfg).ip} | ({fb.ip} if fb else set()) | {s.ip for s in cfg.switches}
     if addr.is_unspecified or addr.is_multicast or \
             addr == ipaddress.IPv4Address("255.255.255.255") or ip in own:
         raise Refusal("INVALID_ARGUMENT", f"worker address {ip}: not a worker's (the "
                                           "unspecified, broadcast or multicast address, or "
                                           "the switch's own)")
+    if cfg.switches:  # a tree: the switch it sits under, for now (its entry: treeplace)
+        if Tree.of(cfg.switch.name, cfg.switch.under, cfg.switches).switch_of(ip) is None:
+            raise Refusal("INVALID_ARGUMENT", f"worker address {ip} sits under no switch of "
+                                              "the tree (the config's [switch] and "
+                                              "[[switches]] 'under')")
+        return Worker(ip, port, NO_MAC, 0)
     for h in cfg.hosts:
         if h.ip == ip:
             return Worker(ip, port, h.mac, h.port, h.name)

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"homagg/membership/membership.proto\x12\x11homagg.membership\"\xa3\x01\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x12\n\nworld_size\x18\x04 \x01(\r\x12\x10\n\x08udp_port\x18\x05 \x01(\r\x12\n\n\x02ip\x18\x06 \x01(\t\x12\r\n\x05slots\x18\x07 \x01(\r\x12\x14\n\x0cwait_seconds\x18\x08 \x01(\x01\x12\x13\n\x0bjoin_secret\x18\t \x01(\t\"\xe5\x01\n\tJoinReply\x12\x12\n\nsend_to_ip\x18\x01 \x01(\t\x12\x14\n\x0csend_to_port\x18\x02 \x01(\r\x12\x0e\n\x06job_id\x18\x03 \x01(\r\x12\x0e\n\x06worker\x18\x04 \x01(\r\x12\x0f\n\x07workers\x18\x05 \x01(\r\x12\r\n\x05slots\x18\x06 \x01(\r\x12\r\n\x05place\x18\x07 \x01(\t\x12\x12\n\nplace_role\x18\x08 \x01(\t\x12\x0b\n\x03run\x18\t \x01(\r\x12\x15\n\rlease_seconds\x18\n \x01(\x01\x12\n\n\x02ip\x18\x0b \x01(\t\x12\x0e\n\x06secret\x18\x0c \x01(\t\x12\x0b\n\x03key\x18\r \x01(\r\"k\n\x0cLeaseRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\r\x12\x0e\n\x06worker\x18\x03 \x01(\r\x12\x10\n\x08udp_port\x18\x04 \x01(\r\x12\n\n\x02ip\x18\x05 \x01(\t\x12\x0e\n\x06secret\x18\x06 \x01(\t\"#\n\nRenewReply\x12\x15\n\rlease_seconds\x18\x01 \x01(\x01\"\x1d\n\nLeaveReply\x12\x0f\n\x07removed\x18\x01 \x01(\x08\x32\xe4\x01\n\nMembership\x12\x44\n\x04Join\x12\x1e.homagg.membership.JoinRequest\x1a\x1c.homagg.membership.JoinReply\x12G\n\x05Renew\x12\x1f.homagg.membership.LeaseRequest\x1a\x1d.homagg.membership.RenewReply\x12G\n\x05Leave\x12\x1f.homagg.membership.LeaseRequest\x1a\x1d.homagg.membership.LeaveReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"homagg/membership/membership.proto\x12\x11homagg.membership\"\xa3\x01\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x12\n\nworld_size\x18\x04 \x01(\r\x12\x10\n\x08udp_port\x18\x05 \x01(\r\x12\n\n\x02ip\x18\x06 \x01(\t\x12\r\n\x05slots\x18\x07 \x01(\r\x12\x14\n\x0cwait_seconds\x18\x08 \x01(\x01\x12\x13\n\x0bjoin_secret\x18\t \x01(\t\"\xa2\x02\n\tJoinReply\x12\x12\n\nsend_to_ip\x18\x01 \x01(\t\x12\x14\n\x0csend_to_port\x18\x02 \x01(\r\x12\x0e\n\x06job_id\x18\x03 \x01(\r\x12\x0e\n\x06worker\x18\x04 \x01(\r\x12\x0f\n\x07workers\x18\x05 \x01(\r\x12\r\n\x05slots\x18\x06 \x01(\r\x12\r\n\x05place\x18\x07 \x01(\t\x12\x12\n\nplace_role\x18\x08 \x01(\t\x12\x0b\n\x03run\x18\t \x01(\r\x12\x15\n\rlease_seconds\x18\n \x01(\x01\x12\n\n\x02ip\x18\x0b \x01(\t\x12\x0e\n\x06secret\x18\x0c \x01(\t\x12\x0b\n\x03key\x18\r \x01(\r\x12\x13\n\x0bleaf_worker\x18\x0e \x01(\r\x12\x14\n\x0cleaf_workers\x18\x0f \x01(\r\x12\x10\n\x08siblings\x18\x10 \x03(\t\"k\n\x0cLeaseRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\r\x12\x0e\n\x06worker\x18\x03 \x01(\r\x12\x10\n\x08udp_port\x18\x04 \x01(\r\x12\n\n\x02ip\x18\x05 \x01(\t\x12\x0e\n\x06secret\x18\x06 \x01(\t\"#\n\nRenewReply\x12\x15\n\rlease_seconds\x18\x01 \x01(\x01\"\x1d\n\nLeaveReply\x12\x0f\n\x07removed\x18\x01 \x01(\x08\x32\xe4\x01\n\nMembership\x12\x44\n\x04Join\x12\x1e.homagg.membership.JoinRequest\x1a\x1c.homagg.membership.JoinReply\x12G\n\x05Renew\x12\x1f.homagg.membership.LeaseRequest\x1a\x1d.homagg.membership.RenewReply\x12G\n\x05Leave\x12\x1f.homagg.membership.LeaseRequest\x1a\x1d.homagg.membership.LeaveReplyb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'homagg.membership.membership_pb2', globals())
@@ -23,13 +23,13 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _JOINREQUEST._serialized_start=58
   _JOINREQUEST._serialized_end=221
   _JOINREPLY._serialized_start=224
-  _JOINREPLY._serialized_end=453
-  _LEASEREQUEST._serialized_start=455
-  _LEASEREQUEST._serialized_end=562
-  _RENEWREPLY._serialized_start=564
-  _RENEWREPLY._serialized_end=599
-  _LEAVEREPLY._serialized_start=601
-  _LEAVEREPLY._serialized_end=630
-  _MEMBERSHIP._serialized_start=633
-  _MEMBERSHIP._serialized_end=861
+  _JOINREPLY._serialized_end=514
+  _LEASEREQUEST._serialized_start=516
+  _LEASEREQUEST._serialized_end=623
+  _RENEWREPLY._serialized_start=625
+  _RENEWREPLY._serialized_end=660
+  _LEAVEREPLY._serialized_start=662
+  _LEAVEREPLY._serialized_end=691
+  _MEMBERSHIP._serialized_start=694
+  _MEMBERSHIP._serialized_end=922
 # @@protoc_insertion_point(module_scope)
