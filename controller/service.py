@@ -108,8 +108,9 @@ class JobService:
         #: (job id, name, place) of the latest PLACEMENTS_KEPT jobs placed, in order
         self.placements: deque[tuple[int, str, str]] = deque(maxlen=PLACEMENTS_KEPT)
         self.renewed = 0                    # leases renewed
-        #: the most workers a job may have: 64 a switch (at most, on a tree of switches)
-        self.max_world = wire.MAX_WORKERS * (1 + len(cfg.switches))
+        #: the most workers a job may have: 64 a switch with hosts under it, on a tree
+        self.max_world = wire.MAX_WORKERS * max(1, bool(cfg.switch.under) + sum(
+            bool(s.under) for s in cfg.switches))
 
     def fabric(self) -> P.Fabric:
         return P.Fabric(self.cfg, self._connect)
@@ -356,8 +357,7 @@ class JobService:
 
     def _place_tree(self, f: P.Fabric, p: Pending, placed: list[P.PlacedJob], job_id: int
                     ) -> dict[int, Answer]:
-        """``_place`` on a tree of switches (``controller.treeplace``): every switch of the
-        job's tree written, or none."""
+        """``_place`` on a tree of switches (``treeplace``): all of the job's tree, or none."""
         tp, root, senders = T.place(f, self.cfg, job_id, p.name, p.ranks, p.slots, placed)
         run = secrets.randbits(32) or 1
         with self._cond:

@@ -191,7 +191,9 @@ def check_join(opts: ServeOptions, name: str, rank: int, world: int, udp_port: i
         raise Refusal("INVALID_ARGUMENT", f"job {name!r}: world size {world}: 1 to "
                                           f"{max_world} workers per job" + (
                                               "" if max_world == wire.MAX_WORKERS else
-                                              " on this tree of switches"))
+                                              f" on this tree of switches ({wire.MAX_WORKERS}"
+                                              f" under each of its {max_world // 64} "
+                                              "switches with hosts)"))
     if not 0 <= rank < world:
         raise Refusal("INVALID_ARGUMENT", f"job {name!r}: rank {rank} is out of range for "
                                           f"world size {world} (ranks 0 to {world - 1})")

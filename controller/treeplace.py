@@ -201,9 +201,10 @@ def answers(tp: TreePlan, senders: tuple[Address, ...], ranks: Mapping[int, Addr
     lease names (its place in ``senders``) with that worker's ``secret``, and in a tree its id
     in its switch's job, that job's size and its switch's parent's workers."""
     out = {}
+    order = {a: i for i, a in enumerate(senders)}
     for r in range(len(ranks)):
         sj, w = tp.at(r)
-        me = senders.index(ranks[r])
+        me = order[ranks[r]]
         out[r] = Answer((sj.place.ip, sj.send_port), tp.job_id, me, len(ranks), sj.spec.slots,
                         sj.place.name, sj.place.role, run, lease, ranks[r][0],
                         secret(me, ranks[r]), sj.spec.key, w if tp.tree else 0,

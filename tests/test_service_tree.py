@@ -317,8 +317,8 @@ def test_a_job_the_tree_cannot_hold_is_refused_and_leaves_nothing():
 
 def test_a_world_past_the_tree_is_refused_at_the_join():
     s = Service(tree_data())
-    with pytest.raises(Refusal, match=r"world size 193: 1 to 192 workers per job on this "
-                                      r"tree of switches"):
-        s.svc.join("x", 0, 193, host(0, 0), 20000, secret=SECRET)
+    with pytest.raises(Refusal, match=r"world size 129: 1 to 128 workers per job on this "
+                                      r"tree of switches"):  # (64 under each of 2 leaves)
+        s.svc.join("x", 0, 129, host(0, 0), 20000, secret=SECRET)
     with pytest.raises(Refusal, match=r"10.7.0.1 sits under no switch of the tree"):
         s.svc.join("x", 0, 2, "10.7.0.1", 20000, secret=SECRET)
