@@ -186,8 +186,12 @@ class Fabric:
             return PlacedJob(job, fb, f"fell back: {self.switch.name} has {full.shortage}")
 
     def remove(self, job_id: int) -> PlacedJob:
-        pj = self.find(job_id)
-        return PlacedJob(J.remove_job(self.session(pj.place), job_id), pj.place)
+        """Remove job ``job_id`` from every place that holds it (a tree's job is on each of its
+        switches, under one id); the first place's (the root's) job."""
+        found = [pj for pj in self.list() if pj.job.id == job_id] or [self.find(job_id)]
+        out = [PlacedJob(J.remove_job(self.session(pj.place), job_id), pj.place)
+               for pj in found]
+        return out[0]
 
     def reset(self, job_id: int) -> tuple[J.ResetResult, Place]:
         pj = self.find(job_id)

@@ -288,7 +288,8 @@ def run(a, cfg, connect) -> int:
     if srv.metrics_port is not None:
         maddr = srv.metrics.server_address[0]
         print(f"metrics at http://{maddr}:{srv.metrics_port}/metrics", flush=True)
-    print(f"switch {cfg.switch.name} ({cfg.switch.target}, {cfg.switch.grpc}); "
+    print(f"switch {cfg.switch.name} ({cfg.switch.target}, {cfg.switch.grpc})"
+          + (f" and the {len(cfg.switches)} switches of its tree" if cfg.switches else "") + "; "
           f"{len(svc.held)} job(s) read back", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

@@ -322,3 +322,23 @@ def test_a_world_past_the_tree_is_refused_at_the_join():
         s.svc.join("x", 0, 129, host(0, 0), 20000, secret=SECRET)
     with pytest.raises(Refusal, match=r"10.7.0.1 sits under no switch of the tree"):
         s.svc.join("x", 0, 2, "10.7.0.1", 20000, secret=SECRET)
+
+
+def test_metrics_and_job_remove_cover_every_switch_of_the_tree():
+    pytest.importorskip("prometheus_client")
+    from homagg.controller.metrics import SwitchCollector
+    from homagg.controller.placement import Fabric
+
+    s = Service(tree_data())
+    answers = s.join_all("watched", [(host(0, 0), 20000), (host(1, 0), 20000)])
+    job = answers[0].job_id
+    fams = {f.name: f for f in SwitchCollector(s.svc).collect()}
+    up = {smp.labels["switch"]: smp.value for smp in fams["homagg_switch_up"].samples}
+    assert up == {"spine": 1, "leaf1": 1, "leaf2": 1}
+    held = {(smp.labels["switch"], smp.labels["job"]): smp.value
+            for smp in fams["homagg_job_slots"].samples}
+    assert held == {("spine", str(job)): 16, ("leaf1", str(job)): 16, ("leaf2", str(job)): 16}
+    # homagg-ctl job remove (Fabric.remove) takes a tree's job off every switch
+    with Fabric(s.cfg, s.sw.connect) as f:
+        assert f.remove(job).place.name == "spine"
+    assert [s.sw.jobs(n) for n in ("spine", "leaf1", "leaf2")] == [[], [], []]
