@@ -38,7 +38,8 @@
     uplink = { job = 1, worker = 0, ip = "10.0.0.254", udp_port = 48864, src_port = 48864,
                key = 0x1d2e3f40 }       # the parent job's key
 
-Every problem is a ConfigError with one line naming the key.
+A tree of switches below ``[switch]`` (``[[switches]]``, for the controller service) is
+``homagg.treeconfig``'s. Every problem is a ConfigError with one line naming the key.
 """
 
 from __future__ import annotations
