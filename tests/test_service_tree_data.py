@@ -3,9 +3,12 @@
 16 hosts of 8 ranks: each host's ranks reduce locally (``hostreduce.ThreadHost``), and its
 leader, the host's one switch worker, joins the job through the service over gRPC (world size
 16). The service places it by itself on a spine and two leaves, every switch a software
-aggregator on a loopback address of its own (8 hosts under each leaf's network); each leader's
-agent is configured from its JoinReply alone, as an agent joined through the service is. Every
-rank's sum is compared bit for bit with the integer sum of all 128 ranks' quantized inputs."""
+aggregator on a loopback address of its own (8 hosts under each leaf's network) with its
+P4Runtime server, which the service drives as ``homagg-ctl serve`` does; each leader's agent is
+configured from its JoinReply alone, as an agent joined through the service is. Every rank's
+sum is compared bit for bit with the integer sum of all 128 ranks' quantized inputs; then
+``homagg-ctl job list`` shows the job on each switch, a restarted service reads it back, and
+the leaders' leaves take it off every switch."""
 
 from __future__ import annotations
 
@@ -18,17 +21,19 @@ import pytest
 pytest.importorskip("p4runtime_sh")
 
 from homagg import wire  # noqa: E402
-from homagg.controller import jobs as J  # noqa: E402
-from homagg.controller.local import LocalSwitch  # noqa: E402
+from homagg.controller.build import soft_pipeline  # noqa: E402
+from homagg.controller.p4client import P4RuntimeSwitch  # noqa: E402
 from homagg.controller.serve import start  # noqa: E402
 from homagg.controller.service import JobService, ServeOptions  # noqa: E402
 from homagg.host_agent import Agent, AgentConfig  # noqa: E402
 from homagg.host_agent.engine import Transport  # noqa: E402
 from homagg.host_agent.hostreduce import ThreadHost  # noqa: E402
 from homagg.membership import pb2, rpc  # noqa: E402
-from homagg.netconfig import parse  # noqa: E402
+from homagg.netconfig import parse, render  # noqa: E402
+from homagg.targets.p4runtime_server import P4RuntimeServer  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 from tests.test_agent import assert_exact, sparse_tensors  # noqa: E402
+from tests.test_service import connect  # noqa: E402
 
 pytestmark = pytest.mark.slow  # (conftest.py) 128 agents and three aggregators
 
@@ -48,12 +53,26 @@ def host_addr(h: int) -> tuple[str, int]:
     return f"127.211.{h % LEAVES}.{h // LEAVES + 1}", 20000
 
 
-def config():
+def config(grpc: dict[str, str]):
     return parse({
-        "switch": {"name": "spine", "target": "soft", "grpc": "127.0.0.1:1", "ip": SPINE},
+        "switch": {"name": "spine", "target": "soft", "grpc": grpc["spine"], "ip": SPINE},
         "switches": [{"name": f"leaf{i + 1}", "parent": "spine", "ip": leaf_ip(i),
-                      "grpc": f"127.0.0.1:{2 + i}", "under": [f"127.211.{i}.0/24"]}
+                      "grpc": grpc[f"leaf{i + 1}"], "under": [f"127.211.{i}.0/24"]}
                      for i in range(LEAVES)]})
+
+
+def ctl_json(path, *args) -> list:
+    """``homagg-ctl -c path ARGS``'s JSON."""
+    import contextlib
+    import io
+    import json
+
+    from homagg.controller.cli import main as ctl
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert ctl(["-c", str(path), *args]) == 0
+    return json.loads(out.getvalue())
 
 
 def agent_config(reply, bind: tuple[str, int], ranks: int, **kw) -> AgentConfig:
@@ -68,13 +87,19 @@ def agent_config(reply, bind: tuple[str, int], ranks: int, **kw) -> AgentConfig:
                        siblings=tuple(reply.siblings), **kw)
 
 
-def test_a_128_rank_job_is_placed_on_two_leaves_and_is_exact():
-    cfg = config()
+def test_a_128_rank_job_is_placed_on_two_leaves_and_is_exact(tmp_path):
     servers = {"spine": SoftSwitchServer(SoftSwitch(), (SPINE, PORT)).start()}
     servers |= {f"leaf{i + 1}": SoftSwitchServer(SoftSwitch(), (leaf_ip(i), PORT)).start()
                 for i in range(LEAVES)}
-    svc = JobService(cfg, lambda pl: LocalSwitch(servers[pl.name].switch, pl.name),
-                     ServeOptions(token=None, slots=16, trust_claimed_address=True))
+    p4rt = {n: P4RuntimeServer(s.switch, "127.0.0.1:0").start() for n, s in servers.items()}
+    cfg = config({n: p.address for n, p in p4rt.items()})
+    path = tmp_path / "tree.toml"
+    path.write_text(render(cfg))
+    for n, p in p4rt.items():  # homagg's pipeline on each (what homagg-ctl install pushes)
+        P4RuntimeSwitch(p.address, 1, (0, 1), None, n).open(
+            soft_pipeline(tmp_path / "pipeline")).close()
+    svc = JobService(cfg, connect, ServeOptions(token=None, slots=16, key=b"k" * 16,
+                                                trust_claimed_address=True))
     srv = start(svc, "127.0.0.1:0")
     channel = grpc.insecure_channel(srv.address)
     stub = rpc.MembershipStub(channel)
@@ -94,9 +119,10 @@ def test_a_128_rank_job_is_placed_on_two_leaves_and_is_exact():
             t.join(90)
         assert len(replies) == HOSTS
         # placed by the service: the spine's job has the two leaves, each leaf's its 8 hosts
-        tables = {n: J.list_jobs(LocalSwitch(s.switch)) for n, s in servers.items()}
-        assert {n: [len(j.senders) for j in js] for n, js in tables.items()} == \
-            {"spine": [2], "leaf1": [8], "leaf2": [8]}
+        listed = ctl_json(path, "job", "list", "--json")  # homagg-ctl, as an operator runs it
+        assert sorted((j["on"], j["id"], len(j["workers"])) for j in listed) == \
+            [("leaf1", replies[0].job_id, 8), ("leaf2", replies[0].job_id, 8),
+             ("spine", replies[0].job_id, 2)]
         for h, r in replies.items():
             assert (r.send_to_ip, r.place, r.leaf_workers, r.workers) == \
                 (leaf_ip(h % LEAVES), f"leaf{h % LEAVES + 1}", 8, HOSTS)
@@ -129,14 +155,27 @@ def test_a_128_rank_job_is_placed_on_two_leaves_and_is_exact():
         # the spine took the leaves' partial sums: one worker each, not 64 ranks' packets
         spine = servers["spine"].switch.model
         assert int(spine.stats[wire.STAT_INDEX["STAT_COMPLETED"]]) > 0
+        # a restarted service reads the job back from the three switches, and serves it
+        channel.close()
+        srv.stop()
+        svc = JobService(cfg, connect, ServeOptions(token=None, slots=16, key=b"k" * 16,
+                                                    trust_claimed_address=True))
+        srv = start(svc, "127.0.0.1:0")
+        channel = grpc.insecure_channel(srv.address)
+        stub = rpc.MembershipStub(channel)
+        (held,) = svc.held.values()
+        assert sorted(p.name for p in held.everywhere) == ["leaf1", "leaf2", "spine"]
         for h, r in replies.items():
-            stub.Leave(pb2.LeaseRequest(job_id=r.job_id, worker=r.worker, udp_port=20000,
-                                        ip=host_addr(h)[0], secret=r.secret), timeout=30)
-        assert all(J.list_jobs(LocalSwitch(s.switch)) == [] for s in servers.values())
+            left = stub.Leave(pb2.LeaseRequest(job_id=r.job_id, worker=r.worker, udp_port=20000,
+                                               ip=host_addr(h)[0], secret=r.secret), timeout=30)
+            assert left.removed == (len(svc.held) == 0)
+        assert svc.held == {} and ctl_json(path, "job", "list", "--json") == []
     finally:
         for a in agents:
             a.close()
         channel.close()
         srv.stop()
+        for p in p4rt.values():
+            p.stop()
         for s in servers.values():
             s.stop()
