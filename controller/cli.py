@@ -302,7 +302,10 @@ def run(a) -> int:
             # (tofino: bf_switchd loads the compiled program; install checks its P4Info)
 
         def connect(place: P.Place) -> P4RuntimeSwitch:
-            return _connect(a, place, pipelines.get(place.role))
+            # install's fresh pipeline goes to [switch] and the fallback, never to a tree's
+            # other switches (a pipeline load empties a switch: their running jobs would go)
+            fresh = place.role == "fallback" or place.name == cfg.switch.name
+            return _connect(a, place, pipelines.get(place.role) if fresh else None)
 
         fabric = stack.enter_context(P.Fabric(cfg, connect))
         if install:

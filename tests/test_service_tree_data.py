@@ -21,15 +21,14 @@ import pytest
 pytest.importorskip("p4runtime_sh")
 
 from homagg import wire  # noqa: E402
-from homagg.controller.build import soft_pipeline  # noqa: E402
-from homagg.controller.p4client import P4RuntimeSwitch  # noqa: E402
+from homagg.controller.cli import main as ctl  # noqa: E402
 from homagg.controller.serve import start  # noqa: E402
 from homagg.controller.service import JobService, ServeOptions  # noqa: E402
 from homagg.host_agent import Agent, AgentConfig  # noqa: E402
 from homagg.host_agent.engine import Transport  # noqa: E402
 from homagg.host_agent.hostreduce import ThreadHost  # noqa: E402
 from homagg.membership import pb2, rpc  # noqa: E402
-from homagg.netconfig import parse, render  # noqa: E402
+from homagg.netconfig import Config, SwitchSpec, parse, render  # noqa: E402
 from homagg.targets.p4runtime_server import P4RuntimeServer  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 from tests.test_agent import assert_exact, sparse_tensors  # noqa: E402
@@ -67,8 +66,6 @@ def ctl_json(path, *args) -> list:
     import io
     import json
 
-    from homagg.controller.cli import main as ctl
-
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert ctl(["-c", str(path), *args]) == 0
@@ -95,9 +92,11 @@ def test_a_128_rank_job_is_placed_on_two_leaves_and_is_exact(tmp_path):
     cfg = config({n: p.address for n, p in p4rt.items()})
     path = tmp_path / "tree.toml"
     path.write_text(render(cfg))
-    for n, p in p4rt.items():  # homagg's pipeline on each (what homagg-ctl install pushes)
-        P4RuntimeSwitch(p.address, 1, (0, 1), None, n).open(
-            soft_pipeline(tmp_path / "pipeline")).close()
+    ips = {"spine": SPINE} | {f"leaf{i + 1}": leaf_ip(i) for i in range(LEAVES)}
+    for n, p in p4rt.items():  # each switch installed as one is, with a config naming it
+        one = tmp_path / f"{n}.toml"
+        one.write_text(render(Config(SwitchSpec(n, p.address, ip=ips[n], target="soft"))))
+        assert ctl(["-c", str(one), "install", "--no-jobs"]) == 0
     svc = JobService(cfg, connect, ServeOptions(token=None, slots=16, key=b"k" * 16,
                                                 trust_claimed_address=True))
     srv = start(svc, "127.0.0.1:0")
