@@ -41,7 +41,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from homagg.host_agent import Agent, AgentConfig
 from homagg.host_agent.distributed.hook import HookState, homagg_hook
 
 #: steps before the CPU count starts (imports, JIT, the first buckets' index choices)
@@ -93,7 +92,7 @@ def digest(model: torch.nn.Module) -> str:
     for p in model.parameters():
         if hasattr(p, "full_tensor"):  # FSDP2's DTensor: the whole parameter, on every rank
             p = p.full_tensor()
-        h.update(p.detach().numpy().tobytes())
+        h.update(p.detach().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -110,6 +109,9 @@ def main() -> int:
     ap.add_argument("--init-method", default="env://",
                     help="torch.distributed's rendezvous (default: MASTER_ADDR/MASTER_PORT)")
     ap.add_argument("--sparse", action="store_true", help="sparse embedding gradients")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the model trains (cuda: the GPU LOCAL_RANK picks, modulo the "
+                    "GPUs; several ranks may share one)")
     ap.add_argument("--mode", default="auto", help="homagg's mode: auto, dense, union, sketch")
     ap.add_argument("--index", default="auto", help="homagg's index: auto, flat, hier")
     ap.add_argument("--no-overlap", action="store_true",
@@ -123,6 +125,8 @@ def main() -> int:
                     "1-D mesh; hsdp: FSDP2 on a (world x 1) mesh; hsdp2: on a (world/2 x 2) "
                     "mesh, whose replicate groups are subgroups")
     a = ap.parse_args()
+    if a.device == "cuda" and a.workload not in ("ddp", "loop"):
+        ap.error("--device cuda takes --workload ddp or loop (the FSDP2 meshes are cpu's)")
     if a.workload != "ddp" and (a.backend == "hook" or a.sparse):
         ap.error(f"--workload {a.workload} takes --backend homagg or gloo, dense gradients")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -135,13 +139,22 @@ def main() -> int:
     # the only change the homagg backend asks of a DDP script: its name here
     dist.init_process_group("homagg" if a.backend == "homagg" else "gloo",
                             init_method=a.init_method, rank=rank, world_size=world)
-    model = make_model(a.rows, a.dim, a.sparse)
+    device = torch.device("cpu")
+    if a.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))
+                              % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    model = make_model(a.rows, a.dim, a.sparse).to(device)
     ddp = wrap(model, a.workload, world)
     agent, state = None, None
     if a.backend == "homagg":
         agent = dist.group.WORLD.agent  # type: ignore[attr-defined]  # (for its counters)
     if a.backend == "hook":
-        agent = Agent(AgentConfig.from_env(mode=a.mode, index=a.index))
+        import homagg.torch
+
+        # this rank's agent; the ranks of a host reduce locally where they join through the
+        # controller service (homagg.torch.hook_agent's doc)
+        agent = homagg.torch.hook_agent(mode=a.mode, index=a.index)
         # overlap: the agent's thread sums each bucket while autograd goes on
         state = HookState.of(agent, model, overlap=not a.no_overlap,
                              pipeline=not a.no_pipeline)
@@ -153,6 +166,7 @@ def main() -> int:
         if step == WARMUP:  # this process's CPU (every thread's) from here, per step
             cpu0 = time.process_time()
         idx, y = batch(rank, step, a.rows)
+        idx, y = idx.to(device), y.to(device)
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(ddp(idx), y)
@@ -162,7 +176,7 @@ def main() -> int:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
         opt.step()
         # a metric: the samples the job has seen, summed as an int64 (exact on any backend)
-        count = torch.tensor([idx.shape[0]], dtype=torch.int64)
+        count = torch.tensor([idx.shape[0]], dtype=torch.int64, device=device)
         dist.all_reduce(count)
         seen += int(count.item())
         ms = 1e3 * (time.perf_counter() - t0)  # the step, all-reduce included

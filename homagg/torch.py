@@ -7,6 +7,9 @@ The backend is ``homagg.host_agent.distributed.backend`` (its doc says what goes
 switch and what goes to gloo). This module is named ``torch`` inside the package, which shadows
 nothing: imports are absolute, so ``import torch`` anywhere (here too) is PyTorch.
 
+``hook_agent()`` is the DDP hook's agent for this rank, its host reducing locally where that
+applies (``homagg.host_agent.distributed.hosts``).
+
 ``init_process_group()`` is the one line where a framework would otherwise pick the backend
 itself (the Hugging Face Trainer on the CPU: docs/frameworks.md).
 """
@@ -21,6 +24,7 @@ from homagg.host_agent.distributed.backend import (
     set_agent_options,
     set_subgroup_config,
 )
+from homagg.host_agent.distributed.hosts import hook_agent
 
 register()
 
@@ -35,5 +39,5 @@ def init_process_group(**kwargs: Any) -> None:
         dist.init_process_group(BACKEND, **kwargs)
 
 
-__all__ = ["BACKEND", "HomaggProcessGroup", "HomaggWork", "init_process_group", "register",
-           "set_agent_options", "set_subgroup_config"]
+__all__ = ["BACKEND", "HomaggProcessGroup", "HomaggWork", "hook_agent", "init_process_group",
+           "register", "set_agent_options", "set_subgroup_config"]

@@ -104,12 +104,15 @@ class HostLink:
     """A ``SwitchLink`` for one rank of a host: through the leader's link (``inner``, on the
     leader only), the host's words combined first."""
 
-    def __init__(self, exchange: Exchange, inner: SwitchLink | None, cfg: AgentConfig):
+    def __init__(self, exchange: Exchange, inner: SwitchLink | None, cfg: AgentConfig,
+                 counters: Counters | None = None):
         if (exchange.local_rank == 0) != (inner is not None):
             raise AgentError("a host's leader (local rank 0), and it alone, has a link to "
                              "the switch")
         self.ex = exchange
         self.inner = inner
+        self.counters = counters  # (another rank's: the rounds it took part in; the leader's
+        # link counts its own, packets too)
         self.who = f"{cfg.who} local rank {exchange.local_rank}"
         self.broken: str | None = None
         self.switch = inner.switch if inner is not None else ("host leader", 0)
@@ -150,7 +153,10 @@ class HostLink:
             raise AgentError(f"{self.who}: the ranks of this host could not meet: {e}"
                              ) from e
         if parts is None:  # another rank of the host: the leader's outcome
-            return self._outcome(self._share(None, sizes))
+            got = self._outcome(self._share(None, sizes))
+            if self.counters is not None:
+                self.counters.rounds += 1
+            return got
         try:
             combined = [combine(op, [p[i + 1] for p in parts]) for i, op in enumerate(ops)]
             flagged = any(bool(p[0][0]) for p in parts) or any(
@@ -187,9 +193,10 @@ class HostLink:
     def _outcome(self, shared: Shared) -> tuple[tuple[np.ndarray, ...], bool]:
         if shared.status == FAILED:  # (the leader raised its own error already)
             self.broken = "leader"
-            error = AggregationTimeout if shared.why.startswith("AggregationTimeout") \
-                else AgentError
-            raise error(f"{self.who}: the host's leader failed the round: {shared.why}")
+            if shared.why.startswith("AggregationTimeout"):
+                raise AggregationTimeout(f"{self.who}: the host's leader failed the round: "
+                                         f"{shared.why}")
+            raise AgentError(f"{self.who}: the host's leader failed the round: {shared.why}")
         return shared.outs, shared.status == OVERFLOW
 
 
@@ -211,7 +218,7 @@ class ThreadHost:
         leader's own (local rank 0 only)."""
         def make(cfg: AgentConfig, counters: Counters) -> HostLink:
             return HostLink(_ThreadMember(self, local_rank),
-                            None if inner is None else inner(cfg, counters), cfg)
+                            None if inner is None else inner(cfg, counters), cfg, counters)
         return make
 
 

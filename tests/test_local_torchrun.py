@@ -106,6 +106,11 @@ def packets(out: str) -> dict[int, int]:
     return {int(r): int(n) for r, n in re.findall(r"rank (\d): homagg sent (\d+) packets", out)}
 
 
+def rounds(out: str) -> dict[int, int]:
+    return {int(r): int(n) for r, n in re.findall(
+        r"rank (\d): homagg sent \d+ packets \(\d+ B\), \d+ retransmitted, (\d+) rounds", out)}
+
+
 @pytest.mark.parametrize("workload", ["ddp", "loop", "fsdp", "hsdp", "hsdp2"])
 def test_local_torchrun_each_workload_on_the_homagg_backend_tracks_gloo(tmp_path, workload):
     """The one-string change, under ``homagg-net local -- torchrun`` with 4 ranks: DDP without
@@ -132,12 +137,14 @@ def test_local_torchrun_each_workload_on_the_homagg_backend_tracks_gloo(tmp_path
     assert sorted(d) == [0, 1, 2, 3] and len(set(d.values())) == 1, out[-2000:]
     seen = re.findall(r"rank \d: samples seen (\d+)", out)
     assert seen == [str(4 * 64 * STEPS)] * 4, out[-2000:]  # 4 ranks x 64 samples x STEPS
-    sent = packets(out)
-    # the default group's packets: the metric's one per step, and the gradients' (on hsdp2
-    # the replicate subgroups carry those: below)
-    assert sorted(sent) == [0, 1, 2, 3], sent
-    assert min(sent.values()) >= STEPS if workload == "hsdp2" else min(sent.values()) > STEPS, \
-        sent
+    sent, took = packets(out), rounds(out)
+    # the default group's rounds: the metric's one per step, and the gradients' (on hsdp2
+    # the replicate subgroups carry those: below). The 4 ranks are one host: they reduce
+    # locally, and its leader (rank 0) alone sends, for all of them (test_local_reduce.py)
+    assert sorted(sent) == sorted(took) == [0, 1, 2, 3], (sent, took)
+    assert min(took.values()) >= STEPS if workload == "hsdp2" else min(took.values()) > STEPS, \
+        took
+    assert sent[0] >= took[0] and sent[1] == sent[2] == sent[3] == 0, sent
     replicate = {int(r): (int(n), int(p)) for r, n, p in re.findall(
         r"rank (\d): replicate group (\d+) switch all-reduces, (\d+) packets", out)}
     if workload == "hsdp2":

@@ -86,6 +86,7 @@ import torch.distributed as dist
 
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentConfig, AgentError, store_secret
+from homagg.host_agent.distributed import hosts
 from homagg.host_agent.distributed.group import BACKEND, HomaggProcessGroup
 from homagg.host_agent.distributed.switch import FLOATS, LIMB_BITS, SMALL_INTS, say_once
 from homagg.host_agent.distributed.work import HomaggWork
@@ -189,10 +190,17 @@ def create(opts, backend_options=None) -> HomaggProcessGroup:
     world = list(getattr(opts, "global_ranks_in_group", []) or [])
     subgroup = dist.is_initialized() or (world and world != list(range(len(world))))
     if not subgroup:
-        return HomaggProcessGroup(store, rank, size, timeout,
-                                  lambda: Agent(_agent_config(rank, size, join_secret=secret)))
+        def default_agent(gloo: Any) -> Agent:
+            # the ranks of a host reduce locally first where they join through the service
+            # (``hosts``); else a worker per rank
+            agent = hosts.group_agent(
+                gloo, store, rank, size, timeout,
+                lambda h, n: hosts.joined_config(h, n, _options, join_secret=secret), _options)
+            return agent or Agent(_agent_config(rank, size, join_secret=secret))
 
-    def subgroup_agent() -> Agent | None:
+        return HomaggProcessGroup(store, rank, size, timeout, default_agent)
+
+    def subgroup_agent(_gloo: Any) -> Agent | None:
         if _subgroup_config is not None:
             cfg = _subgroup_config(world, rank)
         else:

@@ -87,7 +87,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
     for it at their first collective."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
-                 make_agent: Callable[[], Agent | None]):
+                 make_agent: Callable[[Any], Agent | None]):
         super().__init__(rank, size)  # type: ignore[call-arg]  # (the stub knows the 3-arg form)
         self.agent: Agent | None = None
         self._cpp: Any = None
@@ -125,10 +125,10 @@ class HomaggProcessGroup(dist.ProcessGroup):
                                    self._cpp)
         self._thread = Serial("homagg-agent")
 
-    def _start(self, make_agent: Callable[[], Agent | None]) -> None:
+    def _start(self, make_agent: Callable[[Any], Agent | None]) -> None:
         failure: BaseException | None = None
         try:
-            self.agent = make_agent()
+            self.agent = make_agent(self._gloo)  # (the group's gloo: start-up collectives)
         except Exception as err:  # noqa: BLE001 - every rank hears of it, then it is raised
             failure = err
         state = torch.zeros(3, dtype=torch.int64)  # ranks with an agent, without, failed
