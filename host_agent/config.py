@@ -238,9 +238,14 @@ class AgentConfig:
         # the operator allows (NAT), and otherwise refuses it unless it is the one seen
         m = join(env["HOMAGG_CONTROLLER"], token, name, rank, world, (bind_host, bind_port),
                  slots, wait, ca, claim_ip=bind_host or "", retry=retry, join_secret=secret)
+        tree = m.leaf_workers > 0  # placed in a tree: the leaf's numbering at the leaf
+        if tree:
+            options.setdefault("local_workers", m.leaf_workers)
+            options.setdefault("siblings", m.siblings)
         try:
-            return cls(m.job_id, m.worker, m.workers, m.send_to, (m.ip, m.udp_port), m.slots,
-                       run=m.run, key=m.key, membership=m, **options)
+            return cls(m.job_id, m.leaf_worker if tree else m.worker, m.workers, m.send_to,
+                       (m.ip, m.udp_port), m.slots, run=m.run, key=m.key, membership=m,
+                       **options)
         except BaseException:
             m.leave()
             raise

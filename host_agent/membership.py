@@ -81,6 +81,12 @@ class Membership:
     secret: str = field(default="", repr=False)  # the job's credential for Renew and Leave
     key: int = field(default=0, repr=False)      # the job's key, in every packet (auth)
     lost: str | None = None       # why the service says the job is gone
+    # placed in a tree of switches: this worker's id at its leaf (what its packets carry),
+    # the leaf job's workers, and the leaf's parent's children by name (0, 0, (): one switch;
+    # ``worker`` is then the lease's identity, the worker's place in the tree's order)
+    leaf_worker: int = 0
+    leaf_workers: int = 0
+    siblings: tuple[str, ...] = ()
     _sock: socket.socket | None = field(default=None, repr=False)
     _channel: Any = field(default=None, repr=False)
     _stub: Any = field(default=None, repr=False)
@@ -206,5 +212,6 @@ def join(controller: str, token: str, name: str, rank: int, world: int,
              r.workers, r.job_id, r.place, r.send_to_ip, r.send_to_port, r.run)
     return Membership(controller, token, name, r.job_id, r.worker, r.workers, r.slots,
                       (r.send_to_ip, r.send_to_port), ip, udp_port, r.run, r.lease_seconds,
-                      r.place, claim_ip, r.secret, r.key, _sock=sock, _channel=channel,
-                      _stub=stub).start()
+                      r.place, claim_ip, r.secret, r.key, leaf_worker=r.leaf_worker,
+                      leaf_workers=r.leaf_workers, siblings=tuple(r.siblings), _sock=sock,
+                      _channel=channel, _stub=stub).start()

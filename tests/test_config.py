@@ -76,3 +76,28 @@ def test_the_services_settings_take_precedence_over_homagg_execs():
     with pytest.raises(AgentError, match=r"cannot reach the controller at 127\.0\.0\.1:1"):
         AgentConfig.from_env({**ENV, **TORCHRUN, "HOMAGG_BIND": "127.0.0.1",
                               "HOMAGG_JOIN_TIMEOUT": "2", "HOMAGG_JOIN_RETRY": "0"})
+
+
+def test_a_worker_the_service_placed_in_a_tree_speaks_its_leafs_numbering(monkeypatch):
+    """The service's reply for a job on a tree of switches: the worker's id and job size at
+    its leaf (what its packets carry), the leaf's parent's children; the lease stays the
+    service's worker (``Membership.worker``). On one switch (leaf_workers 0): the worker."""
+    from homagg.host_agent import membership
+
+    def join(controller, token, name, rank, world, bind, *args, **kwargs):
+        tree = rank == 5
+        return membership.Membership(
+            controller, token, name, job_id=3, worker=rank, workers=world, slots=16,
+            send_to=("10.0.0.201", 48864), ip="127.0.0.1", udp_port=40000, run=7, lease=5.0,
+            place="leaf2" if tree else "s1", leaf_worker=2 if tree else 0,
+            leaf_workers=8 if tree else 0, siblings=("leaf1", "leaf2") if tree else ())
+
+    monkeypatch.setattr(membership, "join", join)
+    env = {"HOMAGG_CONTROLLER": "ctl:9600", "RANK": "5", "WORLD_SIZE": "16",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "HOMAGG_JOIN_SECRET": "s" * 32}
+    cfg = AgentConfig.from_env(env)
+    assert (cfg.job, cfg.worker, cfg.workers, cfg.local_workers) == (3, 2, 16, 8)
+    assert cfg.siblings == ("leaf1", "leaf2") and cfg.switch == ("10.0.0.201", 48864)
+    assert cfg.membership is not None and cfg.membership.worker == 5  # the lease's identity
+    star = AgentConfig.from_env(env | {"RANK": "4"})
+    assert (star.worker, star.workers, star.local_workers, star.siblings) == (4, 16, None, ())
