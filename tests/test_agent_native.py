@@ -24,9 +24,9 @@ from homagg.faults import FaultSpec
 from homagg.host_agent import AgentConfig, AgentError
 from homagg.host_agent.engine import Counters, Transport
 from homagg.host_agent.engine import native as engine_native
-from homagg.host_agent.engine.loss import PROBE_SAMPLES, PROBES
+from homagg.host_agent.engine.loss import HELD_PROBES, PROBE_SAMPLES, PROBES
 from homagg.host_agent.engine.packets import pack
-from homagg.host_agent.engine.rto import RtoEstimator
+from homagg.host_agent.engine.rto import MIN_EPOCH, RtoEstimator
 from tests.test_agent import Job, assert_exact, closing_factory, sparse_tensors
 from tests.test_loss import FakeRound
 
@@ -231,7 +231,8 @@ def _c_state(fake: FakeRound) -> tuple[engine_native.NativeLink, engine_native._
     st.nchunks, st.slots = fake.nchunks, fake.cfg.slots
     st.done, st.held = fake.done.ctypes.data, fake.held.ctypes.data
     st.sent_at, st.rto = fake.sent_at.ctypes.data, fake.rto.ctypes.data
-    st.probes, st.probe_samples = PROBES, PROBE_SAMPLES
+    st.probes, st.probe_samples, st.held_max = PROBES, PROBE_SAMPLES, HELD_PROBES
+    st.min_epoch = MIN_EPOCH
     return link, st
 
 
@@ -255,6 +256,8 @@ def test_the_native_timers_wake_when_the_python_engines_would():
             r.rack_c = int(rng.integers(0, n))
             r.rack_ts, r.rack_rtt = float(r.sent_at[r.rack_c]), float(rng.uniform(0, 0.01))
         r.nprobes = int(rng.integers(0, PROBES + 1))
+        r.held_probes = int(rng.integers(0, HELD_PROBES + 1))
+        r.t.rtt.min_cur, r.t.rtt.min_prev = (float(x) for x in rng.uniform(1e-5, 0.01, 2))
         r.probe_c = int(rng.integers(0, n))
         r.last_progress, r.last_new = (float(x) for x in rng.uniform(0, 1, 2))
         rtt = r.t.rtt
@@ -282,6 +285,7 @@ def test_the_native_estimate_is_the_python_estimators():
         lib.ha_rtt_sample(ctypes.byref(st), float(rtt))
         assert (st.srtt, st.rttvar, st.cur_rto, st.samples) == (est.srtt, est.rttvar, est.rto,
                                                                 est.samples)
+        assert (st.min_cur, st.min_prev, st.min_n) == (est.min_cur, est.min_prev, est.min_n)
 
 
 @needs_native

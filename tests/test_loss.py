@@ -11,19 +11,26 @@ import pytest
 
 from homagg.host_agent.config import AgentConfig
 from homagg.host_agent.engine import Counters
-from homagg.host_agent.engine.loss import LOSS_ROUNDS, PROBE_SAMPLES, PROBES, LossRecovery
+from homagg.host_agent.engine.loss import (
+    HELD_PROBES,
+    LOSS_ROUNDS,
+    PROBE_SAMPLES,
+    PROBES,
+    LossRecovery,
+)
 from homagg.host_agent.engine.rto import RtoEstimator
 
 
 class FakeRound(LossRecovery):
     """The state ``LossRecovery`` reads, chunks 0 .. n - 1 sent at time 0; sends recorded."""
 
-    def __init__(self, n=4, srtt=0.004, rttvar=0.004):
+    def __init__(self, n=4, srtt=0.004, rttvar=0.004, min_rtt=0.001):
         self.cfg = AgentConfig(1, 0, 2, ("127.0.0.1", 48864), ("127.0.0.1", 0), 16)
         self.counters = Counters()
         rtt = RtoEstimator(0.05, self.cfg.min_timeout, self.cfg.max_timeout)
         rtt.srtt, rtt.rttvar, rtt.samples = srtt, rttvar, PROBE_SAMPLES
         rtt.rto = max(srtt + 4 * rttvar, rtt.min_rto)
+        rtt.min_cur = min_rtt
         self.t = SimpleNamespace(rtt=rtt)
         self.join = False
         self.nchunks = self.next_c = n
@@ -33,7 +40,8 @@ class FakeRound(LossRecovery):
         self.resent = np.zeros(n, bool)
         self.held = np.zeros(n, bool)
         self.rack_ts, self.rack_c, self.rack_rtt = -np.inf, -1, 0.0
-        self.nprobes, self.probe_c = 0, -1
+        self.nprobes, self.probe_c, self.held_probes = 0, -1, 0
+        self.last_status = -np.inf
         self.last_new = 0.0
         self.last_progress = 0.0
         self.next_send, self.interval = 0.0, 0.0
@@ -49,7 +57,10 @@ def test_the_probe_waits_the_timeouts_estimate_until_rack_finds_a_loss():
     assert r.pto() == pytest.approx(0.004 + 4 * 0.004)  # srtt + 4 rttvar
     r.t.rtt.loss_round = r.counters.rounds
     assert r.lossy()
-    assert r.pto() == pytest.approx(max(2 * 0.004, r.cfg.min_timeout / 4))  # RFC 8985's
+    # two of the least round trips (the smoothed one grows with the peers' recovery)
+    assert r.pto() == pytest.approx(max(2 * 0.001, r.cfg.min_timeout / 16))
+    r.t.rtt.min_cur = 0.0001
+    assert r.pto() == pytest.approx(r.cfg.min_timeout / 16)  # its floor
     r.counters.rounds += LOSS_ROUNDS + 1
     assert not r.lossy()
 
@@ -83,4 +94,47 @@ def test_held_chunks_are_probed_only_after_a_loss():
     assert again == pytest.approx(due + r.pto())
     r.retransmit(pending, again)
     assert r.sends == [0, 0] and r.counters.probes == PROBES == 2
-    assert r.probe_at(pending) == np.inf
+    # spent: HELD_PROBES more of the oldest chunk out, 4, 8 and 16 probe timeouts after its
+    # last send, while the round is lossy (a result lost after its peer's recovery)
+    r.rto[:] = 1.0  # (their timeouts later than these)
+    for k in range(HELD_PROBES):
+        oldest, want = float(r.sent_at.min()), int(np.argmin(r.sent_at))
+        at = r.probe_at(pending)
+        assert at == pytest.approx(oldest + r.pto() * 4 * 2 ** k)
+        r.retransmit(pending, at)
+        assert r.sends[-1] == want
+    assert len(r.sends) == PROBES + HELD_PROBES
+    assert r.probe_at(pending) == np.inf  # then the timeout, until a result
+    r.counters.rounds += LOSS_ROUNDS + 1
+    r.held_probes = 0
+    assert r.probe_at(pending) == np.inf  # not lossy: none
+
+
+def test_a_timeout_resends_only_what_the_switch_cannot_hold():
+    """A window of 6 overdue chunks. Chunk 5's status came after the window went out: the
+    switch waits for a peer, so of the window only the oldest goes again (chunk 0); the
+    others' timers start over. Without a status the whole window goes, as before."""
+    r = FakeRound(n=6)
+    r.sent_at[:] = 0.001
+    r.held[5] = True
+    r.sent_at[5] = r.last_status = 0.002
+    now = 0.001 + r.rto.max() + 0.001
+    pending = r.retransmit(r.in_flight(), now)
+    assert r.sends == [0]
+    assert r.counters.held_back == 5 and r.counters.retransmissions == 1
+    assert np.all(r.sent_at == now)  # every timer starts over, with its backoff
+    assert pending.tolist() == [0, 1, 2, 3, 4, 5]
+    # a result of chunk 0 moves the round: RACK resends the chunks before it that are lost
+    plain = FakeRound(n=6)
+    plain.sent_at[:] = 0.001
+    plain.retransmit(plain.in_flight(), now)
+    assert plain.sends == [0, 1, 2, 3, 4, 5] and plain.counters.held_back == 0
+
+
+def test_a_timeout_asks_once_for_the_chunks_the_switch_holds():
+    r = FakeRound(n=3)
+    r.held[:] = True
+    r.sent_at[:] = [0.003, 0.001, 0.002]  # their statuses
+    now = 0.003 + r.rto.max() + 0.001
+    r.retransmit(r.in_flight(), now)
+    assert r.sends == [1] and r.counters.held_back == 2  # the oldest status

@@ -76,9 +76,11 @@ typedef struct {
     /* the timeout's estimate (rto.RtoEstimator) */
     int64_t has_srtt, samples;
     double srtt, rttvar, cur_rto, min_rto, max_rto;
+    double min_cur, min_prev;  /* the least round trip of this epoch and the last (min_rtt) */
     /* loss recovery (loss.LossRecovery) */
     double rack_ts, rack_rtt, last_progress, last_new;
     int64_t rack_c, nprobes, probe_c, lossy, probes, probe_samples;
+    int64_t held_probes, held_max, min_n, min_epoch;
     /* progress */
     int64_t next_c, ndone, overflow;
     /* counters: added to (Python adds them to its own and zeroes them) */
@@ -199,6 +201,12 @@ void ha_reset(ha_ctx *x, ha_round *r) {
 
 static void rtt_sample(ha_round *r, double rtt) {
     r->samples++;
+    if (rtt < r->min_cur) r->min_cur = rtt;
+    if (++r->min_n >= r->min_epoch) {
+        r->min_prev = r->min_cur;
+        r->min_cur = INFINITY;
+        r->min_n = 0;
+    }
     if (!r->has_srtt) {
         r->srtt = rtt;
         r->rttvar = rtt / 2;
@@ -225,8 +233,12 @@ static void delivered(ha_round *r, int64_t c, double now) {
 /* loss.LossRecovery.pto: the probe timeout, or -1 while there is none */
 static double pto(const ha_round *r) {
     if (!r->has_srtt || r->samples < r->probe_samples) return -1.0;
+    if (r->lossy) {
+        double least = r->min_cur < r->min_prev ? r->min_cur : r->min_prev;
+        double v = 2 * least, floor = r->min_rto / 16;
+        return v > floor ? v : floor;
+    }
     double floor = r->min_rto / 4, v = 2 * r->srtt;
-    if (r->lossy) return v > floor ? v : floor;
     double est = r->srtt + 4 * r->rttvar;
     if (floor > est) est = floor;
     return v > est ? v : est;
@@ -252,7 +264,10 @@ static double wake_at(const ha_round *r, double now) {
     }
     if (!any) return now + HA_TICK;
     double p = pto(r), probe = INFINITY;
-    if (r->nprobes < r->probes && p >= 0) {
+    if (p >= 0 && r->nprobes >= r->probes) {
+        if (r->lossy && r->held_probes < r->held_max)
+            probe = oldest + p * 4 * (double)(1LL << r->held_probes);
+    } else if (p >= 0) {
         if (r->nprobes) {
             if (!r->done[r->probe_c]) probe = r->sent_at[r->probe_c] + p;
         } else if (candidate) {
@@ -473,6 +488,7 @@ static int take_batch(ha_ctx *x, ha_round *r) {
             if (((uint64_t)ld32(p) | (uint64_t)ld32(p + 4) << 32) & r->ovf_mask) r->overflow = 1;
             r->last_progress = now;
             r->nprobes = 0;
+            r->held_probes = 0;
         }
     }
     x->nmsg = 0;

@@ -13,6 +13,12 @@ probe (RFC 8985's TLP): after a probe timeout of silence the latest-sent chunk n
 once, and again only after another result; the timeout (with backoff) covers a lost probe.
 The probe times out sooner, and probes held chunks too, while RACK has found losses lately.
 
+A timeout resends only what the switch cannot already hold (``retransmit``): of the overdue
+chunks it has said it holds, or that went out before its latest status (which says it waits for
+a peer, not for us), just the oldest, as a question; the others' timers start over, and RACK and
+the probe, which the next result re-arms, find any of them that was lost after all. A window's
+timeout in a round that waits for a late peer is then one datagram, not the window.
+
 ``Counters`` keeps, per cause (timeout, RACK, probe), the time resent copies had been out:
 where a faulty run's time goes.
 """
@@ -33,6 +39,9 @@ if TYPE_CHECKING:
 #: at most between two results (see ``LossRecovery.probe_at``).
 PROBE_SAMPLES = 8
 PROBES = 2
+#: Further probes after those, while RACK has found losses lately: of the oldest chunk out,
+#: 4, 8 and 16 probe timeouts after its last send or status (``LossRecovery.probe_at``).
+HELD_PROBES = 3
 #: Rounds after a loss RACK found during which the probe timeout is RFC 8985's own, two
 #: smoothed round trips (see ``LossRecovery.pto``).
 LOSS_ROUNDS = 16
@@ -57,7 +66,9 @@ class LossRecovery:
     rack_c: int
     rack_rtt: float
     nprobes: int
+    held_probes: int
     probe_c: int
+    last_status: float
     last_new: float
     last_progress: float
     next_send: float
@@ -74,6 +85,7 @@ class LossRecovery:
             overdue = self.sent_at[pending] + self.rto[pending] <= now
             for c in pending[overdue]:
                 self.rto[c] = min(self.rto[c] * self.cfg.backoff, self.cfg.max_timeout)
+            overdue = self.held_back(pending, overdue, now)
             early = ~overdue & (self.rack_due(pending) <= now)
             if not self.join:
                 out = now - self.sent_at[pending]
@@ -95,6 +107,26 @@ class LossRecovery:
             elif self.probe_at(pending) <= now:
                 self.probe(pending, now)
         return pending
+
+    def held_back(self, pending: np.ndarray, overdue: np.ndarray, now: float) -> np.ndarray:
+        """The overdue chunks a timeout resends: not those the switch can already hold. Of the
+        overdue chunks it said it holds, and of those that went out before its latest status
+        (the switch answered after they left, and its answer was that it waits for a peer),
+        only the oldest (the lowest-numbered of the oldest) is resent: its answer, a result or
+        a status, asks for them all. The others' timers start over (their backoff stands);
+        when the round moves on, RACK resends any of them that was lost after all, and the
+        probe, which a result re-arms, the ones at its tail. Counted in
+        ``Counters.held_back``."""
+        waiting = overdue & (self.held[pending] | (self.sent_at[pending] < self.last_status))
+        if np.count_nonzero(waiting) < 2:
+            return overdue
+        w = pending[waiting]
+        ask = w[np.lexsort((w, self.sent_at[w]))[0]]
+        quiet = waiting & (pending != ask)
+        self.sent_at[pending[quiet]] = now
+        if not self.join:
+            self.counters.held_back += int(np.count_nonzero(quiet))
+        return overdue & ~quiet
 
     def probe_at(self, pending: np.ndarray) -> float:
         """When to send a tail-loss probe (RFC 8985's TLP); inf if none is due. The first:
@@ -119,15 +151,24 @@ class LossRecovery:
         none: it waits for its peers to start.
 
         After a loss RACK found (in the last LOSS_ROUNDS rounds, ``lossy``), the probe timeout
-        is RFC 8985's own, two smoothed round trips (with the same 5 ms floor), and a round
-        whose chunks out are all held is probed too, a probe timeout after the oldest status:
-        a held chunk then mostly waits for a result that was lost on its way back (or for a
-        peer's own recovery, which the probe's status answer shows). In a faulty run every
-        round trip includes some peer's recovery, so ``4 rttvar`` kept the probe near the
-        timeout. RACK finds no loss in a fault-free run on the software target; on bmv2 it
-        finds the ones the loaded switch makes, and those rounds probe a little sooner."""
+        is two of the least recent round trips (``rto.RtoEstimator.min_rtt``; a sixteenth of
+        the timeout's floor at least), and a round whose chunks out are all held is probed
+        too, a probe timeout after the oldest status: a held chunk then mostly waits for a
+        result that was lost on its way back (or for a peer's own recovery, which the probe's
+        status answer shows). In a faulty run every round trip includes some peer's recovery,
+        so ``4 rttvar``, and then ``2 srtt``, kept the probe near the timeout. And once the
+        probes are spent (answered held, or a timeout resent), HELD_PROBES more ask for the
+        oldest chunk out, 4, 8 and 16 probe timeouts after its last send or status: a chunk
+        held while a peer recovered, whose result was then lost on its way to us, waited the
+        timeout (20 ms and more) out before. RACK finds no loss in a fault-free run on the
+        software target; on bmv2 it finds the ones the loaded switch makes, and those rounds
+        probe sooner."""
         pto = self.pto()
-        if self.nprobes >= PROBES or pto is None or not pending.size:
+        if pto is None or not pending.size:
+            return np.inf
+        if self.nprobes >= PROBES:
+            if self.lossy() and self.held_probes < HELD_PROBES:
+                return float(self.sent_at[pending].min()) + pto * 4 * 2 ** self.held_probes
             return np.inf
         if self.nprobes:  # the first probe's chunk, unanswered (a status ends the probing)
             c = self.probe_c
@@ -150,7 +191,7 @@ class LossRecovery:
         if self.join or rtt.srtt is None or rtt.samples < PROBE_SAMPLES:
             return None
         if self.lossy():
-            return max(2 * rtt.srtt, rtt.min_rto / 4)
+            return max(2 * rtt.min_rtt, rtt.min_rto / 16)
         return max(rtt.srtt + 4 * rtt.rttvar, rtt.min_rto / 4, 2 * rtt.srtt)
 
     def lossy(self) -> bool:
@@ -161,8 +202,13 @@ class LossRecovery:
         """Resend the latest-sent chunk not held (the highest-numbered of those sent with
         it), or the first probe's chunk again, without backoff. Its result makes RACK resend
         the chunks before it; a status says it was there and the round waits for a peer
-        (``Counters.probes_held``), which ends the probing until another result."""
-        if self.nprobes:
+        (``Counters.probes_held``), which ends the probing until another result. Past the
+        probes (``probe_at``), the oldest chunk out (the lowest-numbered of those)."""
+        if self.nprobes >= PROBES:
+            c = int(pending[np.lexsort((pending, self.sent_at[pending]))[0]])
+            self.held_probes += 1
+            self.nprobes -= 1  # (counted again below: the probes stay spent)
+        elif self.nprobes:
             c = self.probe_c
         else:
             cand = self.probe_candidates(pending)

@@ -32,7 +32,8 @@ from homagg import udpio, wire
 from homagg.faults import ImpairedSocket
 from homagg.host_agent.config import AgentConfig, AgentError
 from homagg.host_agent.engine import results
-from homagg.host_agent.engine.loss import PROBE_SAMPLES, PROBES
+from homagg.host_agent.engine.loss import HELD_PROBES, PROBE_SAMPLES, PROBES
+from homagg.host_agent.engine.rto import MIN_EPOCH
 from homagg.netconfig import ip_int
 
 if TYPE_CHECKING:
@@ -60,10 +61,12 @@ class _Round(ctypes.Structure):
         + [(n, _ptr) for n in ("buf", "out", "done", "resent", "held", "sent_at", "rto",
                                 "rbuf")]
         + [("has_srtt", _i64), ("samples", _i64)]
-        + [(n, _dbl) for n in ("srtt", "rttvar", "cur_rto", "min_rto", "max_rto", "rack_ts",
-                                "rack_rtt", "last_progress", "last_new")]
+        + [(n, _dbl) for n in ("srtt", "rttvar", "cur_rto", "min_rto", "max_rto", "min_cur",
+                                "min_prev", "rack_ts", "rack_rtt", "last_progress",
+                                "last_new")]
         + [(n, _i64) for n in ("rack_c", "nprobes", "probe_c", "lossy", "probes",
-                                "probe_samples", "next_c", "ndone", "overflow",
+                                "probe_samples", "held_probes", "held_max", "min_n",
+                                "min_epoch", "next_c", "ndone", "overflow",
                                 "packets_sent", "bytes_sent", "results", "ignored",
                                 "send_calls", "sent", "recv_calls", "received", "gso",
                                 "odd_at", "odd_len", "err")])
@@ -168,7 +171,8 @@ class NativeLink:
         st.done, st.resent, st.held = r.done.ctypes.data, r.resent.ctypes.data, \
             r.held.ctypes.data
         st.sent_at, st.rto = r.sent_at.ctypes.data, r.rto.ctypes.data
-        st.probes, st.probe_samples = PROBES, PROBE_SAMPLES
+        st.probes, st.probe_samples, st.held_max = PROBES, PROBE_SAMPLES, HELD_PROBES
+        st.min_epoch = MIN_EPOCH
         lib.ha_reset(ctx, self.ref)
         while True:
             self.push(r)
@@ -198,9 +202,11 @@ class NativeLink:
         st.srtt = rtt.srtt or 0.0
         st.rttvar, st.samples, st.cur_rto = rtt.rttvar, rtt.samples, rtt.rto
         st.min_rto, st.max_rto = rtt.min_rto, rtt.max_rto
+        st.min_cur, st.min_prev, st.min_n = rtt.min_cur, rtt.min_prev, rtt.min_n
         st.rack_ts, st.rack_rtt, st.rack_c = r.rack_ts, r.rack_rtt, r.rack_c
         st.last_progress, st.last_new = r.last_progress, r.last_new
         st.nprobes, st.probe_c, st.lossy = r.nprobes, r.probe_c, r.lossy()
+        st.held_probes = r.held_probes
         st.next_c, st.ndone, st.overflow = r.next_c, r.ndone, r.overflow
         st.gso = getattr(self.t.sock, "gso", True)
 
@@ -211,9 +217,10 @@ class NativeLink:
         rtt = t.rtt
         rtt.srtt = st.srtt if st.has_srtt else None
         rtt.rttvar, rtt.samples, rtt.rto = st.rttvar, st.samples, st.cur_rto
+        rtt.min_cur, rtt.min_prev, rtt.min_n = st.min_cur, st.min_prev, st.min_n
         r.rack_ts, r.rack_rtt, r.rack_c = st.rack_ts, st.rack_rtt, st.rack_c
         r.last_progress, r.last_new = st.last_progress, st.last_new
-        r.nprobes, r.probe_c = st.nprobes, st.probe_c
+        r.nprobes, r.probe_c, r.held_probes = st.nprobes, st.probe_c, st.held_probes
         r.next_c, r.ndone, r.overflow = st.next_c, st.ndone, bool(st.overflow)
         c = t.counters
         self.results += st.results

@@ -123,7 +123,9 @@ class Round(LossRecovery):
         self.last_progress = time.monotonic()  # the last result (or the round's start)
         self.last_new = -np.inf  # the last send of new chunks (or of RACK's resends)
         self.nprobes = 0         # tail-loss probes since the last result (PROBES at most)
+        self.held_probes = 0     # and past those, while lossy (HELD_PROBES at most)
         self.probe_c = -1        # the chunk probed
+        self.last_status = -np.inf  # when the latest status reply came (held_back)
         self.status: dict[int, tuple[int, int]] = {}
         self.upstream: set[int] = set()  # chunks whose status came from a parent switch
         self.refused: dict[int, str] = {}  # chunk -> the DROP_* reason the switch gave
@@ -340,7 +342,7 @@ class Round(LossRecovery):
         self.counters.results += got.added
         self.overflow |= got.overflow
         self.last_progress = now
-        self.nprobes = 0
+        self.nprobes = self.held_probes = 0
         if self.status:
             for cc in self.new_chunks[:got.added].tolist():
                 self.status.pop(cc, None)
@@ -401,7 +403,7 @@ class Round(LossRecovery):
                 # (an estimate: the status may answer an earlier copy)
                 self.counters.probes_held += 1
                 self.nprobes = PROBES  # answered: no second probe
-            self.sent_at[c] = time.monotonic()
+            self.sent_at[c] = self.last_status = time.monotonic()
             if self.join:  # a join waits for peers to start, which may take seconds
                 self.rto[c] = cfg.max_timeout
             elif st[1] > self.held_count[c]:
@@ -427,7 +429,7 @@ class Round(LossRecovery):
         self.counters.results += 1
         self.overflow |= bool(flags & wire.FLAG_OVERFLOW)
         self.last_progress = time.monotonic()
-        self.nprobes = 0
+        self.nprobes = self.held_probes = 0
         self.status.pop(c, None)
 
     def refused_by_switch(self, c: int, reason: int, upstream: bool = False) -> None:

@@ -4,9 +4,19 @@ A fixed timeout resends half of everything on a queueing bmv2, so the agent meas
 smoothed round trip ``srtt``, its variation ``rttvar``, and ``rto = srtt + 4 rttvar`` held
 between a floor and a cap. Which round trips count is the caller's business (Karn: only those of
 chunks sent once, see ``transport``).
+
+It also keeps the least round trip of recent samples (``min_rtt``: the least of this epoch of
+MIN_EPOCH samples and the last one, so it follows a path that got slower), which the tail-loss
+probe times itself by after a loss (``loss.LossRecovery.pto``): a round trip in a faulty run
+includes the peers' recovery, and so ``srtt`` grows with the losses it is meant to find.
 """
 
 from __future__ import annotations
+
+import math
+
+#: Samples per epoch of ``min_rtt``'s window (about a window of chunks' worth of runs).
+MIN_EPOCH = 64
 
 
 class RtoEstimator:
@@ -22,10 +32,23 @@ class RtoEstimator:
         # the round (``Counters.rounds``) in which RACK last found a loss: the tail-loss probe
         # times out sooner for a while after one (``loss.LossRecovery.pto``)
         self.loss_round = -(1 << 30)
+        # the least round trip of this epoch and of the last (``min_rtt``), and this epoch's
+        # samples so far
+        self.min_cur = self.min_prev = math.inf
+        self.min_n = 0
+
+    @property
+    def min_rtt(self) -> float:
+        """The least round trip of the last MIN_EPOCH to 2 MIN_EPOCH samples (inf: none)."""
+        return min(self.min_cur, self.min_prev)
 
     def sample(self, rtt: float) -> float:
         """Take one measured round trip (s); returns the new timeout."""
         self.samples += 1
+        self.min_cur = min(self.min_cur, rtt)
+        self.min_n += 1
+        if self.min_n >= MIN_EPOCH:
+            self.min_prev, self.min_cur, self.min_n = self.min_cur, math.inf, 0
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:
