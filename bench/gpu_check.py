@@ -4,7 +4,9 @@ One script, a few minutes: (1) the ``cuda`` tests (tests/test_torch_cuda.py, and
 codec's table on the GPU against the numpy codec, bit for bit: tests/test_device_codec.py);
 (2) 4 ranks on one GPU training CUDA models (the tests' embedding model, and a transformer
 encoder block) with DDP on the ``homagg`` backend and on gloo, in one run: ranks identical,
-losses within 1e-6, the gradients' all-reduces through the switch; (3) throughput, each
+losses within 1e-6, the gradients' all-reduces through the switch, and local reduction (two
+torchrun nodes of 2 ranks, CUDA tensors: at most 0.6x a worker per rank's packets at the
+switch, every rank's parameters the same bit for bit either way); (3) throughput, each
 against a baseline measured in the same run: one worker's encode+decode of a bucket at 1%
 density (round 1's words, the value words and the decode, with the words' trips over PCIe;
 a job of one agent in memory) by the GPU codec and by the CPU codec, against a
@@ -262,6 +264,28 @@ def _throughput(torch, fig: dict) -> None:
     print(fig["codec_profile"], flush=True)
 
 
+def _local_reduce() -> dict:
+    """tests/test_local_reduce.py's two torchrun nodes on CUDA tensors (``--device cuda``):
+    the switch's accepted packets with local reduction and without, and whether every rank of
+    both runs ends with the same parameters."""
+    from tests.test_local_reduce import accepted, launch, two_nodes
+    from tests.test_local_torchrun import digests
+
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            args = ("--backend", "homagg", "--device", "cuda")
+            on = launch(two_nodes(Path(d), "on", *args), Path(d), local_reduce=True)
+            off = launch(two_nodes(Path(d), "off", *args), Path(d), local_reduce=False)
+    except AssertionError as err:  # (a run that failed: its output's tail)
+        return {"ok": False, "error": str(err)[-3000:]}
+    got = (accepted(on), accepted(off))
+    ranks = {**{f"on {r}": v for r, v in digests(on).items()},
+             **{f"off {r}": v for r, v in digests(off).items()}}
+    identical = len(ranks) == 8 and len(set(ranks.values())) == 1
+    return {"accepted": got, "identical": identical,
+            "ok": identical and got[0] <= 0.6 * got[1]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "gpu_check.json")
@@ -341,6 +365,14 @@ def main() -> int:
         fig["fsdp2"] = {"ok": False, "error": f"{type(err).__name__}: {str(err)[-1500:]}"}
         print(f"FSDP2 on the GPU failed: {fig['fsdp2']['error']}", flush=True)
 
+    # local reduction on the GPU: two torchrun nodes of 2 ranks (one GPU, shared), plain DDP on
+    # the homagg backend under homagg-net local, against a worker per rank
+    fig["local_reduce"] = _local_reduce()
+    print(f"local reduction, 2 torchrun nodes of 2 ranks, CUDA: the switch accepted "
+          f"{fig['local_reduce'].get('accepted')} packets (with, without), parameters the same "
+          f"bit for bit: {fig['local_reduce'].get('identical')}: "
+          f"{'ok' if fig['local_reduce']['ok'] else 'FAILED'}", flush=True)
+
     # (3) throughput
     _throughput(torch, fig)
     per = {}
@@ -360,7 +392,8 @@ def main() -> int:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(fig, indent=1, default=float))
     print(f"wrote {a.out}")
-    bad = fig["cuda_tests"]["rc"] or not all(t["ok"] for t in fig["training"].values())
+    bad = (fig["cuda_tests"]["rc"] or not all(t["ok"] for t in fig["training"].values())
+           or not fig["local_reduce"]["ok"])
     return 1 if bad else 0
 
 

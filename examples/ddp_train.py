@@ -140,6 +140,8 @@ def main() -> int:
     dist.init_process_group("homagg" if a.backend == "homagg" else "gloo",
                             init_method=a.init_method, rank=rank, world_size=world)
     device = torch.device("cpu")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: this torch sees no CUDA GPU")
     if a.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))
                               % torch.cuda.device_count())
