@@ -283,6 +283,7 @@ def main(argv=None) -> int:
                    "join_packets": c.join_packets,
                    "recovery": {"early_resends": c.early_resends, "probes": c.probes,
                                 "probes_held": c.probes_held,
+                                "held_back": c.held_back, "tail_copies": c.tail_copies,
                                 "waited_timeout": round(c.waited_timeout, 3),
                                 "waited_rack": round(c.waited_rack, 3),
                                 "waited_probe": round(c.waited_probe, 3)},

@@ -232,7 +232,8 @@ def demo(a) -> int:
           f"{timeouts:.0f} on timeouts ({total('waited_timeout'):.1f} s), "
           f"{total('early_resends'):.0f} on RACK ({total('waited_rack'):.1f} s), "
           f"{total('probes'):.0f} probes ({total('probes_held'):.0f} answered held, "
-          f"{total('waited_probe'):.1f} s)", flush=True)
+          f"{total('waited_probe'):.1f} s); {total('held_back'):.0f} held back at timeouts, "
+          f"{total('tail_copies'):.0f} tail copies", flush=True)
     return 0
 
 

@@ -84,7 +84,7 @@ typedef struct {
     /* progress */
     int64_t next_c, ndone, overflow;
     /* counters: added to (Python adds them to its own and zeroes them) */
-    int64_t packets_sent, bytes_sent, results, ignored;
+    int64_t packets_sent, bytes_sent, results, ignored, tail_copies;
     int64_t send_calls, sent, recv_calls, received;
     /* UDP GSO in use (in and out: a refusal turns it off for the socket's life) */
     int64_t gso;
@@ -381,6 +381,12 @@ static int send_new(ha_ctx *x, ha_round *r, double now) {
     if (end <= c0) return 0;
     int64_t n = send_run(x, r, c0, end);
     if (n < 0) return -1;
+    if (end == N && r->lossy) { /* round.Round.tail_copy: the last chunk twice while lossy */
+        int64_t m = send_run(x, r, end - 1, end);
+        if (m < 0) return -1;
+        r->tail_copies += m;
+        n += m;
+    }
     r->packets_sent += n;
     r->bytes_sent += n * r->psize;
     for (int64_t c = c0; c < end; c++) {

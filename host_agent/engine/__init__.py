@@ -32,6 +32,7 @@ class Counters:
     early_resends: int = 0    # of those, resent on RACK's evidence before the timeout
     probes: int = 0           # of those, tail-loss probes (a round's tail, after silence)
     probes_held: int = 0      # probes the switch answered "held": the chunk was there
+    tail_copies: int = 0      # while lossy, a round's last chunk sent twice (in packets_sent)
     held_back: int = 0        # overdue chunks a timeout did not resend: the switch holds
                               # them, or answered after they left (``loss.held_back``)
     # Where recovery's time goes: per cause of a resend (timeout, RACK, probe), the seconds the

@@ -68,12 +68,12 @@ class _Round(ctypes.Structure):
                                 "probe_samples", "held_probes", "held_max", "min_n",
                                 "min_epoch", "next_c", "ndone", "overflow",
                                 "packets_sent", "bytes_sent", "results", "ignored",
-                                "send_calls", "sent", "recv_calls", "received", "gso",
-                                "odd_at", "odd_len", "err")])
+                                "tail_copies", "send_calls", "sent", "recv_calls",
+                                "received", "gso", "odd_at", "odd_len", "err")])
 
 
 #: the counters the C loop adds to (Counters' names), and the socket's (udpio's names)
-_COUNTERS = ("packets_sent", "bytes_sent", "results", "ignored")
+_COUNTERS = ("packets_sent", "bytes_sent", "results", "ignored", "tail_copies")
 _IO = ("send_calls", "sent", "recv_calls", "received")
 
 
