@@ -100,17 +100,35 @@ def layout_of(keys: list[int], rank: int) -> Layout:
 
 def gather_layout(gloo: Any, rank: int, size: int,
                   environ: Mapping[str, str] | None = None) -> Layout | None:
-    """Every rank's host, through one all_gather on ``gloo`` (a gloo group of every rank);
-    None where HOMAGG_LOCAL_REDUCE turns local reduction off (on every rank alike: ranks that
-    disagree are an error on every rank)."""
-    mine = torch.tensor([host_key(environ), int(enabled(environ))], dtype=torch.int64)
-    every = [torch.zeros(2, dtype=torch.int64) for _ in range(size)]
-    gloo.allgather([every], [mine]).wait()
-    on = {int(t[1]) for t in every}
-    if len(on) > 1:
+    """Every rank's host, through one all_gather on ``gloo`` (a gloo group of every rank),
+    which every rank takes part in whatever its settings; None where local reduction does not
+    apply: no controller service (HOMAGG_CONTROLLER), or HOMAGG_LOCAL_REDUCE=0. Ranks that
+    disagree on either, or that cannot read them, are an error on every rank at once (never
+    some ranks in a collective the others skipped)."""
+    env = os.environ if environ is None else environ
+    failure: AgentError | None = None
+    try:
+        mine = [host_key(env), int(enabled(env)), int(bool(env.get("HOMAGG_CONTROLLER")))]
+    except AgentError as e:
+        failure, mine = e, [0, -1, -1]
+    every = [torch.zeros(3, dtype=torch.int64) for _ in range(size)]
+    gloo.allgather([every], [torch.tensor(mine, dtype=torch.int64)]).wait()
+    if failure is not None:
+        raise failure
+    rows = [[int(v) for v in t] for t in every]
+    bad = [r for r, row in enumerate(rows) if row[1] < 0]
+    if bad:
+        raise AgentError(f"homagg: rank(s) {bad} could not read their local reduction's "
+                         "settings (their own error says why)")
+    if len({row[2] for row in rows}) > 1:
+        raise AgentError("homagg: some ranks join through the controller service "
+                         "(HOMAGG_CONTROLLER) and some not: every rank must agree")
+    if len({row[1] for row in rows}) > 1:
         raise AgentError("homagg: the ranks set HOMAGG_LOCAL_REDUCE differently: every rank "
                          "must agree")
-    return layout_of([int(t[0]) for t in every], rank) if on == {1} else None
+    if not rows[0][1] or not rows[0][2]:
+        return None
+    return layout_of([row[0] for row in rows], rank)
 
 
 class GlooExchange:
@@ -217,12 +235,9 @@ def group_agent(gloo: Any, store: Any, rank: int, size: int, timeout: timedelta,
     """The agent of a group of every rank with its hosts reducing locally, or None where that
     does not apply (no controller service, HOMAGG_LOCAL_REDUCE=0, or a host per rank): the
     caller then makes a worker per rank, as before. ``gloo``: a gloo group of the ranks (the
-    layout's all_gather); ``make_config(host, hosts)``: the leader's join as its host's
-    worker."""
-    env = os.environ if environ is None else environ
-    if not env.get("HOMAGG_CONTROLLER"):
-        return None
-    layout = gather_layout(gloo, rank, size, env)
+    layout's all_gather, which every rank takes part in); ``make_config(host, hosts)``: the
+    leader's join as its host's worker."""
+    layout = gather_layout(gloo, rank, size, environ)
     if layout is None or not layout.reduces:
         return None
     return host_agent(make_config, layout, size, store, timeout, options)
@@ -255,10 +270,8 @@ def hook_agent(**options: Any) -> Agent:
     rank, size = dist.get_rank(), dist.get_world_size()
     store = dist.distributed_c10d._get_default_store()
     timeout = timedelta(minutes=30)
-    agent = None
-    if os.environ.get("HOMAGG_CONTROLLER"):
-        prefix = f"homagg-hook/{next(_names)}/"
-        gloo = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, timeout)
-        agent = group_agent(gloo, dist.PrefixStore(prefix, store), rank, size, timeout,
-                            lambda h, n: joined_config(h, n, options), options)
+    prefix = f"homagg-hook/{next(_names)}/"
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, timeout)
+    agent = group_agent(gloo, dist.PrefixStore(prefix, store), rank, size, timeout,
+                        lambda h, n: joined_config(h, n, options), options)
     return agent if agent is not None else Agent(AgentConfig.from_env(**options))
