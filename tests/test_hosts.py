@@ -30,6 +30,10 @@ def test_a_host_is_torchruns_node_else_the_address_the_ranks_bind():
     assert a == hosts.host_key({"HOMAGG_BIND": "10.0.0.2"}) != hosts.host_key(
         {"HOMAGG_BIND": "10.0.0.3"})
     assert a >= 1 << 32  # never a node's rank
+    # without either: the address this host speaks to the service from (not the host's name,
+    # which Mininet's hosts share)
+    here = hosts.host_key({"HOMAGG_CONTROLLER": "127.0.0.7:9600"})
+    assert here == hosts.host_key({"HOMAGG_BIND": "127.0.0.1"})
     with pytest.raises(AgentError, match="GROUP_RANK"):
         hosts.host_key({"GROUP_RANK": "x"})
 

@@ -4,8 +4,9 @@ gloo group of their own, and one rank per host (the leader) is the switch's work
 
 Which ranks share a host: torchrun's node (GROUP_RANK, of which LOCAL_RANK and
 LOCAL_WORLD_SIZE are the parts); outside torchrun, the ranks that bind the same address
-(HOMAGG_BIND's host, else the host's name). The ranks learn each other's in one all_gather, so
-they all agree; a host's leader is its lowest rank and hosts are numbered by their leaders.
+(HOMAGG_BIND's host, else the address they speak to the controller service from). The ranks
+learn each other's in one all_gather, so they all agree; a host's leader is its lowest rank and
+hosts are numbered by their leaders.
 
 It is on by default where the ranks join through the controller service (HOMAGG_CONTROLLER): the
 leader alone joins, as the host's worker (rank: the host's number; world size: the hosts), and
@@ -62,8 +63,24 @@ def host_key(environ: Mapping[str, str] | None = None) -> int:
         except ValueError:
             raise AgentError(f"$GROUP_RANK={env['GROUP_RANK']!r}: torchrun's node rank, an "
                              "integer") from None
-    address = (env.get("HOMAGG_BIND") or "").partition(":")[0] or socket.gethostname()
+    address = (env.get("HOMAGG_BIND") or "").partition(":")[0] or \
+        _speaks_from(env.get("HOMAGG_CONTROLLER") or "") or socket.gethostname()
     return (1 << 32) | zlib.crc32(address.encode())  # (never a node rank)
+
+
+def _speaks_from(controller: str) -> str | None:
+    """The address this host speaks to the controller service from (the one its agent binds,
+    ``AgentConfig.from_env``), or None where that cannot be told. A host's name is not enough:
+    hosts that share a kernel's name (Mininet's) are distinct hosts."""
+    host, _, port = controller.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host.strip("[]"), int(port)))  # (a route, no datagram)
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
