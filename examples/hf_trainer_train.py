@@ -98,7 +98,8 @@ def main() -> int:
         import torch.distributed as dist
 
         c = dist.group.WORLD.agent.counters  # type: ignore[union-attr]
-        print(f"rank {rank}: homagg sent {c.packets_sent} packets", flush=True)
+        print(f"rank {rank}: homagg sent {c.packets_sent} packets in {c.rounds} rounds",
+              flush=True)
     return 0
 
 

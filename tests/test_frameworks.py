@@ -58,8 +58,12 @@ def test_a_framework_trains_on_the_homagg_backend_as_on_gloo(tmp_path, script, n
     out = run(script, "homagg", tmp_path)
     digests = dict(re.findall(r"rank (\d): parameters ([0-9a-f]{16})", out))
     assert sorted(digests) == ["0", "1"] and len(set(digests.values())) == 1, out[-2000:]
-    sent = {int(r): int(n) for r, n in re.findall(r"rank (\d): homagg sent (\d+) packets", out)}
-    assert sorted(sent) == [0, 1] and min(sent.values()) >= STEPS, sent
+    sent = {int(r): (int(n), int(k)) for r, n, k in re.findall(
+        r"rank (\d): homagg sent (\d+) packets in (\d+) rounds", out)}
+    # both ranks took part in every step's rounds; they are one host, so its leader (rank 0)
+    # alone sent, for both (local reduction)
+    assert sorted(sent) == [0, 1] and min(k for _, k in sent.values()) >= STEPS, sent
+    assert sent[0][0] >= STEPS and sent[1][0] == 0, sent
     ref = losses(run(script, "gloo", tmp_path))
     got = losses(out)
     assert sorted(got) == sorted(ref) == [0, 1], (got, ref)
