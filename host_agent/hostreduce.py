@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -51,25 +51,36 @@ from homagg.switch_model import lane_add, lane_or
 OK, OVERFLOW, FAILED = 0, 1, 2
 
 
+def switch_combine(op: int, contribs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """One round at the switch: the contributions (int32 words, or uint32 taken as their bit
+    patterns) added (``op`` OP_ADD) or ORed in arrival order, as ``homagg.switch_model``'s
+    lanes do; and, per word, whether an add overflowed on the way (the switch checks each
+    partial sum, so an intermediate overflow is flagged even when the final sum would fit).
+    ``simulate`` combines its workers' rounds with it, and a host its ranks' (``combine``)."""
+    acc = np.zeros(contribs[0].size, np.int32)
+    over = np.zeros(acc.size, bool)
+    for words in contribs:
+        if op == wire.OP_OR:
+            acc = lane_or(acc, words)
+        else:
+            acc, lanes = lane_add(acc, words)  # wraps, as the switch's bit<32> add does
+            over |= lanes
+    return acc, over
+
+
 def combine(op: int, parts: list[np.ndarray]) -> tuple[np.ndarray, bool]:
-    """One round's words of a host's ranks, combined as the switch combines workers' words:
-    OR, or the int32 lane add (wrapping), with whether a partial sum overflowed."""
+    """One round's words of a host's ranks, combined as the switch combines workers' words
+    (``switch_combine``), with whether a partial sum overflowed."""
     sizes = {p.size for p in parts}
     if len(sizes) != 1:
         raise AgentError(f"the ranks of a host disagree on a round's size ({sorted(sizes)} "
                          "words): their tensors part ways here")
-    acc = _as_int32(parts[0]).copy()
-    over = False
-    for words in parts[1:]:
-        if op == wire.OP_OR:
-            acc = lane_or(acc, _as_int32(words))
-        else:
-            acc, lanes = lane_add(acc, _as_int32(words))
-            over |= bool(lanes.any())
-    return acc, over
+    acc, over = switch_combine(op, parts)
+    return acc, bool(over.any())
 
 
-def _as_int32(words: np.ndarray) -> np.ndarray:
+def as_int32(words: np.ndarray) -> np.ndarray:
+    """A round's words as contiguous int32 (a bit set's uint32 by its bit patterns)."""
     words = np.ascontiguousarray(words)
     return words.view(np.int32) if words.dtype == np.uint32 else words.astype(np.int32,
                                                                               copy=False)
@@ -172,13 +183,12 @@ class HostLink:
                         flagged: bool) -> Shared:
         inner = self.inner
         assert inner is not None
-        kw: dict[str, Any] = {"flagged": True} if flagged else {}
         if len(ops) == 2:
             out, out2, overflow = inner.stream_fused(  # type: ignore[attr-defined]
-                ops[0], words[0], ops[1], words[1], **kw)
+                ops[0], words[0], ops[1], words[1], flagged=flagged)
             return Shared(OVERFLOW if overflow else OK, (out, out2))
         try:
-            return Shared(OK, (inner.stream(ops[0], words[0], **kw),))
+            return Shared(OK, (inner.stream(ops[0], words[0], flagged=flagged),))
         except SwitchOverflow:
             return Shared(OVERFLOW, (np.zeros(words[0].size, np.int32),))
 

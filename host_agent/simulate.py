@@ -35,24 +35,7 @@ from homagg.host_agent.allreduce import Agent, Counters, Result, SwitchLink
 from homagg.host_agent.codec import AUTO, AggregationOverflow, CodecError, Mode
 from homagg.host_agent.config import AgentConfig, AgentError, AggregationTimeout
 from homagg.host_agent.engine.transport import SwitchOverflow
-from homagg.host_agent.hostreduce import ThreadHost
-from homagg.switch_model import lane_add, lane_or
-
-
-def switch_combine(op: int, contribs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """One round at the switch: the contributions (int32 words, or uint32 taken as their bit
-    patterns) added (``op`` OP_ADD) or ORed in arrival order, as ``homagg.switch_model``'s
-    lanes do; and, per word, whether an add overflowed on the way (the switch checks each
-    partial sum, so an intermediate overflow is flagged even when the final sum would fit)."""
-    acc = np.zeros(contribs[0].size, np.int32)
-    over = np.zeros(acc.size, bool)
-    for words in contribs:
-        if op == wire.OP_OR:
-            acc = lane_or(acc, words)
-        else:
-            acc, lanes = lane_add(acc, words)  # wraps, as the switch's bit<32> add does
-            over |= lanes
-    return acc, over
+from homagg.host_agent.hostreduce import ThreadHost, switch_combine
 
 
 def switch_add(contribs: list[np.ndarray], round_name: str) -> np.ndarray:

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentConfig, AgentError
 from homagg.host_agent.engine import Transport
-from homagg.host_agent.hostreduce import HostLink, Shared
+from homagg.host_agent.hostreduce import HostLink, Shared, as_int32
 
 #: Bytes of a failed round's reason that reach a host's other ranks.
 WHY_BYTES = 256
@@ -155,11 +155,11 @@ class GlooExchange:
     def __init__(self, store: Any, layout: Layout, timeout: timedelta):
         self.local_rank, self.size = layout.local_rank, layout.local_size
         prefix = f"homagg-host/{layout.hosts[layout.host][0]}/{next(_names)}/"
-        self.pg: Any = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), self.local_rank,
-                                        self.size, timeout)
+        self.pg: Any = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store),
+                                             self.local_rank, self.size, timeout)
 
     def gather(self, parts):
-        flat = torch.from_numpy(np.concatenate([_int32(p) for p in parts]))
+        flat = torch.from_numpy(np.concatenate([as_int32(p) for p in parts]))
         sizes = [p.size for p in parts]
         opts = dist.GatherOptions()
         opts.rootRank = 0
@@ -178,7 +178,7 @@ class GlooExchange:
             buf[0] = shared.status
             at = 2
             for out in shared.outs:
-                buf[at:at + out.size] = torch.from_numpy(_int32(out))
+                buf[at:at + out.size] = torch.from_numpy(as_int32(out))
                 at += out.size
             why = shared.why.encode()[:WHY_BYTES]
             buf[1] = len(why)
@@ -197,12 +197,6 @@ class GlooExchange:
             at += m
         why = words[n - WHY_BYTES // 4:].view(np.uint8)[:int(words[1])].tobytes()
         return Shared(int(words[0]), tuple(outs), why.decode(errors="replace"))
-
-
-def _int32(words: np.ndarray) -> np.ndarray:
-    words = np.ascontiguousarray(words)
-    return words.view(np.int32) if words.dtype == np.uint32 else words.astype(np.int32,
-                                                                              copy=False)
 
 
 def host_agent(make_config: Callable[[int, int], AgentConfig], layout: Layout, size: int,
@@ -237,13 +231,12 @@ def host_agent(make_config: Callable[[int, int], AgentConfig], layout: Layout, s
     if cfg is None:
         job, worker, local, slots = (int(v) for v in told[1:])
         cfg = AgentConfig(job, worker, size, local_workers=local, slots=slots, **options)
-    inner = None if ex.local_rank else cfg
+    leader = ex.local_rank == 0
 
     def link(c: AgentConfig, counters) -> HostLink:
-        return HostLink(ex, None if inner is None else Transport(c, counters), c, counters)
+        return HostLink(ex, Transport(c, counters) if leader else None, c, counters)
 
     return Agent(cfg, transport=link)
-
 
 
 def group_agent(gloo: Any, store: Any, rank: int, size: int, timeout: timedelta,

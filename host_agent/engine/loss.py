@@ -204,10 +204,10 @@ class LossRecovery:
         the chunks before it; a status says it was there and the round waits for a peer
         (``Counters.probes_held``), which ends the probing until another result. Past the
         probes (``probe_at``), the oldest chunk out (the lowest-numbered of those)."""
-        if self.nprobes >= PROBES:
+        spent = self.nprobes >= PROBES
+        if spent:
             c = int(pending[np.lexsort((pending, self.sent_at[pending]))[0]])
             self.held_probes += 1
-            self.nprobes -= 1  # (counted again below: the probes stay spent)
         elif self.nprobes:
             c = self.probe_c
         else:
@@ -221,7 +221,7 @@ class LossRecovery:
         self.send(c)
         self.sent_at[c] = now
         self.resent[c] = True
-        self.nprobes += 1
+        self.nprobes += not spent  # (past the probes: held_probes counts)
         self.counters.retransmissions += 1
         self.counters.probes += 1
 
