@@ -18,7 +18,9 @@ the end, so identical replicas are easy to see. ``--backend`` picks the path of 
 * ``gloo``: plain DDP (gloo all-reduce) on the same data, as the baseline.
 
 ``--sparse`` makes the embedding's gradient a sparse COO tensor (it goes through the switch
-sparse, with the hook or the backend).
+sparse, with the hook or the backend). ``--compile`` trains ``torch.compile`` of the wrapped
+model (the DDP module, or FSDP2's); ``--batchnorm`` adds a BatchNorm layer, whose buffers DDP
+broadcasts from rank 0 at every forward (inside the compiled forward, with ``--compile``).
 
 ``--workload`` picks what drives the all-reduce, for ``--backend homagg`` or ``gloo`` (the hook
 needs DDP): ``ddp`` (the default, as above); ``loop``: no DDP, a hand-written loop that calls
@@ -47,10 +49,13 @@ from homagg.host_agent.distributed.hook import HookState, homagg_hook
 WARMUP = 3
 
 
-def make_model(rows: int, dim: int, sparse: bool = False) -> torch.nn.Module:
+def make_model(rows: int, dim: int, sparse: bool = False,
+               batchnorm: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)  # identical replicas on every worker
+    norm = [torch.nn.BatchNorm1d(32)] if batchnorm else []
     return torch.nn.Sequential(torch.nn.EmbeddingBag(rows, dim, mode="mean", sparse=sparse),
-                               torch.nn.Linear(dim, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+                               torch.nn.Linear(dim, 32), *norm, torch.nn.ReLU(),
+                               torch.nn.Linear(32, 1))
 
 
 def batch(rank: int, step: int, rows: int, size: int = 64):
@@ -109,6 +114,10 @@ def main() -> int:
     ap.add_argument("--init-method", default="env://",
                     help="torch.distributed's rendezvous (default: MASTER_ADDR/MASTER_PORT)")
     ap.add_argument("--sparse", action="store_true", help="sparse embedding gradients")
+    ap.add_argument("--compile", action="store_true",
+                    help="train torch.compile of the wrapped model")
+    ap.add_argument("--batchnorm", action="store_true",
+                    help="a BatchNorm layer (buffers DDP broadcasts at every forward)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the model trains (cuda: the GPU LOCAL_RANK picks, modulo the "
                     "GPUs; several ranks may share one)")
@@ -146,7 +155,7 @@ def main() -> int:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))
                               % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    model = make_model(a.rows, a.dim, a.sparse).to(device)
+    model = make_model(a.rows, a.dim, a.sparse, a.batchnorm).to(device)
     ddp = wrap(model, a.workload, world)
     agent, state = None, None
     if a.backend == "homagg":
@@ -162,6 +171,7 @@ def main() -> int:
                              pipeline=not a.no_pipeline)
         ddp.register_comm_hook(state=state, hook=homagg_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=a.lr)
+    net = torch.compile(ddp) if a.compile else ddp
     seen = 0
     cpu0 = 0.0
     for step in range(a.steps):
@@ -171,7 +181,7 @@ def main() -> int:
         idx, y = idx.to(device), y.to(device)
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(ddp(idx), y)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(net(idx), y)
         loss.backward()  # DDP's all-reduce (hook or backend) runs here, overlapped with autograd
         if a.workload == "loop":  # what a loop without DDP does: average every gradient
             for p in model.parameters():
@@ -207,7 +217,7 @@ def main() -> int:
     if state is not None and agent is not None:  # the hook's (the backend closes its own)
         state.close()
         agent.close()
-    del ddp, model, opt  # no DDP alive when the group goes (an abort at exit otherwise)
+    del net, ddp, model, opt  # no DDP alive when the group goes (an abort at exit otherwise)
     gc.collect()
     # every rank done before any leaves: rank 0 holds the rendezvous store, and a rank still
     # tearing gloo down when it goes aborts (seen over bmv2 trees' slower routed links)

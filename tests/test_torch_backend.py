@@ -910,28 +910,49 @@ def test_queued_all_reduces_pipeline_through_the_switch(tmp_path):
         assert r["counts"]["switch:allreduce"] == 5
 
 
+def _profiled_collectives(rank, world, group):
+    """A few collectives on ``group``: their outputs."""
+    x = torch.arange(1000, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(x, group=group)
+    dist.broadcast(torch.zeros(2, 4, dtype=torch.float64), src=0, group=group)
+    dist.all_reduce(torch.tensor([float(rank)]), op=ReduceOp.MAX, group=group)
+    gathered = [torch.empty(3, dtype=torch.int32) for _ in range(world)]
+    dist.all_gather(gathered, torch.full((3,), rank, dtype=torch.int32), group=group)
+    work = dist.all_reduce(torch.ones(10, dtype=torch.float16), async_op=True, group=group)
+    work.wait()
+    return {"x": x, "gathered": gathered}
+
+
 def profiled_worker(rank, world, ref):
-    """A profile around a few collectives: each is an event named after it, as gloo's are."""
+    """A profile around a few collectives, on the homagg group and on gloo, each recording
+    shapes: each homagg collective is an event named after it, with the inputs' shapes and
+    dtypes gloo's event has."""
     from torch.profiler import ProfilerActivity, profile
 
-    x = torch.arange(1000, dtype=torch.float32) * (rank + 1)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        dist.all_reduce(x)
-        dist.broadcast(torch.zeros(4), src=0)
-        dist.all_reduce(torch.tensor([float(rank)]), op=ReduceOp.MAX)
-        work = dist.all_reduce(torch.ones(10), async_op=True)
-        work.wait()
-    events = [e for e in prof.events() if e.name.startswith("homagg:")]
-    return {"names": sorted(e.name for e in events),
-            "spans": {e.name: e.cpu_time_total for e in events}, "x": x}
+    seen = {}
+    for prefix, group in (("homagg:", None), ("gloo:", ref)):
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            out = _profiled_collectives(rank, world, group)
+        # (this profile's gloo events on the homagg group are its inner gloo's)
+        seen[prefix] = sorted(
+            ((e.start_ns(), e.name().removeprefix(prefix), e.shapes(), e.dtypes(),
+              e.duration_ns()) for e in prof.profiler.kineto_results.events()
+             if e.name().startswith(prefix)), key=lambda e: e[0])
+    return {"homagg": [e[1:] for e in seen["homagg:"]], "gloo": [e[1:] for e in seen["gloo:"]],
+            "x": out["x"]}
 
 
-def test_every_collective_is_a_profiler_event(tmp_path):
+def test_every_collective_is_a_profiler_event_with_gloos_shapes_and_dtypes(tmp_path):
     ranks = run_job(profiled_worker, tmp_path, 12)
     for r in ranks:
         out = r["out"]
-        assert out["names"] == ["homagg:all_reduce"] * 3 + ["homagg:broadcast"], out["names"]
-        assert all(t > 0 for t in out["spans"].values()), out["spans"]
+        names = [e[0] for e in out["homagg"]]
+        assert names == ["all_reduce", "broadcast", "all_reduce", "all_gather", "all_reduce"], \
+            names
+        assert all(e[3] > 0 for e in out["homagg"]), out["homagg"]  # each spans its work
+        # the inputs as gloo's events have them: shapes and dtypes, collective by collective
+        assert [e[:3] for e in out["homagg"]] == [e[:3] for e in out["gloo"]], out
+        assert out["homagg"][1][1:3] == ([[2, 4]], ["double"]), out["homagg"][1]
         assert torch.equal(out["x"], torch.arange(1000, dtype=torch.float32) * 3)
 
 

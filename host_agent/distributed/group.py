@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.autograd.profiler import record_function
 from torch.distributed import ReduceOp
 from torch.distributed.distributed_c10d import AllgatherOptions
 
@@ -29,6 +28,7 @@ from homagg.host_agent.distributed.switch import (
     switch_allreduce,
     switch_refuses,
 )
+from homagg.host_agent.distributed.untraced import untraced
 from homagg.host_agent.distributed.work import HomaggWork
 
 #: The backend's name, for ``dist.init_process_group``.
@@ -74,11 +74,32 @@ def _wait(work: Any, ready: dict[torch.device, Any]) -> None:
         torch.cuda.synchronize(d)
 
 
+def _tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors of ``x``, nested in lists as the collectives take them, in order."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _tensors(y)]
+    return []
+
+
+def _event(op: str, inputs: Any) -> Any:
+    """The profiler event of a collective, ``homagg:<op>``, with its input tensors as gloo's
+    have them (their shapes and dtypes, where the profiler records shapes). Entered by the
+    caller, exited by the group's thread when the work is done; without the profiler on,
+    entering and exiting cost a check each."""
+    fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)  # (torch >= 2.2)
+    if fast is None:
+        return torch.autograd.profiler.record_function(f"homagg:{op}")
+    return fast(f"homagg:{op}", _tensors(inputs))
+
+
 def _reduce_op(opts) -> Any:
     op = getattr(opts, "reduceOp", ReduceOp.SUM)
     return getattr(op, "op", op)  # a ReduceOp's RedOpType (SUM, AVG, ...)
 
 
+@untraced(dist.ProcessGroup)
 class HomaggProcessGroup(dist.ProcessGroup):
     """The "homagg" process group: all_reduce through the switch (``Agent``), the rest
     through gloo. ``make_agent`` returns the group's agent, or None: every collective goes to
@@ -147,35 +168,49 @@ class HomaggProcessGroup(dist.ProcessGroup):
 
     # -- the thread ------------------------------------------------------------------------------
     def _submit(self, run: Callable[..., list[torch.Tensor]], op: str,
-                devices: Iterable[torch.device] = (), offer=None) -> HomaggWork:
+                devices: Iterable[torch.device] = (), offer=None,
+                inputs: Iterable[Any] = ()) -> HomaggWork:
         """``run`` on the group's thread, in issue order; a profiler event ``homagg:<op>``
-        spans it from this call to its completion, as gloo's and NCCL's events do. With CUDA
-        ``devices``, the future is CUDA-aware: it records an event on the thread's current
-        stream when ``run`` is done, and whoever waits on it has its own stream wait for that
-        event (NCCL's semantics). ``offer``: the host tensor and key of a one-tensor
-        all-reduce, which the job in front may send ahead (``serial``); ``run`` then takes
-        the jobs behind it as its pipeline."""
+        spans it from this call to its completion, as gloo's and NCCL's events do, with
+        ``inputs`` (the collective's input tensors, as gloo's events have them) as its inputs:
+        their shapes and dtypes where the profiler records shapes. The event ends on the
+        group's thread before the future completes, so a waiter never goes on (and stops a
+        profiler) under it. With CUDA ``devices``, the future is CUDA-aware: it records an
+        event on the thread's current stream when ``run`` is done, and whoever waits on it has
+        its own stream wait for that event (NCCL's semantics). ``offer``: the host tensor and
+        key of a one-tensor all-reduce, which the job in front may send ahead (``serial``);
+        ``run`` then takes the jobs behind it as its pipeline."""
         cuda: list[Any] = sorted(devices, key=str)
         fut: torch.futures.Future = torch.futures.Future(devices=cuda) if cuda \
             else torch.futures.Future()
+        event = _event(op, inputs)
 
         def job(behind: Behind | None = None) -> None:
             try:
                 with torch.no_grad():  # outputs are written as gloo's C++ does: no autograd
                     result = run() if offer is None else run(behind)
-                fut.set_result(result)
             except BaseException as err:  # noqa: BLE001 - raised where the work is waited on
+                event.__exit__(None, None, None)
                 fut.set_exception(err)
+                return
+            event.__exit__(None, None, None)
+            fut.set_result(result)
 
-        with record_function(f"homagg:{op}") as event:
+        event.__enter__()
+        try:
             with self._lock:
                 if self._thread is None:
                     raise RuntimeError("homagg: the process group is shut down")
                 self._thread.submit(job if offer is None else _Offered(job, offer))
-            ended = event._call_end_callbacks_on_future(fut)  # the event ends when the work does
-        return HomaggWork(fut, ended)
+        except BaseException:
+            event.__exit__(None, None, None)
+            raise
+        return HomaggWork(fut)
 
-    def _gloo_call(self, name: str, outputs: list[torch.Tensor], *args) -> HomaggWork:
+    def _gloo_call(self, name: str, outputs: list[torch.Tensor], inputs: Any,
+                   *args) -> HomaggWork:
+        """gloo's (or NCCL's: ``_inner``) ``name`` with ``args``, on the group's thread;
+        ``inputs``: the collective's input tensors, for its profiler event."""
         ready = _ready_events(outputs, args)
 
         group, which = self._inner(ready)
@@ -186,7 +221,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
             _wait(getattr(group, name)(*args), ready)  # (CUDA: this thread's stream waits)
             return outputs
 
-        return self._submit(run, _OPS.get(name, name), ready)
+        return self._submit(run, _OPS.get(name, name), ready, inputs=inputs)
 
     def _inner(self, ready: dict) -> tuple[Any, str]:
         """The group that serves a collective the switch does not, and its name: NCCL for
@@ -231,7 +266,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
         if len(tensors) != 1:  # several: one sum over all of them (gloo's multi-device rule)
             say_once("several", "all_reduce of a list of several tensors goes to gloo (one "
                      "sum over all of them and every rank's)")
-            return self._gloo_call("allreduce", tensors, tensors, opts)
+            return self._gloo_call("allreduce", tensors, tensors, tensors, opts)
         return self._allreduce_each("allreduce", tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -245,7 +280,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
         if why is not None:
             if self.agent is not None:  # (a subgroup said so when it was made)
                 say_once(why, why)
-            return self._gloo_call(name, tensors, tensors, opts)
+            return self._gloo_call(name, tensors, tensors, tensors, opts)
         if len(tensors) == 1 and _pipelines(tensors[0], op):
             return self._allreduce_pipelined(name, tensors)
         # CUDA tensors: the collective waits for the stream that produced them (an event
@@ -265,7 +300,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
                     switch_allreduce(agent, t, op)
             return tensors
 
-        return self._submit(run, _OPS[name], ready)
+        return self._submit(run, _OPS[name], ready, inputs=tensors)
 
     def _allreduce_pipelined(self, name: str, tensors) -> HomaggWork:
         """A contiguous CPU float32 tensor's SUM, in place (``switch_allreduce``'s path), as
@@ -282,27 +317,27 @@ class HomaggProcessGroup(dist.ProcessGroup):
             agent.allreduce_detailed(arr, key, out=arr, pipeline=behind)
             return tensors
 
-        return self._submit(run, _OPS[name], (), offer=(arr, key))
+        return self._submit(run, _OPS[name], (), offer=(arr, key), inputs=tensors)
 
     # -- everything else: gloo, from the same thread -------------------------------------------
     def broadcast(self, tensors, opts=None):  # type: ignore[override]
-        return self._gloo_call("broadcast", tensors, tensors,
+        return self._gloo_call("broadcast", tensors, tensors, tensors,
                                opts if opts is not None else dist.BroadcastOptions())
 
     def reduce(self, tensors, opts=None):  # type: ignore[override]
-        return self._gloo_call("reduce", tensors, tensors,
+        return self._gloo_call("reduce", tensors, tensors, tensors,
                                opts if opts is not None else dist.ReduceOptions())
 
     def allgather(self, outputs, inputs, opts=None):
-        return self._gloo_call("allgather", outputs, outputs, inputs,
+        return self._gloo_call("allgather", outputs, inputs, outputs, inputs,
                                opts if opts is not None else AllgatherOptions())
 
     def allgather_coalesced(self, outputs, inputs, opts=None):
-        return self._gloo_call("allgather_coalesced", outputs, outputs, inputs,
+        return self._gloo_call("allgather_coalesced", outputs, inputs, outputs, inputs,
                                opts if opts is not None else AllgatherOptions())
 
     def all_gather_single(self, output, input, opts=None):
-        return self._gloo_call("_allgather_base", [output], output, input,
+        return self._gloo_call("_allgather_base", [output], [input], output, input,
                                opts if opts is not None else AllgatherOptions())
 
     _allgather_base = all_gather_single
@@ -320,18 +355,17 @@ class HomaggProcessGroup(dist.ProcessGroup):
                 _wait(group._allgather_base(o, i, opts), ready)
             return outputs
 
-        return self._submit(run, "all_gather_into_tensor_coalesced",
-                            ready)
+        return self._submit(run, "all_gather_into_tensor_coalesced", ready, inputs=inputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def gather(self, outputs, inputs, opts=None):  # type: ignore[override]
         flat = [t for ts in outputs for t in ts]
-        return self._gloo_call("gather", flat, outputs, inputs,
+        return self._gloo_call("gather", flat, inputs, outputs, inputs,
                                opts if opts is not None else dist.GatherOptions())
 
     def scatter(self, outputs, inputs, opts=None):  # type: ignore[override]
-        return self._gloo_call("scatter", outputs, outputs, inputs,
+        return self._gloo_call("scatter", outputs, inputs, outputs, inputs,
                                opts if opts is not None else dist.ScatterOptions())
 
     def reduce_scatter(self, outputs, inputs, opts=None):  # type: ignore[override]
@@ -342,7 +376,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
             [t for ins in inputs for t in ins], opts)
         if work is not None:
             return work
-        return self._gloo_call("reduce_scatter", outputs, outputs, inputs, opts)
+        return self._gloo_call("reduce_scatter", outputs, inputs, outputs, inputs, opts)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -350,7 +384,8 @@ class HomaggProcessGroup(dist.ProcessGroup):
                                     opts)
         if work is not None:
             return work
-        return self._gloo_call("_reduce_scatter_base", [output], output, input, opts)
+        return self._gloo_call("_reduce_scatter_base", [output], [input], output, input,
+                               opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -373,8 +408,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
                 _wait(group._reduce_scatter_base(o, i, opts), ready)
             return outputs
 
-        return self._submit(run, "reduce_scatter_tensor_coalesced",
-                            ready)
+        return self._submit(run, "reduce_scatter_tensor_coalesced", ready, inputs=inputs)
 
     def _switch_scatter(self, pairs: Callable[[], list[tuple[torch.Tensor, torch.Tensor]]],
                         inputs: list[torch.Tensor], opts) -> HomaggWork | None:
@@ -406,24 +440,25 @@ class HomaggProcessGroup(dist.ProcessGroup):
                 out.copy_(full.reshape(self.size(), -1)[self.rank()].view_as(out))
             return [out for out, _ in todo]
 
-        return self._submit(run, "reduce_scatter", ready)
+        return self._submit(run, "reduce_scatter", ready, inputs=inputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def alltoall(self, outputs, inputs, opts=None):
-        return self._gloo_call("alltoall", outputs, outputs, inputs,
+        return self._gloo_call("alltoall", outputs, inputs, outputs, inputs,
                                opts if opts is not None else dist.AllToAllOptions())
 
     def all_to_all_single(self, output, input, output_splits, input_splits,
                           opts=None):
-        return self._gloo_call("alltoall_base", [output], output, input, output_splits,
+        return self._gloo_call("alltoall_base", [output], [input], output, input,
+                               output_splits,
                                input_splits,
                                opts if opts is not None else dist.AllToAllOptions())
 
     alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
-        return self._gloo_call("barrier", [], opts if opts is not None
+        return self._gloo_call("barrier", [], [], opts if opts is not None
                                else dist.BarrierOptions())
 
     # Point-to-point: straight to gloo, on the caller's thread. gloo matches a send with its

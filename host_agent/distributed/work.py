@@ -10,43 +10,37 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from homagg.host_agent.distributed.untraced import untraced
 
+
+@untraced(dist.Work)
 class HomaggWork(dist.Work):
     """A collective's handle: its future (value: the output tensors) is completed by the
     group's agent thread. ``wait`` raises the collective's error, if any."""
 
-    def __init__(self, fut: torch.futures.Future, ended: torch.futures.Future | None = None):
+    def __init__(self, fut: torch.futures.Future):
         super().__init__()
         self._fut = fut
-        # ``ended``: completes once the collective's profiler event has ended too (the event's
-        # end callback runs on the agent thread after ``fut`` completes). A waiter that went
-        # on before it could stop the profiler under that callback: a rank died of SIGSEGV
-        # after profiler_stop (torch 2.13), once in about ten runs of the profiler test.
-        self._ended = ended
         # What get_future hands out: the same value, and an error as one raised in a callback,
         # which torch keeps as a C++ error (the message, with the original type's name). The
         # original Python exception in a future, reached from DDP's reducer in C++ (no comm
         # hook, no GIL), crashes the process (seen with torch 2.13: SIGSEGV in backward).
-        self._public = fut.then(_value)  # (not ended's: it may hold the Python exception)
+        # (The collective's profiler event ends before ``fut`` completes: a waiter that went
+        # on under it could stop the profiler under its end, which killed a rank with SIGSEGV
+        # after profiler_stop, torch 2.13.)
+        self._public = fut.then(_value)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Wait for the collective; raise its error. (``timeout`` is not used: the agent's
         deadline bounds a switch collective, the group's timeout a gloo one.)"""
-        try:
-            self._fut.wait()  # raises what the agent thread set
-        finally:
-            if self._ended is not None:
-                try:
-                    self._ended.wait()
-                except Exception:  # noqa: BLE001 - the collective's own error is raised
-                    pass
+        self._fut.wait()  # raises what the agent thread set
         return True
 
     def get_future(self) -> torch.futures.Future:
         return self._public
 
     def is_completed(self) -> bool:
-        return self._fut.done() and (self._ended is None or self._ended.done())
+        return self._fut.done()
 
     def is_success(self) -> bool:
         if not self._fut.done():
