@@ -27,11 +27,18 @@ pytest.importorskip("p4runtime_sh")
 pytest.importorskip("prometheus_client")
 import torch.distributed as dist  # noqa: E402
 
+from bench.torch_ranks import (  # noqa: E402
+    ROOT,
+    clean_env,
+    digests,
+    losses,
+    packets,
+    rounds,
+    run_job,
+)
 from homagg.host_agent.distributed.group import HomaggProcessGroup  # noqa: E402
 from homagg.host_agent.distributed.untraced import traced_methods  # noqa: E402
 from homagg.host_agent.distributed.work import HomaggWork  # noqa: E402
-from tests.test_local_torchrun import ROOT, clean_env, digests, losses, packets, rounds  # noqa: E402
-from tests.test_torch_backend import run_job  # noqa: E402
 
 STEPS = 8
 

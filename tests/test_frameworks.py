@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_local_torchrun import clean_env
-
 pytestmark = pytest.mark.slow  # (conftest.py) two torchrun runs of 2 ranks each
 
 pytest.importorskip("torch")
 pytest.importorskip("p4runtime_sh")
+
+from bench.torch_ranks import clean_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6

@@ -106,3 +106,15 @@ def test_a_sys_path_patch_is_found_wherever_it_is(tmp_path):
     assert "a sys.path patch: bench/run.py:2" in found
     assert "a sys.path patch: tests/helper.py:5" in found
     assert not any("fine.py" in p for p in found)
+
+
+def test_an_import_of_the_tests_outside_tests_is_found(tmp_path):
+    root = _tree(tmp_path, {
+        "homagg/__init__.py": "",
+        "bench/a.py": "def f():\n    from tests.test_x import helper\n",
+        "bench/b.py": "import tests.staging\n",
+        "bench/c.py": "from bench import a\nfrom testsuite import x\n",
+        "tests/test_y.py": "from tests import staging\n",
+        "bmv2_tests/test_z.py": "from tests.staging import agent_address\n",
+    })
+    assert sorted(house.test_imports(root)) == ["bench/a.py:2", "bench/b.py:1"]

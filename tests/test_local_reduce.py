@@ -13,14 +13,10 @@ the job: every packet of every worker, joins included.
 
 from __future__ import annotations
 
-import re
-import socket
 import subprocess
 import sys
 
 import pytest
-
-from tests.test_local_torchrun import ROOT, STEPS, clean_env, digests, losses, torchrun
 
 pytestmark = pytest.mark.slow  # (conftest.py) torchrun runs of 4 and 8 ranks
 
@@ -28,41 +24,18 @@ pytest.importorskip("torch")
 pytest.importorskip("p4runtime_sh")
 pytest.importorskip("prometheus_client")
 
-STATS = f"{sys.executable} -m homagg.controller.cli -c \"$HOMAGG_CTL_CONFIG\" stats"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def two_nodes(tmp, tag: str, *args: str) -> str:
-    """Two torchrun invocations of 2 ranks each, as two hosts of one job (``--nnodes 2``),
-    then the switch's counters. ``args``: the example's."""
-    port = _free_port()
-    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-            "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"lr-{tag}",
-            str(ROOT / "examples" / "ddp_train.py"), "--steps", str(STEPS), *args]
-    runs = " ".join(f"{' '.join(node)} > {tmp}/node{n}.{tag} 2>&1 & p{n}=$!;" for n in (0, 1))
-    return (f"{runs} wait $p0; a=$?; wait $p1; b=$?; cat {tmp}/node0.{tag} {tmp}/node1.{tag};"
-            f" test $a = 0 && test $b = 0 && {STATS}")
-
-
-def launch(script: str, tmp, local_reduce: bool) -> str:
-    env = clean_env() | ({} if local_reduce else {"HOMAGG_LOCAL_REDUCE": "0"})
-    proc = subprocess.run([sys.executable, "-m", "homagg.launcher", "local", "--", "sh", "-c",
-                           script], env=env, cwd=tmp, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
-
-
-def accepted(out: str) -> int:
-    found = re.findall(r"^STAT_ACCEPTED +(\d+)", out, re.M)
-    assert len(found) == 1, out[-2000:]
-    return int(found[0])
+from bench.torch_ranks import (  # noqa: E402
+    ROOT,
+    STATS,
+    STEPS,
+    accepted,
+    clean_env,
+    digests,
+    launch,
+    losses,
+    torchrun,
+    two_nodes,
+)
 
 
 @pytest.mark.parametrize("backend", ["homagg", "hook"])

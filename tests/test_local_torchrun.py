@@ -8,11 +8,9 @@ twice in a row with no step between, and afterwards ``homagg-ctl job list`` show
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -22,35 +20,15 @@ pytest.importorskip("torch")
 pytest.importorskip("p4runtime_sh")
 pytest.importorskip("prometheus_client")
 
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = 8
-
-
-def clean_env() -> dict[str, str]:
-    """This process's environment without any homagg or torch.distributed setting: the
-    launcher and torchrun must provide them all. PYTHONPATH: this checkout's homagg."""
-    drop = ("HOMAGG_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "TORCHELASTIC_",
-            "GROUP_RANK", "LOCAL_WORLD_SIZE")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["PYTHONPATH"] = str(ROOT)
-    return env
-
-
-def torchrun(*args: str) -> list[str]:
-    # --standalone: a c10d rendezvous on a port the kernel gives; distinct per run
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            "4", str(ROOT / "examples" / "ddp_train.py"), "--steps", str(STEPS), *args]
-
-
-# The ranks share one pipe, and print() writes a line's text and its newline apart: another
-# rank's line may come between the two. Hence no anchors, and exact token shapes.
-def losses(out: str) -> list[float]:
-    by_step = {int(k): float(v) for k, v in re.findall(r"step +(\d+) loss (\d+\.\d{9})", out)}
-    return [by_step[k] for k in sorted(by_step)]
-
-
-def digests(out: str) -> dict[int, str]:
-    return {int(r): d for r, d in re.findall(r"rank (\d): parameters ([0-9a-f]{16})", out)}
+from bench.torch_ranks import (  # noqa: E402
+    STEPS,
+    clean_env,
+    digests,
+    losses,
+    packets,
+    rounds,
+    torchrun,
+)
 
 
 def test_local_torchrun_twice_bit_identical_ranks_losses_as_gloo_and_no_job_left(tmp_path):
@@ -100,15 +78,6 @@ def test_local_slots_is_each_jobs_region(tmp_path):
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "slots 8 job 1" in proc.stdout, proc.stdout
-
-
-def packets(out: str) -> dict[int, int]:
-    return {int(r): int(n) for r, n in re.findall(r"rank (\d): homagg sent (\d+) packets", out)}
-
-
-def rounds(out: str) -> dict[int, int]:
-    return {int(r): int(n) for r, n in re.findall(
-        r"rank (\d): homagg sent \d+ packets \(\d+ B\), \d+ retransmitted, (\d+) rounds", out)}
 
 
 @pytest.mark.parametrize("workload", ["ddp", "loop", "fsdp", "hsdp", "hsdp2"])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import inspect
-import itertools
 import os
 import warnings
 import zlib
@@ -26,71 +25,13 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch.distributed import ReduceOp  # noqa: E402
 
-from homagg import wire  # noqa: E402
+from bench.torch_ranks import WORLD, batch, loss_of, make_model, run_job, switch_address  # noqa: E402,F401
 from homagg.controller.local import install  # noqa: E402
 from homagg.host_agent import codec  # noqa: E402
 from homagg.targets.soft import SoftSwitch, SoftSwitchServer  # noqa: E402
 from tests.staging import agent_address, agent_addresses  # noqa: E402
 
 pytestmark = pytest.mark.slow  # (conftest.py) torch ranks in processes
-
-WORLD = 2
-_switch_hosts = itertools.count(1)
-
-
-def switch_address() -> tuple[str, int]:
-    """A software aggregator's address of its own (127.0.9.X) for each test."""
-    return f"127.0.9.{next(_switch_hosts)}", wire.HOMAGG_UDP_PORT_MIN
-
-
-def run_job(fn, tmp_path, job: int, *args, options=None, env=None, world: int = WORLD,
-            table_job: int | None = None, backend: str = "homagg", tables=None):
-    """``fn(rank, world, gloo_group, *args)`` on ``world`` processes whose default group is
-    "homagg" (a soft aggregator with job ``job``; ``options``: AgentConfig fields, ``env``:
-    more environment; ``table_job``: the job the aggregator knows instead; ``backend``: the
-    name given to init_process_group; ``tables``: more jobs for the aggregator, job ->
-    addresses); what each returns, by rank, and whether the group
-    closed its agent and thread at destroy_process_group."""
-    switch = switch_address()
-    addrs = agent_addresses(world)
-    server = SoftSwitchServer(SoftSwitch(), switch).start()
-    install(server.switch, job if table_job is None else table_job, addrs, 16)
-    for other, other_addrs in (tables or {}).items():
-        install(server.switch, other, other_addrs, 16)
-    try:
-        mp.spawn(_entry, args=(fn, world, addrs, switch, job, str(tmp_path), options or {},
-                               env or {}, backend, args), nprocs=world, join=True)
-    finally:
-        server.stop()
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
-    for r in range(world):
-        ranks[r]["closed"] = (tmp_path / f"closed{r}").read_text()
-    return ranks
-
-
-def _entry(rank, fn, world, addrs, switch, job, out_dir, options, env, backend, args):
-    import homagg.torch
-
-    homagg.torch.set_agent_options(**{"timeout": 0.01, "deadline": 30, **options})
-    os.environ.update(HOMAGG_JOB=str(job), HOMAGG_SWITCH=f"{switch[0]}:{switch[1]}",
-                      HOMAGG_BIND=f"{addrs[rank][0]}:{addrs[rank][1]}", HOMAGG_SLOTS="16",
-                      **env)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        dist.init_process_group(backend, init_method=f"file://{out_dir}/store", rank=rank,
-                                world_size=world)
-        ref = dist.new_group(backend="gloo")
-        out = fn(rank, world, ref, *args)
-    said = [str(w.message) for w in caught if str(w.message).startswith("homagg:")]
-    pg = dist.group.WORLD
-    torch.save({"out": out, "warnings": said, "counts": dict(pg.counts),
-                "cpp backend": pg.cpp_collectives},
-               f"{out_dir}/rank{rank}.pt")
-    gc.collect()  # no DDP/FSDP module alive when the groups go (an abort at exit otherwise)
-    dist.destroy_process_group()
-    with open(f"{out_dir}/closed{rank}", "w") as f:  # destroy shut the group down
-        f.write(f"thread {pg._thread is None}, socket {pg.agent.sock.fileno() == -1}")
-
 
 # -- every collective --------------------------------------------------------------------------
 
@@ -612,23 +553,6 @@ def test_every_collective_on_homagg_matches_gloo(tmp_path):
 
 
 # -- training --------------------------------------------------------------------------------
-
-
-def make_model(sparse: bool = False):
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.EmbeddingBag(300, 8, mode="mean", sparse=sparse),
-                               torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-
-
-def batch(rank: int, step: int):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    idx = torch.randint(0, 300, (32, 4), generator=g)
-    return idx, (idx.float().mean(1, keepdim=True) / 300 > 0.5).float()
-
-
-def loss_of(model, rank, step):
-    idx, y = batch(rank, step)
-    return torch.nn.functional.binary_cross_entropy_with_logits(model(idx), y)
 
 
 def training_worker(rank, world, ref, steps):

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 import torch.distributed as dist  # noqa: E402
 from torch.distributed import ReduceOp  # noqa: E402
 
-from tests.test_torch_backend import loss_of, make_model, run_job  # noqa: E402
+from bench.torch_ranks import loss_of, make_model, run_job  # noqa: E402
 
 
 def _inputs(rank: int):

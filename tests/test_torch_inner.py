@@ -58,7 +58,7 @@ def inner_worker(rank, world, ref):
 
 
 def test_a_job_without_a_gpu_per_rank_keeps_gloo(tmp_path):
-    from tests.test_torch_backend import run_job
+    from bench.torch_ranks import run_job
 
     for r in run_job(inner_worker, tmp_path, 27, world=2):
         assert r["out"] == ("nccl" if torch.cuda.device_count() >= 2 else "gloo")

@@ -18,7 +18,10 @@ The rules (what a review of the tree asked for, kept by tests/test_house.py):
 - no merge-conflict markers left in the tree's text files (git's tracked files where ROOT is a
   checkout);
 - no ``sys.path`` patch in any Python file of the tree (tests, benchmarks and tools included):
-  code is imported as the installed package, or run with ``python -m`` from the root.
+  code is imported as the installed package, or run with ``python -m`` from the root;
+- nothing outside the test suites (tests/, bmv2_tests/, tofino_tests/) imports from tests/: the
+  package, the benchmarks, the examples and the tools stand on the package (a benchmark also on
+  bench/), never on the tests.
 
 The package is homagg/ with its symlinked parts (controller/, host_agent/, launcher/, p4/),
 read from ``ROOT``; tests, benchmarks and examples are not part of it.
@@ -40,6 +43,7 @@ JOB_FUNCTIONS = {"add_job", "remove_job", "reset_job"}
 JOB_HOME = "homagg.controller"
 SCHEMA_MODULE = "homagg.p4schema"
 PACKAGE = "homagg"
+TEST_SUITES = ("tests/", "bmv2_tests/", "tofino_tests/")
 
 
 @dataclass(frozen=True)
@@ -262,6 +266,32 @@ def sys_path_patches(root: Path) -> list[str]:
     return out
 
 
+def _imported(node: ast.AST) -> list[str]:
+    """The modules an import statement names (a relative one: none)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+        return [node.module]
+    return []
+
+
+def test_imports(root: Path) -> list[str]:
+    """Where a Python file outside the test suites imports a module of tests/."""
+    out = []
+    for path in _tracked(root):
+        rel = path.relative_to(root).as_posix()
+        if path.suffix != ".py" or rel.startswith(TEST_SUITES) or rel == "conftest.py":
+            continue
+        try:
+            tree = ast.parse(path.read_text(), str(path))
+        except (OSError, UnicodeDecodeError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            if any(m == "tests" or m.startswith("tests.") for m in _imported(node)):
+                out.append(f"{rel}:{getattr(node, 'lineno', 0)}")
+    return out
+
+
 def problems(root: Path) -> list[str]:
     known = modules(root)
     out = [f"import circle: {' -> '.join(c)}" for c in import_cycles(known)]
@@ -270,6 +300,7 @@ def problems(root: Path) -> list[str]:
     out += [f"a second P4Info conversion: {p}" for p in p4info_conversions(known)]
     out += [f"merge-conflict marker: {p}" for p in conflict_markers(root)]
     out += [f"a sys.path patch: {p}" for p in sys_path_patches(root)]
+    out += [f"an import of the tests outside the test suites: {p}" for p in test_imports(root)]
     return out
 
 
