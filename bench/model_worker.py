@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", default="auto", help="homagg's mode: auto, dense")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--compute-steps", type=int, default=3)
+    ap.add_argument("--part", type=int, default=None,
+                    help="homagg: elements per part of a long bucket (AgentConfig.part)")
     ap.add_argument("--no-pipeline", action="store_true",
                     help="the hook's buckets one at a time (no round 1 riding ahead)")
     a = ap.parse_args(argv)
@@ -49,7 +51,8 @@ def main(argv=None) -> int:
 
         # (a join waits for the slowest rank's start: DDP's first broadcast of a large model
         # takes seconds at 100 Mbit/s)
-        agent = Agent(AgentConfig.from_env(mode=a.mode, deadline=60.0))
+        agent = Agent(AgentConfig.from_env(mode=a.mode, deadline=60.0,
+                                           **({} if a.part is None else {"part": a.part})))
         detailed = agent.allreduce_detailed
 
         def tally(x, key=None, out=None, **kw):  # which mode and index each bucket took

@@ -148,15 +148,19 @@ def main(argv=None) -> int:
 
 def figure_rows(rows: list[dict]) -> list[dict]:
     """``plots.models``' rows (docs/figures/data/benchmarks.json's "models" columns): one per
-    (target, link rate, model) that gloo ran, step seconds per variant (None: not run)."""
+    (target, link rate, model) that gloo ran, step seconds and rank 0's peak resident memory
+    (MB) per variant (None: not run)."""
     out: dict[tuple, dict] = {}
     for r in rows:
         link = f"{r['rate_mbit']:.0f} Mbit/s" if r["rate_mbit"] else "unshaped"
         row = out.setdefault((r["target"], link, r["model"]),
                              {"model": r["model"], "links": link, "gloo_s": None,
-                              "homagg_s": None, "homagg_dense_s": None})
-        row[f"{r['variant'].replace(' ', '_')}_s"] = r["step_ms"] / 1e3  # (plotted: the
-        # first three's)
+                              "homagg_s": None, "homagg_dense_s": None,
+                              "gloo_peak_mb": None, "homagg_peak_mb": None,
+                              "homagg_dense_peak_mb": None})
+        name = r["variant"].replace(" ", "_")
+        row[f"{name}_s"] = r["step_ms"] / 1e3  # (plotted: the first three's)
+        row[f"{name}_peak_mb"] = r.get("max_rss_mb")
     return [r for r in out.values() if r["gloo_s"]]
 
 

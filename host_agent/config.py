@@ -28,6 +28,7 @@ from homagg.host_agent.codec import (
     as_mode,
 )
 from homagg.host_agent.errors import AgentError, AggregationTimeout  # noqa: F401 (re-exported)
+from homagg.host_agent.parts import DEFAULT_PART
 
 if TYPE_CHECKING:
     from homagg.host_agent.membership import Membership
@@ -60,6 +61,8 @@ class AgentConfig:
                                  # the byte count's (codec.choose_mode); same on every worker
     headroom: int = DEFAULT_HEADROOM
     block: int = DEFAULT_BLOCK   # elements per scale block (codec.blocks); same on every worker
+    part: int = DEFAULT_PART     # elements per part of a long tensor the torch layer sums in
+                                 # place (host_agent.parts); same on every worker
     split: bool = True           # split blocks that hold a run far below their peak (a small
                                  # layer next to a large one: codec.blocks); same on every worker
     max_rescales: int = 6
@@ -119,6 +122,8 @@ class AgentConfig:
             raise AgentError("key: the job's key is 0 to 2**32 - 1")
         if self.block < 1:
             raise AgentError(f"block {self.block}: elements per scale block, >= 1")
+        if self.part < 1:
+            raise AgentError(f"part {self.part}: elements per part of a long tensor, >= 1")
         try:
             as_index(self.index)
         except CodecError:

@@ -106,7 +106,7 @@ def _twenty_steps(rank, world, ref, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_twenty_steps_through_homagg_are_bit_identical_to_exact_integer_sums(tmp_path, name):
-    from tests.test_torch_backend import run_job
+    from bench.torch_ranks import run_job
 
     ranks = run_job(_twenty_steps, tmp_path, 1, name, world=4)
     for r in ranks:
@@ -124,19 +124,22 @@ def test_the_models_figure_rows_and_plot(tmp_path):
     rate and model that gloo ran), and ``plots.models`` draws them, a variant left out too."""
     from bench import models, plots
 
-    def row(rate, model, variant, ms):
+    def row(rate, model, variant, ms, mb):
         return {"target": "soft", "rate_mbit": rate, "model": model, "variant": variant,
-                "step_ms": ms}
+                "step_ms": ms, "max_rss_mb": mb}
 
-    rows = [row(100.0, "ncf", "gloo", 18000), row(100.0, "ncf", "homagg", 1000),
-            row(100.0, "ncf", "homagg dense", 17000), row(0.0, "lstm", "gloo", 2760),
-            row(0.0, "lstm", "homagg", 4300), row(0.0, "vgg19", "homagg", 9000)]
+    rows = [row(100.0, "ncf", "gloo", 18000, 900.0), row(100.0, "ncf", "homagg", 1000, 950.0),
+            row(100.0, "ncf", "homagg dense", 17000, 990.0),
+            row(0.0, "lstm", "gloo", 2760, 700.0), row(0.0, "lstm", "homagg", 4300, 720.0),
+            row(0.0, "vgg19", "homagg", 9000, 2000.0)]
     got = models.figure_rows(rows)
     assert got == [
         {"model": "ncf", "links": "100 Mbit/s", "gloo_s": 18.0, "homagg_s": 1.0,
-         "homagg_dense_s": 17.0},
+         "homagg_dense_s": 17.0, "gloo_peak_mb": 900.0, "homagg_peak_mb": 950.0,
+         "homagg_dense_peak_mb": 990.0},
         {"model": "lstm", "links": "unshaped", "gloo_s": 2.76, "homagg_s": 4.3,
-         "homagg_dense_s": None}]  # (vgg19: no gloo run to compare with)
+         "homagg_dense_s": None, "gloo_peak_mb": 700.0, "homagg_peak_mb": 720.0,
+         "homagg_dense_peak_mb": None}]  # (vgg19: no gloo run to compare with)
     pytest.importorskip("matplotlib")
     fig = plots.models(got)
     fig.savefig(tmp_path / "models.png")

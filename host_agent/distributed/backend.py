@@ -10,7 +10,9 @@ bind its address fails ``init_process_group`` on every rank at once). What goes 
 
 * ``all_reduce`` SUM and AVG of float32, float64, bfloat16 and float16 tensors: through the
   switch, with the agent's codec (block floating point, an exact sum of the quantized values;
-  a NaN or an Inf anywhere makes the whole tensor NaN on every rank, as the DDP hook does).
+  a NaN or an Inf anywhere makes the whole tensor NaN on every rank, as the DDP hook does; a
+  float32 SUM longer than ``AgentConfig.part`` goes in parts, ``host_agent.parts``: the whole
+  part).
   float32 SUM is the hook's path (the sum rounded once to float32). The other dtypes and AVG
   are converted to float64 first (exact: every bfloat16/float16/float32 is a float64), so the
   integers on the wire are the float32 path's, and the float64 sum (exact: the integer sums

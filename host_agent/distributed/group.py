@@ -30,6 +30,7 @@ from homagg.host_agent.distributed.switch import (
 )
 from homagg.host_agent.distributed.untraced import untraced
 from homagg.host_agent.distributed.work import HomaggWork
+from homagg.host_agent.parts import Parted
 
 #: The backend's name, for ``dist.init_process_group``.
 BACKEND = "homagg"
@@ -305,19 +306,21 @@ class HomaggProcessGroup(dist.ProcessGroup):
     def _allreduce_pipelined(self, name: str, tensors) -> HomaggWork:
         """A contiguous CPU float32 tensor's SUM, in place (``switch_allreduce``'s path), as
         a job that may go ahead of its turn: its round 1 with the values of the all-reduce
-        in front of it (``host_agent.pipeline``), and the one behind it likewise."""
+        in front of it (``host_agent.pipeline``), and the one behind it likewise. A long
+        tensor goes part by part (``host_agent.parts``: the memory of one part)."""
         t = tensors[0]
         arr = t.detach().numpy().reshape(-1)  # (t's own memory: the sum is written there)
-        key = ("torch", str(t.dtype), t.numel())
+        assert self.agent is not None
+        parted = Parted(arr, ("torch", str(t.dtype), t.numel()), self.agent.cfg.part)
 
         def run(behind: Behind | None) -> list[torch.Tensor]:
             agent = self.agent
             assert agent is not None
             self.counts["switch:allreduce"] += 1
-            agent.allreduce_detailed(arr, key, out=arr, pipeline=behind)
+            parted.allreduce(agent, behind, pipelined=behind is not None)
             return tensors
 
-        return self._submit(run, _OPS[name], (), offer=(arr, key), inputs=tensors)
+        return self._submit(run, _OPS[name], (), offer=parted.first(), inputs=tensors)
 
     # -- everything else: gloo, from the same thread -------------------------------------------
     def broadcast(self, tensors, opts=None):  # type: ignore[override]

@@ -7,8 +7,9 @@
 
 That is all a user adds: no patched PyTorch. The hook returns the *mean* over workers, as DDP's
 default all-reduce does; the sum behind it is exact on the quantized gradients. A NaN or Inf in
-any worker's bucket makes the whole bucket NaN on every worker (``Agent.allreduce``), so AMP's
-``GradScaler`` sees it on every rank and skips the step, as with DDP's own all-reduce.
+any worker's bucket makes the whole bucket NaN on every worker (``Agent.allreduce``; a bucket
+longer than ``AgentConfig.part`` goes in parts, ``host_agent.parts``: the whole part), so
+AMP's ``GradScaler`` sees it on every rank and skips the step, as with DDP's own all-reduce.
 
 The state is a ``HookState``: ``HookState.of(agent, model)`` overlaps (the agent's own thread
 sums a bucket while autograd computes the next) and names a parameter and the element within
@@ -31,6 +32,7 @@ import torch
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentError
 from homagg.host_agent.distributed.serial import Behind, Serial
+from homagg.host_agent.parts import Parted
 
 
 @dataclass
@@ -80,15 +82,16 @@ class HookState:
 
 
 class _Bucket:
-    """A bucket the agent's thread all-reduces (``serial.Offering``): its host array, made
-    once (a pipelined bucket's round 1 goes before its turn, and its turn must pass the same
-    array), and the future DDP waits on."""
+    """A bucket the agent's thread all-reduces (``serial.Offering``): its host array and its
+    parts, made once (a pipelined bucket's first part has its round 1 go before its turn, and
+    its turn must pass the same array), and the future DDP waits on."""
 
     def __init__(self, state: HookState, bucket, fut):
         self.state, self.bucket, self.fut = state, bucket, fut
         self.buf = bucket.buffer()
         self.arr: np.ndarray | None = None
         self.in_place = False
+        self._parted: Parted | None = None
 
     def host(self) -> tuple[np.ndarray, bool]:
         """``_host`` of a dense bucket's buffer, made once."""
@@ -96,9 +99,15 @@ class _Bucket:
             self.arr, self.in_place = _host(self.buf)
         return self.arr, self.in_place
 
+    def parted(self) -> Parted:
+        """The dense bucket's host array in parts (``host_agent.parts``), made once."""
+        if self._parted is None:
+            self._parted = _parts(self.state.agent, self.bucket, self.host()[0])
+        return self._parted
+
     def offer(self):
-        """A dense bucket's host array and key (a sparse one goes its own way: None)."""
-        return None if self.buf.is_sparse else (self.host()[0], ("ddp", self.bucket.index()))
+        """A dense bucket's first part and its key (a sparse one goes its own way: None)."""
+        return None if self.buf.is_sparse else self.parted().first()
 
     def run(self, behind: Behind | None) -> None:
         state = self.state
@@ -151,15 +160,21 @@ def _mean(agent: Agent, bucket, names, item: _Bucket | None = None,
     if buf.is_sparse:  # DDP gives a sparse gradient a bucket of its own
         return _sparse_mean(agent, bucket, buf, names)
     arr, in_place = _host(buf) if item is None else item.host()
-    try:  # a CPU bucket's sum is written over its buffer, as gloo's all-reduce does
-        summed = agent.allreduce_detailed(arr, ("ddp", bucket.index()),
-                                          out=arr if in_place else None, pipeline=behind).out
+    parted = _parts(agent, bucket, arr) if item is None else item.parted()
+    try:  # a CPU bucket's sum is written over its buffer, as gloo's all-reduce does; a long
+        # bucket part by part (the memory of one part: host_agent.parts)
+        parted.allreduce(agent, behind, pipelined=behind is not None)
     except AgentError as err:
         raise _named(err, bucket, names) from err
     if in_place:
         return buf.div_(agent.cfg.workers)
-    out = torch.from_numpy(summed).to(buf.device, buf.dtype).div_(agent.cfg.workers)
+    out = torch.from_numpy(arr).to(buf.device, buf.dtype).div_(agent.cfg.workers)
     return out.reshape(buf.shape)
+
+
+def _parts(agent: Agent, bucket, arr: np.ndarray) -> Parted:
+    return Parted(arr, ("ddp", bucket.index()), agent.cfg.part)
+
 
 
 def _sparse_mean(agent: Agent, bucket, grad: torch.Tensor, names) -> torch.Tensor:
