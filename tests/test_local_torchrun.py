@@ -126,3 +126,56 @@ def test_local_torchrun_each_workload_on_the_homagg_backend_tracks_gloo(tmp_path
     ref = losses(runs["gloo"])
     assert len(ref) == STEPS and len(losses(out)) == STEPS
     assert max(abs(a - b) for a, b in zip(losses(out), ref)) <= 1e-6, (losses(out), ref)
+
+
+LAZY = '''
+import os, subprocess, sys
+import torch, torch.distributed as dist, homagg.torch
+dist.init_process_group("homagg")
+r = dist.get_rank()
+def jobs():
+    out = subprocess.run([sys.executable, "-m", "homagg.controller.cli", "-c",
+                          os.environ["HOMAGG_CTL_CONFIG"], "job", "list"],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines()[2:] if line.strip()]
+g = dist.new_group([0, 1])
+t = torch.tensor([float(r)])
+dist.broadcast(t, 0, group=g)  # gloo's: no job needed
+dist.barrier()
+if r == 0:
+    print("jobs after gloo", jobs(), flush=True)
+dist.barrier()
+unmade = g.agent is None
+x = torch.ones(10) * (r + 1)
+dist.all_reduce(x, group=g)  # the subgroup's first collective through the switch: it joins
+dist.barrier()
+if r == 0:
+    print("jobs after the switch", jobs(), flush=True)
+dist.barrier()
+print(f"rank {r}: unmade {unmade}, made {g.agent is not None}, sent "
+      f"{g.agent.counters.packets_sent if g.agent else 0}, sum {x.tolist()}", flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_a_subgroup_joins_at_its_first_collective_through_the_switch(tmp_path):
+    """Under the service, a subgroup's job is joined when the subgroup first sends through
+    the switch: after a broadcast (gloo's) the switch holds the default group's job alone;
+    after an all_reduce, the subgroup's too, and its sum is right on both ranks."""
+    script = tmp_path / "lazy.py"
+    script.write_text(LAZY)
+    cmd = [sys.executable, "-m", "homagg.launcher", "local", "--", sys.executable, "-m",
+           "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    proc = subprocess.run(cmd, env=clean_env(), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    assert re.search(r"jobs after gloo \['1'\]", out), out[-2000:]
+    assert re.search(r"jobs after the switch \['1', '2'\]", out), out[-2000:]
+    for r in (0, 1):
+        m = re.search(rf"rank {r}: unmade True, made True, sent (\d+), sum \[([^\]]*)\]", out)
+        assert m, out[-2000:]
+        assert [float(v) for v in m.group(2).split(",")] == [3.0] * 10
+    # each rank sent the subgroup's packets (subgroups keep a worker per rank)
+    assert all(int(re.search(rf"rank {r}: unmade True, made True, sent (\d+)", out).group(1)) > 0
+               for r in (0, 1)), out[-2000:]

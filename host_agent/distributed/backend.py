@@ -59,9 +59,12 @@ served each).
 Subgroups (``new_group``, a device mesh's dimensions) each need a homagg job of their own, with
 an agent (and a thread) of their own, independent of the default group's, as a separate
 communicator is. Where the controller service is configured (HOMAGG_CONTROLLER), each subgroup
-joins its own job by itself: named from the default group's job name and torch's name for the
-group (the same on every member: torch names groups alike on every rank), with the member's
-rank in the group and the group's size, so its members agree on it with no extra code. Without
+joins its own job by itself, at its first collective through the switch (every member calls
+it, so their joins meet; a subgroup that never sends one holds no job): named from the default
+group's job name and torch's name for the group (the same on every member: torch names groups
+alike on every rank), with the member's rank in the group and the group's size, so its members
+agree on it with no extra code. A join that fails fails that collective, and every later one
+through the switch, on the rank it failed on (the others' joins time out). Without
 a service, ``set_subgroup_config(provider)`` says which static job a subgroup is (and it takes
 precedence where given); a subgroup with neither is an all-gloo group (a one-time warning says
 so). A device mesh dimension that spans every rank in order is the default group itself (torch
@@ -89,9 +92,10 @@ import torch.distributed as dist
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentConfig, AgentError, store_secret
 from homagg.host_agent.distributed import hosts
-from homagg.host_agent.distributed.group import BACKEND, HomaggProcessGroup
+from homagg.host_agent.distributed.group import BACKEND, HomaggProcessGroup, Joining
 from homagg.host_agent.distributed.switch import FLOATS, LIMB_BITS, SMALL_INTS, say_once
 from homagg.host_agent.distributed.work import HomaggWork
+from homagg.host_agent.parts import DEFAULT_PART
 
 __all__ = ["BACKEND", "FLOATS", "LIMB_BITS", "SMALL_INTS", "HomaggProcessGroup", "HomaggWork",
            "SubgroupConfig", "create", "register", "say_once", "set_agent_options",
@@ -202,22 +206,31 @@ def create(opts, backend_options=None) -> HomaggProcessGroup:
 
         return HomaggProcessGroup(store, rank, size, timeout, default_agent)
 
-    def subgroup_agent(_gloo: Any) -> Agent | None:
-        if _subgroup_config is not None:
-            cfg = _subgroup_config(world, rank)
-        else:
-            cfg = _joined_subgroup(str(getattr(opts, "group_id", "") or ""), world, rank, size,
-                                   join_secret=secret)
-        if cfg is None:
-            say_once("subgroup", f"process group {getattr(opts, 'group_id', '?')} (ranks "
-                     f"{world or '?'}) is a subgroup: it has no homagg job of its own (that "
-                     "needs the controller service, HOMAGG_CONTROLLER, or "
-                     "homagg.torch.set_subgroup_config), so all its collectives go to gloo")
-            return None
+    def checked(cfg: AgentConfig) -> Agent:
         if cfg.workers != size:
             raise AgentError(f"subgroup of ranks {world}: its job has {cfg.workers} workers, "
                              f"the group {size} ranks")
         return Agent(cfg)
+
+    def subgroup_agent(_gloo: Any) -> Agent | Joining | None:
+        cfg = _subgroup_config(world, rank) if _subgroup_config is not None else None
+        if cfg is not None:
+            return checked(cfg)
+        if _subgroup_config is None and os.environ.get("HOMAGG_CONTROLLER"):
+            # joined at the group's first collective through the switch: a subgroup that
+            # never sends one holds no job
+            def join() -> Agent:
+                got = _joined_subgroup(str(getattr(opts, "group_id", "") or ""), world, rank,
+                                       size, join_secret=secret)
+                assert got is not None  # (HOMAGG_CONTROLLER is set)
+                return checked(got)
+
+            return Joining(join, int(_options.get("part", DEFAULT_PART)))
+        say_once("subgroup", f"process group {getattr(opts, 'group_id', '?')} (ranks "
+                 f"{world or '?'}) is a subgroup: it has no homagg job of its own (that "
+                 "needs the controller service, HOMAGG_CONTROLLER, or "
+                 "homagg.torch.set_subgroup_config), so all its collectives go to gloo")
+        return None
 
     return HomaggProcessGroup(store, rank, size, timeout, subgroup_agent)
 

@@ -21,6 +21,12 @@ from torch.distributed.distributed_c10d import AllgatherOptions
 from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentError
 from homagg.host_agent.distributed import inner
+from homagg.host_agent.distributed.events import (
+    profiler_event,
+    ready_events,
+    wait_inner,
+    wait_ready,
+)
 from homagg.host_agent.distributed.serial import Behind, Serial
 from homagg.host_agent.distributed.switch import (
     CudaStager,
@@ -44,57 +50,6 @@ _OPS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced"
         "reduce_scatter_tensor", "alltoall": "all_to_all", "alltoall_base": "all_to_all_single"}
 
 
-def _ready_events(*tensors) -> dict[torch.device, Any]:
-    """For the CUDA devices of ``tensors`` (tensors, nested in lists as the collectives take
-    them): an event on the caller's current stream of each, which the group's thread waits
-    for before the collective reads them (the caller's stream produced them)."""
-    devices: set[torch.device] = set()
-    todo: list[Any] = list(tensors)
-    while todo:
-        x = todo.pop()
-        if isinstance(x, torch.Tensor):
-            if x.device.type == "cuda":
-                devices.add(x.device)
-        elif isinstance(x, (list, tuple)):
-            todo.extend(x)
-    return {d: CudaStager.ready(d) for d in devices}
-
-
-def _wait_ready(ready: dict[torch.device, Any]) -> None:
-    for d, ev in ready.items():
-        torch.cuda.current_stream(d).wait_event(ev)
-
-
-def _wait(work: Any, ready: dict[torch.device, Any]) -> None:
-    """Wait for an inner backend's work; NCCL may hand back none (seen with one rank, torch
-    2.11): then its devices are synchronized, so the result is there either way."""
-    if work is not None:
-        work.wait()
-        return
-    for d in ready:
-        torch.cuda.synchronize(d)
-
-
-def _tensors(x: Any) -> list[torch.Tensor]:
-    """The tensors of ``x``, nested in lists as the collectives take them, in order."""
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for y in x for t in _tensors(y)]
-    return []
-
-
-def _event(op: str, inputs: Any) -> Any:
-    """The profiler event of a collective, ``homagg:<op>``, with its input tensors as gloo's
-    have them (their shapes and dtypes, where the profiler records shapes). Entered by the
-    caller, exited by the group's thread when the work is done; without the profiler on,
-    entering and exiting cost a check each."""
-    fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)  # (torch >= 2.2)
-    if fast is None:
-        return torch.autograd.profiler.record_function(f"homagg:{op}")
-    return fast(f"homagg:{op}", _tensors(inputs))
-
-
 def _reduce_op(opts) -> Any:
     op = getattr(opts, "reduceOp", ReduceOp.SUM)
     return getattr(op, "op", op)  # a ReduceOp's RedOpType (SUM, AVG, ...)
@@ -103,15 +58,17 @@ def _reduce_op(opts) -> Any:
 @untraced(dist.ProcessGroup)
 class HomaggProcessGroup(dist.ProcessGroup):
     """The "homagg" process group: all_reduce through the switch (``Agent``), the rest
-    through gloo. ``make_agent`` returns the group's agent, or None: every collective goes to
-    gloo (a subgroup without a job). Every rank learns whether every other's agent started
-    (one gloo all_reduce): if one could not, all raise at once, instead of the others waiting
-    for it at their first collective."""
+    through gloo. ``make_agent`` returns the group's agent; a ``Joining``, which makes it at
+    the group's first collective through the switch (a subgroup's join through the
+    service); or None: every collective goes to gloo (a subgroup without a job). Every rank
+    learns whether every other's agent started (one gloo all_reduce): if one could not, all
+    raise at once, instead of the others waiting for it at their first collective."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
-                 make_agent: Callable[[Any], Agent | None]):
+                 make_agent: Callable[[Any], Agent | Joining | None]):
         super().__init__(rank, size)  # type: ignore[call-arg]  # (the stub knows the 3-arg form)
         self.agent: Agent | None = None
+        self._joining: Joining | None = None
         self._cpp: Any = None
         self._thread: Serial | None = None
         self._lock = threading.Lock()
@@ -147,14 +104,18 @@ class HomaggProcessGroup(dist.ProcessGroup):
                                    self._cpp)
         self._thread = Serial("homagg-agent")
 
-    def _start(self, make_agent: Callable[[Any], Agent | None]) -> None:
+    def _start(self, make_agent: Callable[[Any], Agent | Joining | None]) -> None:
         failure: BaseException | None = None
         try:
-            self.agent = make_agent(self._gloo)  # (the group's gloo: start-up collectives)
+            got = make_agent(self._gloo)  # (the group's gloo: start-up collectives)
+            if isinstance(got, Joining):
+                self._joining = got
+            else:
+                self.agent = got
         except Exception as err:  # noqa: BLE001 - every rank hears of it, then it is raised
             failure = err
         state = torch.zeros(3, dtype=torch.int64)  # ranks with an agent, without, failed
-        state[2 if failure is not None else 0 if self.agent is not None else 1] = 1
+        state[2 if failure is not None else 0 if self._has_job() else 1] = 1
         self._gloo.allreduce([state]).wait()
         with_agent, without, failed = (int(v) for v in state)
         if failed or (with_agent and without):
@@ -166,6 +127,35 @@ class HomaggProcessGroup(dist.ProcessGroup):
                              "an agent (their own error says why)" if failed else
                              f"homagg: {with_agent} rank(s) have a homagg job for this group, "
                              f"{without} not: every rank must agree")
+
+    def _has_job(self) -> bool:
+        """Whether this group sends through the switch: it has an agent, or makes one."""
+        return self.agent is not None or self._joining is not None
+
+    def _switch_agent(self) -> Agent:
+        """The group's agent, made now if it is still to be (on the group's thread, at its
+        first collective through the switch: every member calls the same one, so their joins
+        meet). A join that failed fails every later collective through the switch too."""
+        if self.agent is not None:
+            return self.agent
+        j = self._joining
+        assert j is not None  # (``switch_refuses`` sends a group without a job to gloo)
+        if j.failed is not None:
+            raise AgentError(f"homagg: this group's join failed at its first collective "
+                             f"through the switch: {j.failed}")
+        try:
+            self.agent = j.join()
+        except Exception as err:
+            j.failed = err
+            raise
+        return self.agent
+
+    def _part(self) -> int:
+        """``AgentConfig.part`` of the group's agent (made or to be)."""
+        if self.agent is not None:
+            return self.agent.cfg.part
+        assert self._joining is not None
+        return self._joining.part
 
     # -- the thread ------------------------------------------------------------------------------
     def _submit(self, run: Callable[..., list[torch.Tensor]], op: str,
@@ -184,7 +174,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
         cuda: list[Any] = sorted(devices, key=str)
         fut: torch.futures.Future = torch.futures.Future(devices=cuda) if cuda \
             else torch.futures.Future()
-        event = _event(op, inputs)
+        event = profiler_event(op, inputs)
 
         def job(behind: Behind | None = None) -> None:
             try:
@@ -212,14 +202,14 @@ class HomaggProcessGroup(dist.ProcessGroup):
                    *args) -> HomaggWork:
         """gloo's (or NCCL's: ``_inner``) ``name`` with ``args``, on the group's thread;
         ``inputs``: the collective's input tensors, for its profiler event."""
-        ready = _ready_events(outputs, args)
+        ready = ready_events(outputs, args)
 
         group, which = self._inner(ready)
 
         def run() -> list[torch.Tensor]:
-            _wait_ready(ready)
+            wait_ready(ready)
             self.counts[f"{which}:{name}"] += 1
-            _wait(getattr(group, name)(*args), ready)  # (CUDA: this thread's stream waits)
+            wait_inner(getattr(group, name)(*args), ready)  # (CUDA: this thread's stream waits)
             return outputs
 
         return self._submit(run, _OPS.get(name, name), ready, inputs=inputs)
@@ -277,9 +267,9 @@ class HomaggProcessGroup(dist.ProcessGroup):
     def _allreduce_each(self, name: str, tensors, opts) -> HomaggWork:
         """Each tensor's own sum, through the switch, or all of them through gloo's ``name``."""
         op = _reduce_op(opts)
-        why = switch_refuses(self.agent, tensors, op)
+        why = switch_refuses(self._has_job(), tensors, op)
         if why is not None:
-            if self.agent is not None:  # (a subgroup said so when it was made)
+            if self._has_job():  # (a subgroup without a job said so when it was made)
                 say_once(why, why)
             return self._gloo_call(name, tensors, tensors, tensors, opts)
         if len(tensors) == 1 and _pipelines(tensors[0], op):
@@ -290,8 +280,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
                                                     if t.device.type == "cuda"}}
 
         def run() -> list[torch.Tensor]:
-            agent = self.agent
-            assert agent is not None  # (switch_refuses sends a group without one to gloo)
+            agent = self._switch_agent()
             self.counts["switch:allreduce"] += 1
             for t in tensors:
                 if t.device.type == "cuda":
@@ -310,12 +299,10 @@ class HomaggProcessGroup(dist.ProcessGroup):
         tensor goes part by part (``host_agent.parts``: the memory of one part)."""
         t = tensors[0]
         arr = t.detach().numpy().reshape(-1)  # (t's own memory: the sum is written there)
-        assert self.agent is not None
-        parted = Parted(arr, ("torch", str(t.dtype), t.numel()), self.agent.cfg.part)
+        parted = Parted(arr, ("torch", str(t.dtype), t.numel()), self._part())
 
         def run(behind: Behind | None) -> list[torch.Tensor]:
-            agent = self.agent
-            assert agent is not None
+            agent = self._switch_agent()
             self.counts["switch:allreduce"] += 1
             parted.allreduce(agent, behind, pipelined=behind is not None)
             return tensors
@@ -347,15 +334,15 @@ class HomaggProcessGroup(dist.ProcessGroup):
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
-        ready = _ready_events(outputs, inputs)
+        ready = ready_events(outputs, inputs)
 
         group, which = self._inner(ready)
 
         def run() -> list[torch.Tensor]:
-            _wait_ready(ready)
+            wait_ready(ready)
             self.counts[f"{which}:_allgather_base"] += len(outputs)
             for o, i in zip(outputs, inputs):
-                _wait(group._allgather_base(o, i, opts), ready)
+                wait_inner(group._allgather_base(o, i, opts), ready)
             return outputs
 
         return self._submit(run, "all_gather_into_tensor_coalesced", ready, inputs=inputs)
@@ -400,15 +387,15 @@ class HomaggProcessGroup(dist.ProcessGroup):
         if work is not None:
             return work
 
-        ready = _ready_events(outputs, inputs)
+        ready = ready_events(outputs, inputs)
 
         group, which = self._inner(ready)
 
         def run() -> list[torch.Tensor]:
-            _wait_ready(ready)
+            wait_ready(ready)
             self.counts[f"{which}:_reduce_scatter_base"] += len(outputs)
             for o, i in zip(outputs, inputs):
-                _wait(group._reduce_scatter_base(o, i, opts), ready)
+                wait_inner(group._reduce_scatter_base(o, i, opts), ready)
             return outputs
 
         return self._submit(run, "reduce_scatter_tensor_coalesced", ready, inputs=inputs)
@@ -419,21 +406,20 @@ class HomaggProcessGroup(dist.ProcessGroup):
         all_reduce of the whole input (every rank's part, in rank order, flat), of which this
         rank keeps its part; ``pairs()`` gives (output, flat input copy) pairs. None: it goes
         to gloo (the default, or what the switch cannot serve: said once)."""
-        if self.scatter_via != "switch" or self.agent is None:
+        if self.scatter_via != "switch" or not self._has_job():
             return None
         op = _reduce_op(opts)
-        why = switch_refuses(self.agent, inputs, op)
+        why = switch_refuses(self._has_job(), inputs, op)
         if why is None and any(t.is_sparse for t in inputs):
             why = "a sparse reduce_scatter goes to gloo"
         if why is not None:
             say_once(why, why.replace("all_reduce", "reduce_scatter", 1))
             return None
         todo = pairs()
-        ready = _ready_events([full for _, full in todo], [out for out, _ in todo])
+        ready = ready_events([full for _, full in todo], [out for out, _ in todo])
 
         def run() -> list[torch.Tensor]:
-            agent = self.agent
-            assert agent is not None  # (checked above, before the switch was chosen)
+            agent = self._switch_agent()
             self.counts["switch:reduce_scatter"] += 1
             for out, full in todo:
                 if full.device.type == "cuda":
@@ -478,6 +464,17 @@ class HomaggProcessGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag=0):
         self.counts["gloo:recv_anysource"] += 1
         return self._gloo.recv_anysource(tensors, tag)
+
+
+class Joining:
+    """A group's agent to be made at its first collective through the switch: ``join()``
+    makes it (a subgroup's join through the controller service, which waits for the
+    subgroup's other members). ``part``: its ``AgentConfig.part``, known before (a tensor is
+    cut when its collective is called)."""
+
+    def __init__(self, join: Callable[[], Agent], part: int):
+        self.join, self.part = join, part
+        self.failed: BaseException | None = None
 
 
 class _Offered:

@@ -50,9 +50,10 @@ def say_once(what: str, message: str) -> None:
     warnings.warn(f"homagg: {message}", RuntimeWarning, stacklevel=3)
 
 
-def switch_refuses(agent: Agent | None, tensors, op) -> str | None:
-    """Why these tensors cannot go through the switch with ``op`` (None: they can)."""
-    if agent is None:
+def switch_refuses(has_job: bool, tensors, op) -> str | None:
+    """Why these tensors cannot go through the switch with ``op`` (None: they can);
+    ``has_job``: whether the group has a homagg job (an agent, made or to be)."""
+    if not has_job:
         return ("a subgroup has no homagg job of its own (the switch's job table for a "
                 "subset of ranks needs the controller service): its collectives go to gloo")
     sum_like = op in (ReduceOp.SUM, ReduceOp.AVG)
