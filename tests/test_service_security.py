@@ -114,6 +114,65 @@ def test_a_malformed_request_is_logged_in_one_line(rig, caplog):
         assert "\n" not in r.getMessage() and len(r.getMessage()) < 400, r.getMessage()
 
 
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (what a client may send, valid or not)."""
+    n, varint = len(payload), b""
+    while True:
+        varint += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            return bytes([number << 3 | 2]) + varint + payload
+
+
+def test_a_huge_malformed_join_adds_a_few_hundred_bytes_to_the_log(rig):
+    """A Join whose job field is 3.9 MB of 0xff (not UTF-8), with no token, 3 times: the
+    service's log (every record as its handler writes it) grows by at most a few hundred
+    bytes a request, not by the request's repr (4 bytes a byte received)."""
+    import io
+
+    join = rig.channel.unary_unary("/homagg.membership.Membership/Join",
+                                   request_serializer=None, response_deserializer=None)
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as e:
+                join(_field(2, b"\xff" * 3_900_000), timeout=30)
+            assert e.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    text = out.getvalue()
+    assert "deserializ" in text, text[:2000]
+    assert len(text) < 3 * 600, (len(text), text[:2000])
+    assert "characters in all]" in text  # cut, and said so
+
+
+def test_any_record_of_the_one_line_loggers_is_bounded(caplog):
+    """Not only gRPC's: a service record with a long argument, and one with a long
+    exception, each stay within the line's and the traceback's caps."""
+    from homagg.controller import serve
+
+    log = logging.getLogger("homagg.serve.test-cap")
+    log.addFilter(serve._OneLine())
+    with caplog.at_level(logging.INFO, logger="homagg.serve.test-cap"):
+        log.info("job %r refused: %s", "\x00" * 100_000, "y" * 100_000)
+        try:
+            raise ValueError("z" * 100_000)
+        except ValueError:
+            log.exception("a request failed: %d", 7)
+    first, second = caplog.records[-2:]
+    assert len(first.getMessage()) <= serve.LINE_LIMIT + 60, len(first.getMessage())
+    assert "\n" not in first.getMessage() and "characters in all]" in first.getMessage()
+    assert second.getMessage() == "a request failed: 7"
+    assert second.exc_text is not None and len(second.exc_text) <= serve.TRACEBACK_LIMIT + 60
+
+
 def test_the_ranks_of_a_group_share_one_secret_through_its_store():
     dist = pytest.importorskip("torch.distributed")
     from homagg.host_agent.distributed.backend import shared_join_secret
