@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from homagg.controller.p4client import reachable
 from homagg.controller.service import JobService, Refusal, ServeOptions
 from homagg.errors import ConfigError
 from homagg.membership import REFUSAL_KEY, pb2, rpc
@@ -166,6 +167,9 @@ class _OneLine(logging.Filter):
         return True
 
 
+#: Seconds a probe waits for a switch's P4Runtime port to accept a connection.
+PROBE_CONNECT = 0.5
+
 #: The loggers a request's strings reach: the service's, and gRPC's (malformed requests).
 ONE_LINE_LOGGERS = ("homagg.serve", "homagg.service", "grpc._server", "grpc._common")
 
@@ -274,6 +278,8 @@ def start(svc: JobService, listen: str, tls: tuple[Path, Path] | None = None,
     """Take the switch and read back this service's jobs from it, then serve. Metrics listen
     on ``metrics_addr``, by default the address the service listens on."""
     creds = _tls_credentials(tls) if tls is not None else None
+    if svc.answers is None:  # a switch that refuses connections is down: its jobs fail
+        svc.answers = lambda place: reachable(place.grpc, PROBE_CONNECT)
     for name in ONE_LINE_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _OneLine) for f in logger.filters):

@@ -144,6 +144,24 @@ class Held:
         return self.places or (self.place,)
 
 
+@dataclass
+class Owed:
+    """A removal not done everywhere yet (a switch down, or refusing): the job is no longer
+    served (its name is free, its workers told why), but its id stays taken until every place
+    that may still hold it is rid of it; the reaper tries again, backing off."""
+
+    job_id: int
+    text: str                     # the job as the log names it (``label``)
+    why: str                      # why it was removed
+    places: list[P.Place]         # where it may still be
+    tries: int = 1
+    retry_at: float = 0.0
+
+    def backoff(self) -> float:
+        """Seconds until the next try: 0.5 s doubling, at most 30 s."""
+        return min(0.5 * 2 ** (self.tries - 1), 30.0)
+
+
 def addr_text(a: tuple[str, int]) -> str:
     return f"{a[0]}:{a[1]}"
 

@@ -221,9 +221,10 @@ class Service:
         self.cfg = parse(data)
         self.sw = switches or Switches(self.cfg)
         self.now = 100.0
+        self.down: set[str] = set()  # the places that refuse connections (a probe's view)
         self.svc = JobService(self.cfg, self.sw.connect, ServeOptions(
             token=None, lease=lease, slots=16, key=KEY, max_joins=4096),
-            clock=lambda: self.now)
+            clock=lambda: self.now, answers=lambda pl: pl.name not in self.down)
         self.svc.recover()
 
     def join_all(self, name: str, addrs: list[tuple[str, int]]) -> dict:
@@ -342,3 +343,41 @@ def test_metrics_and_job_remove_cover_every_switch_of_the_tree():
     with Fabric(s.cfg, s.sw.connect) as f:
         assert f.remove(job).place.name == "spine"
     assert [s.sw.jobs(n) for n in ("spine", "leaf1", "leaf2")] == [[], [], []]
+
+
+def test_a_leaf_back_from_the_dead_still_holding_a_failed_job_is_cleaned_of_it():
+    """leaf1 stops answering (its tables kept, as a switch cut off and reconnected): the
+    probe fails the job by name and frees the spine and leaf2; a join that needs leaf1 is
+    refused, naming it. leaf1 answers again: the job is removed there too, nothing owed."""
+    s = Service(tree_data())
+    addrs = [(host(0, 0), 20000), (host(1, 0), 20000)]
+    answers = s.join_all("across", addrs)
+    job = answers[0].job_id
+    s.down.add("leaf1")
+    s.svc.probe()
+    assert [s.sw.jobs(n) for n in ("spine", "leaf2")] == [[], []]
+    assert [j.id for j in s.sw.jobs("leaf1")] == [job] and s.svc.owed == {job: ["leaf1"]}
+    with pytest.raises(Refusal, match=r"\(across\) was removed: switch leaf1 \(127.0.0.1:9800\) "
+                                      r"is unreachable \(nothing answers P4Runtime at "
+                                      r"127.0.0.1:9800\): job \d+ failed"):
+        s.svc.renew(job, answers[1].worker, *addrs[1], answers[1].secret)
+    (refusal,) = s.join_all("needs-leaf1", [(host(0, 1), 20000)]).values()
+    assert isinstance(refusal, Refusal) and refusal.code == "UNAVAILABLE"
+    assert str(refusal).startswith("job 'needs-leaf1' needs leaf1, unreachable: switch leaf1")
+    under2 = s.join_all("under-leaf2", [(host(1, 1), 20000)])
+    assert under2[0].place == "leaf2" and under2[0].job_id != job
+    s.down.clear()
+    s.svc.probe()
+    assert s.sw.jobs("leaf1") == [] and s.sw.mark("leaf1") == 0
+    assert s.svc.owed == {} and s.svc.dead == {}
+
+
+def test_a_switch_that_restarted_empty_fails_the_job_it_lost():
+    s = Service(tree_data())
+    (a,) = s.join_all("under-leaf2", [(host(1, 0), 20000)]).values()
+    s.sw.soft["leaf2"] = SoftSwitch()  # restarted between two probes: empty, no mark
+    s.svc.probe()
+    assert s.svc.held == {} and s.svc.owed == {}
+    with pytest.raises(Refusal, match=r"was removed: switch leaf2 \(127.0.0.1:9801\) no longer "
+                                      r"holds job \d+ \(it restarted"):
+        s.svc.renew(a.job_id, a.worker, host(1, 0), 20000, a.secret)
