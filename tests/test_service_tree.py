@@ -381,3 +381,33 @@ def test_a_switch_that_restarted_empty_fails_the_job_it_lost():
     with pytest.raises(Refusal, match=r"was removed: switch leaf2 \(127.0.0.1:9801\) no longer "
                                       r"holds job \d+ \(it restarted"):
         s.svc.renew(a.job_id, a.worker, host(1, 0), 20000, a.secret)
+
+
+def test_scrapes_at_once_share_a_reading_of_the_switches():
+    """50 scrapes at once, each switch session slow (50 ms): they share at most three
+    readings of the switches (not 50 in turn, each holding the lock a join needs)."""
+    pytest.importorskip("prometheus_client")
+    import time
+
+    from homagg.controller.metrics import SwitchCollector
+
+    s = Service(tree_data())
+    s.join_all("watched", [(host(0, 0), 20000), (host(1, 0), 20000)])
+    opened: list[str] = []
+
+    def slow(place):
+        opened.append(place.name)
+        time.sleep(0.05)
+        return s.sw.connect(place)
+
+    s.svc._connect = slow
+    collector = SwitchCollector(s.svc)
+    got: list = []
+    ts = [threading.Thread(target=lambda: got.append(list(collector.collect())))
+          for _ in range(50)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert len(got) == 50 and all(g for g in got)
+    assert len(opened) <= 3 * 3, len(opened)  # three places a reading, three readings at most
