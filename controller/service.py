@@ -59,6 +59,7 @@ from homagg.controller.service_state import (
     is_worker,
     job_secret,
     label,
+    not_yours,
     peer_ip,
     positive_seconds,
     ranks_text,
@@ -388,23 +389,19 @@ class JobService:
 
     def _holder(self, job_id: int, worker: int, ip: str, udp_port: int, secret: str) -> Held:
         """The job a lease request is for, once the request proved it comes from one of its
-        workers; until then, nothing of the job (its name, why it went) is told."""
+        workers (its address and its secret); until then, nothing of the job is told, not
+        even whether it exists: an unknown job, another worker's address and a wrong secret
+        are refused alike (``not_yours``)."""
         h = self.held.get(job_id)
         if h is None:
             gone = self._gone.get(job_id)
             if gone is not None and is_worker(self._key, gone[1], gone[2], job_id, worker,
                                               (ip, udp_port), secret):
                 raise Refusal("NOT_FOUND", gone[0])
-            raise Refusal("NOT_FOUND", f"job {job_id} is not one this service holds (not "
-                                       "placed by it, or removed)")
-        if not 0 <= worker < len(h.senders) or h.senders[worker] != (ip, udp_port):
-            raise Refusal("PERMISSION_DENIED", f"job {job_id}: {ip}:{udp_port} is not its "
-                                               f"worker {worker}")
+            raise not_yours(job_id, worker, ip, udp_port)
         if not is_worker(self._key, h.senders, h.checks_secret, job_id, worker, (ip, udp_port),
                          secret):
-            raise Refusal("PERMISSION_DENIED", f"job {job_id}: worker {worker}'s secret is "
-                                               "wrong (only the job's own workers, with the "
-                                               "secret their join returned, renew or leave it)")
+            raise not_yours(job_id, worker, ip, udp_port)
         if h.removing:
             raise Refusal("NOT_FOUND", f"{label(h)} is being removed: {h.removing}")
         return h

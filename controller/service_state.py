@@ -337,6 +337,17 @@ def is_worker(key: bytes, senders: tuple[tuple[str, int], ...], checks_secret: b
         secret.encode(), job_secret(key, job_id, worker, sender).encode())
 
 
+def not_yours(job_id: int, worker: int, ip: str, udp_port: int) -> Refusal:
+    """The one refusal of a lease request that did not prove it is the job's worker: the
+    same for a job id nobody holds, another worker's address and a wrong secret, so that
+    Renew cannot list the jobs held, nor their workers' ports."""
+    return Refusal("PERMISSION_DENIED",
+                   f"job {job_id} worker {worker} at {ip}:{udp_port}: no lease of this service "
+                   "with this secret (only a job's own workers, from the address and with the "
+                   "secret their join returned, renew or leave it; a job that is gone, or "
+                   "never was, is refused alike)")
+
+
 def free_text(f: P.Fabric) -> str:
     """What each place has free, for a refusal's message."""
     jobs = f.list()

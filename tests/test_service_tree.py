@@ -266,7 +266,7 @@ def test_the_service_places_a_job_across_two_leaves_and_removes_it_from_all():
     # leases: renewed with each worker's secret; the last to leave removes it everywhere
     for r, a in answers.items():
         s.svc.renew(job, a.worker, *addrs[r], a.secret)
-    with pytest.raises(Refusal, match="secret is wrong"):
+    with pytest.raises(Refusal, match="no lease of this service with this secret"):
         s.svc.renew(job, a3.worker, *addrs[3], answers[4].secret)
     for r, a in sorted(answers.items()):
         assert s.svc.leave(job, a.worker, *addrs[r], a.secret) == (r == 15)
@@ -289,7 +289,7 @@ def test_a_restarted_service_reads_the_tree_job_back_and_reaps_it_everywhere():
     # the same workers, each known by the worker its answer named, its secret still good
     for r, a in answers.items():
         again.svc.renew(job, a.worker, *addrs[r], a.secret)
-    with pytest.raises(Refusal, match="is not its worker"):
+    with pytest.raises(Refusal, match="no lease of this service with this secret"):
         again.svc.renew(job, answers[0].worker, *addrs[1], answers[1].secret)
     # all but worker 0 keep renewing; its lease runs out and the job goes from every switch
     again.now += 4.0
