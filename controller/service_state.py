@@ -19,7 +19,7 @@ from homagg.controller import placement as P
 from homagg.controller.p4client import CounterValue
 from homagg.controller.switch import Switch
 from homagg.errors import ConfigError, HomaggError, JobError
-from homagg.membership import MIN_JOIN_SECRET
+from homagg.membership import MIN_JOIN_SECRET, secret_too_plain
 from homagg.netconfig import Config, Worker
 from homagg.treeconfig import Tree
 
@@ -205,6 +205,10 @@ def check_join(opts: ServeOptions, name: str, rank: int, world: int, udp_port: i
                       "required, the same on every rank of the job (torch.distributed's homagg "
                       "backend draws one and shares it through torchrun's store; otherwise set "
                       "HOMAGG_JOIN_SECRET alike for every rank)")
+    plain = secret_too_plain(secret)
+    if plain is not None:
+        raise Refusal("INVALID_ARGUMENT", f"job {name!r}: {plain} (the same on every rank of "
+                                          "the job)")
     if not 1 <= world <= max_world:
         raise Refusal("INVALID_ARGUMENT", f"job {name!r}: world size {world}: 1 to "
                                           f"{max_world} workers per job" + (
@@ -235,8 +239,11 @@ def check_attempt(p: Pending, rank: int, world: int, slots: int, secret: str,
     if not hmac.compare_digest(p.secret.encode(), secret.encode()):
         raise Refusal("PERMISSION_DENIED",
                       f"job {name!r}: this join's secret is not the one the job's first rank "
-                      "gave: only a rank of the same attempt joins it (each attempt draws its "
-                      "own; HOMAGG_JOIN_SECRET must be alike on every rank)")
+                      "gave: another attempt, with a different join secret, holds this name "
+                      "now (a competing join by the same name, e.g. a stale or foreign one; or "
+                      "ranks of one attempt whose secrets differ: HOMAGG_JOIN_SECRET must be "
+                      "alike on every rank); only a rank of that attempt joins it, and the "
+                      "name is free again once it is placed or its ranks stop waiting")
     if p.world != world:
         raise Refusal("INVALID_ARGUMENT",
                       f"job {name!r}: rank {rank} joins with world size {world}, but "

@@ -98,3 +98,13 @@ def test_the_renew_thread_outlives_a_failure_that_is_not_grpcs():
     finally:
         m._stop.set()
         m._thread.join(5)
+
+
+def test_an_agent_refuses_a_plain_join_secret_before_it_joins():
+    from homagg.host_agent import AgentConfig, AgentError
+
+    env = {"HOMAGG_CONTROLLER": "127.0.0.1:1", "RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9", "HOMAGG_JOIN_SECRET": "a" * 16}
+    with pytest.raises(AgentError, match=r"^\$HOMAGG_JOIN_SECRET: the join secret varies too "
+                                         r"little \(1 distinct characters"):
+        AgentConfig.from_env(env)

@@ -64,6 +64,34 @@ def test_a_join_without_a_join_secret_is_refused(rig, secret):
     assert rig.jobs() == []
 
 
+@pytest.mark.parametrize("secret,distinct", [("a" * 16, 1), ("ab" * 12, 2),
+                                             ("abcdefg" * 4, 7)])
+def test_a_join_secret_that_varies_too_little_is_refused_saying_the_rule(rig, secret, distinct):
+    e = refused(lambda: rig.join("j", 0, 1, 40000, join_secret=secret))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.details().startswith(f"job 'j': the join secret varies too little ({distinct} "
+                                  "distinct characters, about "), e.details()
+    assert "at least 8 distinct characters and 48 bits" in e.details()
+    assert rig.jobs() == []
+
+
+def test_a_competing_join_is_said_to_hold_the_name(rig):
+    """A squatter joined the name first with its own secret: the real rank's refusal says
+    that another attempt holds the name, not only that its own secret is wrong."""
+    fut = rig.stub.Join.future(pb2.JoinRequest(
+        token=TOKEN, job=VICTIM, rank=0, world_size=2, udp_port=41666, wait_seconds=20,
+        join_secret="squatters-own-secret"), timeout=30)
+    try:
+        wait_for(lambda: VICTIM in rig.svc._pending, 10, "the squatter's join to wait")
+        e = refused(lambda: rig.join(VICTIM, 0, 2, 41000))
+    finally:
+        fut.cancel()
+    assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "another attempt, with a different join secret, holds this name now (a competing " \
+           "join by the same name" in e.details(), e.details()
+    assert "41666" not in e.details()
+
+
 def test_a_lease_request_is_told_of_a_job_only_by_its_own_worker(rig):
     """After the job is gone, Renew's NOT_FOUND says why to its own workers (their address
     and secret), and to anyone else nothing of it: not its name, nor its workers."""

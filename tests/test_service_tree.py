@@ -206,6 +206,21 @@ def test_a_leaf_with_every_uplink_port_taken_refuses_the_job():
     assert tp.jobs[1].spec.uplink.src_port == tp.jobs[1].send_port == 0xBEE7
 
 
+@pytest.mark.parametrize("key,where", [("ip", "leaf1"), ("grpc", "leaf1"), ("ip", "spine"),
+                                       ("grpc", "fb")])
+def test_two_switches_of_a_tree_at_one_address_are_a_config_error(key, where):
+    data = tree_data(fallback=True)
+    place = {"spine": data["switch"], "fb": data["fallback"]}.get(where) or data["switches"][0]
+    place[key] = data["switches"][1][key]  # leaf2's
+    with pytest.raises(ConfigError) as e:
+        parse(data)
+    said = str(e.value)
+    assert said.startswith("switches: ") and "leaf2 ([[switches]])" in said, said
+    assert f"{where} ([" in said, said
+    assert said.endswith(f"are both at {key} {place[key]!r}: each switch of a tree needs "
+                         "addresses of its own"), said
+
+
 def test_an_address_under_no_switch_is_refused():
     cfg = parse(tree_data())
     with pytest.raises(Refusal, match=r"rank 1's address 10.9.9.9 sits under no switch"):
