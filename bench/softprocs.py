@@ -79,7 +79,14 @@ class SoftProcess:
                 raise RuntimeError(f"{self.name} not ready within {timeout:g} s")
             time.sleep(0.05)
         json.loads(ready.read_text())
-        self.install()
+        for attempt in range(20):  # (a controller's session may be primary a moment)
+            try:
+                self.install()
+                break
+            except Exception:
+                if attempt == 19:
+                    raise
+                time.sleep(0.25)
         return self
 
     def install(self) -> None:
@@ -89,7 +96,8 @@ class SoftProcess:
         from homagg.netconfig import Config, SwitchSpec
 
         cfg = Config(SwitchSpec(name=self.name, grpc=self.grpc, ip=self.ip, target="soft"))
-        with P4RuntimeSwitch(self.grpc, 1, (0, 1), None, self.name).open(
+        # (an election id above the service's (0, 2): installing is the operator's word)
+        with P4RuntimeSwitch(self.grpc, 1, (0, 3), None, self.name).open(
                 soft_pipeline(self.workdir / "pipeline")) as s:
             J.install_base(s, cfg)
 
