@@ -551,27 +551,32 @@ class JobService:
         for pl in [pl for pl in self.fabric().places() if pl.name in self.dead]:
             if not self._answers(pl) or isinstance(self._session_probe(pl), str):
                 continue
-            log.warning("%s answers again: taken back into placement", self.dead.pop(pl.name))
+            del self.dead[pl.name]
+            log.warning("switch %s (%s) answers again: taken back into placement", pl.name,
+                        pl.grpc)
             back.append(pl.name)
         if back:
             self._settle(force=True)
         return back
 
     def probe(self) -> None:
-        """Probe every place that holds a job of this service (or owes a removal): one that
-        no longer answers is taken for dead and its jobs failed, each with a reason that names
-        it; one that answers without a job it should hold (it restarted) fails that job; one
-        taken for dead that answers again is taken back, and what is owed there removed."""
+        """Probe every place: one that refuses connections is taken for dead (so no join
+        waits on it) and its jobs failed, each with a reason that names it; one that holds a
+        job of this service (or owes a removal) is read in a session too, and if it answers
+        without a job it should hold (it restarted), that job fails. One taken for dead that
+        answers again is taken back, and what is owed there removed."""
         with self._cond:
             names = {pl.name for h in self.held.values() for pl in h.everywhere}
             names |= {pl.name for o in self._owed.values() for pl in o.places}
         with self._switch:
             self._revive()
             for pl in self.fabric().places():
-                if pl.name not in names or pl.name in self.dead:
+                if pl.name in self.dead:
                     continue
-                if not self._answers(pl):
+                if self.answers is not None and not self.answers(pl):
                     self._down(pl, f"nothing answers P4Runtime at {pl.grpc}")
+                    continue
+                if pl.name not in names:
                     continue
                 got = self._session_probe(pl)
                 if isinstance(got, str):
@@ -582,9 +587,9 @@ class JobService:
 
     def _down(self, pl: P.Place, why: str) -> None:
         """Take ``pl`` for dead (``_switch`` is held) and fail its jobs."""
-        self.dead[pl.name] = f"switch {pl.name} ({pl.grpc}) is unreachable: {why}"
-        log.error("%s: its jobs fail, and placement avoids it until it answers again",
-                  self.dead[pl.name])
+        self.dead[pl.name] = f"switch {pl.name} unreachable: {why}"
+        log.error("switch %s (%s) taken for dead (%s): its jobs fail, and placement avoids it "
+                  "until it answers again", pl.name, pl.grpc, why)
         self._fail([h for h in self._holding(pl)],
                    lambda h: f"switch {pl.name} ({pl.grpc}) is unreachable ({why}): job "
                              f"{h.job_id} failed", "switch unreachable")

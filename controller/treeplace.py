@@ -192,7 +192,7 @@ def place(f: P.Fabric, cfg: Config, job_id: int, name: str, ranks: Mapping[int, 
     down = [sj.place.name for sj in tp.jobs if dead and sj.place.name in dead]
     if down:
         assert dead is not None
-        raise Refusal("UNAVAILABLE", f"job {name!r} needs {', '.join(down)}, unreachable: "
+        raise Refusal("UNAVAILABLE", f"job {name!r} needs {', '.join(down)}: "
                                      + "; ".join(dead[n] for n in down)
                                      + " (join again once it is back)")
     try:

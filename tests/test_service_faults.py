@@ -187,3 +187,31 @@ def test_a_killed_leaf_fails_its_job_by_name_frees_the_tree_and_is_taken_back(tm
         s.close()
         for sp in sps.values():
             sp.kill()
+
+
+def test_a_dead_idle_leaf_keeps_no_join_waiting(tmp_path):
+    """leaf1 holds no job and is killed: once a probe has passed (a third of the lease), a
+    job under leaf2 joins at once, not after a session to leaf1 timed out (UNAVAILABLE after
+    about 11 s, before)."""
+    sps = {"spine": SoftProcess("spine", f"127.57.{NET}.254", tmp_path).start(),
+           "leaf1": SoftProcess("leaf1", f"127.57.{NET}.1", tmp_path).start(),
+           "leaf2": SoftProcess("leaf2", f"127.57.{NET}.2", tmp_path).start()}
+    cfg = parse({
+        "switch": {"name": "spine", "target": "soft", "grpc": sps["spine"].grpc,
+                   "ip": sps["spine"].ip},
+        "switches": [{"name": f"leaf{i}", "parent": "spine", "ip": sps[f"leaf{i}"].ip,
+                      "grpc": sps[f"leaf{i}"].grpc, "under": [f"127.58.{i}.0/24"]}
+                     for i in (1, 2)]})
+    s = Served(cfg, lease=3.0)
+    try:
+        sps["leaf1"].kill()
+        time.sleep(2.5)
+        t0 = time.monotonic()
+        got = s.join_all("under-leaf2", [("127.58.2.1", 20000), ("127.58.2.2", 20000)])
+        placed(got)
+        assert time.monotonic() - t0 < 2.0
+        assert got[0].place == "leaf2"
+    finally:
+        s.close()
+        for sp in sps.values():
+            sp.kill()

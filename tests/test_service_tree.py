@@ -378,7 +378,8 @@ def test_a_leaf_back_from_the_dead_still_holding_a_failed_job_is_cleaned_of_it()
         s.svc.renew(job, answers[1].worker, *addrs[1], answers[1].secret)
     (refusal,) = s.join_all("needs-leaf1", [(host(0, 1), 20000)]).values()
     assert isinstance(refusal, Refusal) and refusal.code == "UNAVAILABLE"
-    assert str(refusal).startswith("job 'needs-leaf1' needs leaf1, unreachable: switch leaf1")
+    assert str(refusal) == ("job 'needs-leaf1' needs leaf1: switch leaf1 unreachable: nothing "
+                            "answers P4Runtime at 127.0.0.1:9800 (join again once it is back)")
     under2 = s.join_all("under-leaf2", [(host(1, 1), 20000)])
     assert under2[0].place == "leaf2" and under2[0].job_id != job
     s.down.clear()
