@@ -174,6 +174,15 @@ PROBE_CONNECT = 0.5
 ONE_LINE_LOGGERS = ("homagg.serve", "homagg.service", "grpc._server", "grpc._common")
 
 
+def one_line_logs() -> None:
+    """Every record bounded and one line: those of ``ONE_LINE_LOGGERS`` (wherever they go),
+    and every record the root logger's handlers write (whatever logger it comes from)."""
+    for where in [logging.getLogger(n) for n in ONE_LINE_LOGGERS] + \
+            list(logging.getLogger().handlers):
+        if not any(isinstance(f, _OneLine) for f in where.filters):
+            where.addFilter(_OneLine())
+
+
 @dataclass
 class Server:
     """A running service: gRPC at ``address``, metrics at ``metrics_port`` (None: off)."""
@@ -280,10 +289,7 @@ def start(svc: JobService, listen: str, tls: tuple[Path, Path] | None = None,
     creds = _tls_credentials(tls) if tls is not None else None
     if svc.answers is None:  # a switch that refuses connections is down: its jobs fail
         svc.answers = lambda place: reachable(place.grpc, PROBE_CONNECT)
-    for name in ONE_LINE_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _OneLine) for f in logger.filters):
-            logger.addFilter(_OneLine())
+    one_line_logs()
     pool = futures.ThreadPoolExecutor(svc.opts.max_joins + RESERVED_THREADS, "homagg-serve")
     server = grpc.server(pool, options=[("grpc.so_reuseport", 0)])
     rpc.add_MembershipServicer_to_server(_Servicer(svc), server)

@@ -306,3 +306,26 @@ def test_p4runtime_over_tls_without_a_client_ca_is_refused_unless_said(tmp_path,
     assert any("over TLS WITHOUT client certificates (--grpc-tls-any-client)" in m
                for m in said), said
     assert any("in clear, WITHOUT client certificates" in m for m in said), said
+
+
+def test_a_record_of_any_logger_through_the_roots_handlers_is_bounded():
+    """What the service's process writes comes through the root logger's handlers: once
+    ``serve`` bounded them, a record of any logger (the placement's, a library's) is one
+    bounded line too."""
+    import io
+
+    from homagg.controller import serve
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        serve.one_line_logs()
+        logging.getLogger("homagg.placement.test-cap").warning("job %s:\n%s", "x" * 50_000,
+                                                               "\xff" * 50_000)
+    finally:
+        root.removeHandler(handler)
+    text = out.getvalue()
+    assert text.count("\n") == 1 and len(text) <= serve.LINE_LIMIT + 60, len(text)
+    assert "characters in all]" in text
