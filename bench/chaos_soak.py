@@ -29,6 +29,7 @@ import queue
 import random
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -406,6 +407,8 @@ def main(argv=None) -> int:
     logging.getLogger("homagg").setLevel(logging.ERROR)  # (each rank's failure is counted)
     if a.minutes <= 0 or a.max_jobs < 1 or not 0 < a.fault_min <= a.fault_max:
         parser().error("--minutes > 0, --max-jobs >= 1, 0 < --fault-min <= --fault-max")
+    # (SIGTERM ends it as Ctrl-C does: every process it started is killed on the way out)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))
     with tempfile.TemporaryDirectory(prefix="homagg-soak-") as tmp:
         soak = Soak(a, a.workdir or Path(tmp))
         try:
