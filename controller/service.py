@@ -20,6 +20,12 @@ across a switch call. A renewal takes only ``_cond``, for microseconds, so no jo
 switch can make a healthy job's lease run out; and a lease counts from when its renewal was
 *received* (the gRPC handler's first line), not processed.
 
+The lease thread also probes every place (``probe``): one whose P4Runtime port refuses
+connections is taken for dead (``dead``), its jobs failed with a reason that names it and taken
+off the rest of their trees, and no placement waits on it until it answers again. A removal a
+place could not take is owed (``_owed``), retried with backoff until the place is rid of the
+job; its id stays taken meanwhile, its name does not.
+
 The ranks of one attempt present one join secret, which its first rank fixes. Each worker gets a
 secret in its join's answer (``job_secret``), which Renew and Leave must present, and the job's
 key, which its packets carry. A join by a running job's name waits for that job to end: a name is
@@ -109,7 +115,7 @@ class JobService:
         #: place name -> why it is taken for dead: not waited on, probed until it answers
         #: again (``_switch`` guards it)
         self.dead: dict[str, str] = {}
-        self._probed = float("-inf")      # when the places holding jobs were last probed
+        self._probed = float("-inf")      # when the places were last probed
         self._waiting = 0                 # joins waiting now
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
@@ -304,6 +310,7 @@ class JobService:
         """Write the completed join's job (``_switch`` is held, ``_cond`` is not). Every check
         comes before the first write; a write that fails part-way is undone."""
         self._revive()
+        self._settle()  # (the removals owed that are due: a sender they hold is freed first)
         with self.fabric() as f:
             self.holder.check(f.session(f.switch))
             placed = f.list()
@@ -590,7 +597,7 @@ class JobService:
         self.dead[pl.name] = f"switch {pl.name} unreachable: {why}"
         log.error("switch %s (%s) taken for dead (%s): its jobs fail, and placement avoids it "
                   "until it answers again", pl.name, pl.grpc, why)
-        self._fail([h for h in self._holding(pl)],
+        self._fail(self._holding(pl),
                    lambda h: f"switch {pl.name} ({pl.grpc}) is unreachable ({why}): job "
                              f"{h.job_id} failed", "switch unreachable")
 
@@ -643,7 +650,7 @@ class JobService:
         return out
 
     def tend(self) -> None:
-        """The reaper's rounds beside the leases: the places holding jobs probed (every third
+        """The reaper's rounds beside the leases: every place probed (``probe``; every third
         of a lease, at most 2 s apart), and the removals owed tried again when due."""
         if self.deposed:
             return

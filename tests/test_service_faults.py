@@ -6,6 +6,7 @@ P4Runtime as ``homagg-ctl serve`` drives it; the service runs in this process.""
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -161,10 +162,11 @@ def test_a_killed_leaf_fails_its_job_by_name_frees_the_tree_and_is_taken_back(tm
         killed = time.monotonic()
         until(lambda: len(told) == 2, lease + 2, "the workers were not told")
         assert time.monotonic() - killed < lease
-        for r in (0, 1):
-            assert told[r].startswith(f"NOT_FOUND: job {job} (across) was removed: switch leaf1 "
-                                      f"({sps['leaf1'].grpc}) is unreachable"), told[r]
-            assert told[r].endswith(f"job {job} failed"), told[r]
+        for r in (0, 1):  # (told while the removal is under way, or once it is done)
+            assert re.match(rf"NOT_FOUND: job {job} \(across\) (was|is being) removed: switch "
+                            rf"leaf1 \({sps['leaf1'].grpc}\) is unreachable \(nothing answers "
+                            rf"P4Runtime at {sps['leaf1'].grpc}\): job {job} failed$",
+                            told[r]), told[r]
         assert jobs_on(sps["spine"]) == [] and jobs_on(sps["leaf2"]) == []
         assert s.svc.owed == {job: ["leaf1"]}
         # a job under leaf2 alone joins meanwhile; one that needs leaf1 is refused at once
@@ -191,8 +193,8 @@ def test_a_killed_leaf_fails_its_job_by_name_frees_the_tree_and_is_taken_back(tm
 
 def test_a_dead_idle_leaf_keeps_no_join_waiting(tmp_path):
     """leaf1 holds no job and is killed: once a probe has passed (a third of the lease), a
-    job under leaf2 joins at once, not after a session to leaf1 timed out (UNAVAILABLE after
-    about 11 s, before)."""
+    job under leaf2 joins at once, not refused once a session to leaf1 timed out
+    (UNAVAILABLE after 5 s or more, before)."""
     sps = {"spine": SoftProcess("spine", f"127.57.{NET}.254", tmp_path).start(),
            "leaf1": SoftProcess("leaf1", f"127.57.{NET}.1", tmp_path).start(),
            "leaf2": SoftProcess("leaf2", f"127.57.{NET}.2", tmp_path).start()}
@@ -209,7 +211,7 @@ def test_a_dead_idle_leaf_keeps_no_join_waiting(tmp_path):
         t0 = time.monotonic()
         got = s.join_all("under-leaf2", [("127.58.2.1", 20000), ("127.58.2.2", 20000)])
         placed(got)
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 4.0  # (a session to the dead leaf waited 5 s, before)
         assert got[0].place == "leaf2"
     finally:
         s.close()
