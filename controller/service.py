@@ -84,6 +84,9 @@ __all__ = ["HOLDER_CELL", "MAX_JOINS", "SERVICE_JOBS_CELL", "Answer", "Held", "J
 
 log = logging.getLogger("homagg.service")
 
+#: Seconds before a place whose port answers but whose session did not open is read again.
+HUNG_RETRY = 30.0
+
 class JobService:
     """Joins, leases and leaves, against the places of ``cfg`` (``connect`` opens a session:
     ``P4RuntimeSwitch``, or ``LocalSwitch`` in tests). Thread-safe: ``_cond`` guards the
@@ -116,6 +119,9 @@ class JobService:
         #: again (``_switch`` guards it)
         self.dead: dict[str, str] = {}
         self._probed = float("-inf")      # when the places were last probed
+        #: place name -> when to read it in a session again, after a session that did not
+        #: open though its port answers (hung, or slow: each try holds ``_switch`` a while)
+        self._hung: dict[str, float] = {}
         self._waiting = 0                 # joins waiting now
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
@@ -583,13 +589,16 @@ class JobService:
                 if self.answers is not None and not self.answers(pl):
                     self._down(pl, f"nothing answers P4Runtime at {pl.grpc}")
                     continue
-                if pl.name not in names:
+                if pl.name not in names or self._hung.get(pl.name, 0.0) > self._clock():
                     continue
                 got = self._session_probe(pl)
                 if isinstance(got, str):
                     if self.answers is None:  # (no cheaper sign: a failed session it is)
                         self._down(pl, got)
-                    continue  # (it accepts connections: slow or hung, its jobs kept)
+                    else:  # (it accepts connections: slow or hung, its jobs kept)
+                        self._hung[pl.name] = self._clock() + HUNG_RETRY
+                    continue
+                self._hung.pop(pl.name, None)
                 self._lost_on(pl, got)
 
     def _down(self, pl: P.Place, why: str) -> None:

@@ -427,3 +427,31 @@ def test_scrapes_at_once_share_a_reading_of_the_switches():
         t.join(60)
     assert len(got) == 50 and all(g for g in got)
     assert len(opened) <= 3 * 3, len(opened)  # three places a reading, three readings at most
+
+
+def test_a_hung_leaf_keeps_its_job_and_is_not_read_at_every_probe():
+    """leaf1's port answers but no session opens (hung, or slow): its job keeps its lease (the
+    data path may still run), and the probes read it again only after HUNG_RETRY, not every
+    time (each try holds the lock joins need)."""
+    from homagg.controller.p4client import SwitchError
+    from homagg.controller.service import HUNG_RETRY
+
+    s = Service(tree_data())
+    (a,) = s.join_all("under-leaf1", [(host(0, 0), 20000)]).values()
+    tried: list[str] = []
+
+    def hung(place):
+        if place.name == "leaf1":
+            tried.append(place.name)
+            raise SwitchError("switch leaf1 at 127.0.0.1:9800: no P4Runtime session")
+        return s.sw.connect(place)
+
+    s.svc._connect = hung
+    for _ in range(3):
+        s.svc.probe()
+        s.now += 1.0
+    assert tried == ["leaf1"] and a.job_id in s.svc.held and s.svc.dead == {}
+    s.svc.renew(a.job_id, a.worker, host(0, 0), 20000, a.secret)
+    s.now += HUNG_RETRY
+    s.svc.probe()
+    assert tried == ["leaf1", "leaf1"]
