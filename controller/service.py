@@ -84,8 +84,11 @@ __all__ = ["HOLDER_CELL", "MAX_JOINS", "SERVICE_JOBS_CELL", "Answer", "Held", "J
 
 log = logging.getLogger("homagg.service")
 
-#: Seconds before a place whose port answers but whose session did not open is read again.
+#: Seconds before a place whose port answers but whose session did not open, and took
+#: HUNG_AFTER seconds or more to say so, is read again (a refusal at once, "no pipeline" from
+#: a switch restarting, is read again at the next probe).
 HUNG_RETRY = 30.0
+HUNG_AFTER = 1.0
 
 class JobService:
     """Joins, leases and leaves, against the places of ``cfg`` (``connect`` opens a session:
@@ -591,12 +594,13 @@ class JobService:
                     continue
                 if pl.name not in names or self._hung.get(pl.name, 0.0) > self._clock():
                     continue
+                began = time.monotonic()
                 got = self._session_probe(pl)
                 if isinstance(got, str):
                     if self.answers is None:  # (no cheaper sign: a failed session it is)
                         self._down(pl, got)
-                    else:  # (it accepts connections: slow or hung, its jobs kept)
-                        self._hung[pl.name] = self._clock() + HUNG_RETRY
+                    elif time.monotonic() - began >= HUNG_AFTER:  # (slow or hung: its jobs
+                        self._hung[pl.name] = self._clock() + HUNG_RETRY  # kept, tried later)
                     continue
                 self._hung.pop(pl.name, None)
                 self._lost_on(pl, got)

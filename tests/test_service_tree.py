@@ -433,8 +433,10 @@ def test_a_hung_leaf_keeps_its_job_and_is_not_read_at_every_probe():
     """leaf1's port answers but no session opens (hung, or slow): its job keeps its lease (the
     data path may still run), and the probes read it again only after HUNG_RETRY, not every
     time (each try holds the lock joins need)."""
+    import time
+
     from homagg.controller.p4client import SwitchError
-    from homagg.controller.service import HUNG_RETRY
+    from homagg.controller.service import HUNG_AFTER, HUNG_RETRY
 
     s = Service(tree_data())
     (a,) = s.join_all("under-leaf1", [(host(0, 0), 20000)]).values()
@@ -443,6 +445,7 @@ def test_a_hung_leaf_keeps_its_job_and_is_not_read_at_every_probe():
     def hung(place):
         if place.name == "leaf1":
             tried.append(place.name)
+            time.sleep(HUNG_AFTER)  # (what a hung switch takes to fail a session, at least)
             raise SwitchError("switch leaf1 at 127.0.0.1:9800: no P4Runtime session")
         return s.sw.connect(place)
 
@@ -455,3 +458,25 @@ def test_a_hung_leaf_keeps_its_job_and_is_not_read_at_every_probe():
     s.now += HUNG_RETRY
     s.svc.probe()
     assert tried == ["leaf1", "leaf1"]
+
+
+def test_a_switch_that_refuses_a_session_at_once_is_read_at_every_probe():
+    """A port that answers and a session refused at once ("no pipeline": a switch started
+    again, not yet installed) is no hung switch: the next probe reads it again."""
+    from homagg.controller.p4client import SwitchError
+
+    s = Service(tree_data())
+    s.join_all("under-leaf1", [(host(0, 0), 20000)])
+    tried: list[str] = []
+
+    def fresh(place):
+        if place.name == "leaf1":
+            tried.append(place.name)
+            raise SwitchError("switch leaf1 has no pipeline; run homagg-ctl install")
+        return s.sw.connect(place)
+
+    s.svc._connect = fresh
+    for _ in range(3):
+        s.svc.probe()
+        s.now += 1.0
+    assert tried == ["leaf1"] * 3
