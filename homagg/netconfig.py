@@ -400,7 +400,8 @@ def _one_switch_an_address(switch: SwitchSpec, switches: Sequence[TreeSwitch],
                            fallback: FallbackSpec | None) -> None:
     """A tree's places, each at addresses of its own: two at one ``ip`` would take each
     other's packets, two at one ``grpc`` would be one switch written as two (a job removed
-    from one is removed from both)."""
+    from one is removed from both). A ``grpc`` that names no address (no ``:``, as the
+    in-process switches of ``bench.scale`` say) is not compared."""
     places = [("[switch]", switch.name, switch.ip, switch.grpc)]
     places += [("[[switches]]", s.name, s.ip, s.grpc) for s in switches]
     if fallback is not None:
@@ -409,6 +410,8 @@ def _one_switch_an_address(switch: SwitchSpec, switches: Sequence[TreeSwitch],
         seen: dict[str, tuple[str, str]] = {}
         for table, name, ip, grpc in places:
             value = ip if key == "ip" else grpc
+            if key == "grpc" and ":" not in value:
+                continue
             if value in seen:
                 raise ConfigError(f"switches: {name} ({table}) and {seen[value][1]} "
                                   f"({seen[value][0]}) are both at {key} {value!r}: each "
