@@ -144,9 +144,13 @@ def plan(cfg: Config, places: Mapping[str, P.Place], fallback: P.Place | None, j
                 short.append(f"{n} has {e.shortage}")
     port: dict[str, int] = {top: wire.HOMAGG_UDP_PORT_MIN}
     for n in order[1:]:
-        up_ip = where[tree.parent[n]].ip if tree.parent[n] in where else places[tree.parent[n]].ip
+        up = where.get(tree.parent[n], places[tree.parent[n]])
         taken = {j.uplink.src_port for j in installed.get(n, [])
-                 if j.uplink is not None and j.uplink.ip == up_ip}
+                 if j.uplink is not None and j.uplink.ip == up.ip}
+        # (and the ports the parent still has this switch send from: a job whose part here
+        # is gone, the switch started again, while its part there is not removed yet)
+        taken |= {w.udp_port for j in installed.get(up.name, []) for w in j.senders
+                  if w.ip == places[n].ip}
         free = [p for p in wire.HOMAGG_UDP_PORTS if p not in taken]
         if not free:
             short.append(f"{n} has no free uplink port to {tree.parent[n]} (all "

@@ -187,6 +187,17 @@ def test_the_root_falls_back_where_the_spine_is_full_and_its_leaves_go_up_there(
     assert {sj.spec.uplink.ip for sj in tp.jobs[1:]} == {"10.0.0.253"}
 
 
+def test_a_leaf_goes_up_from_a_port_its_parent_does_not_still_have_it_send_from():
+    """leaf1 started again, empty, while the spine still holds a failed job's part whose
+    worker is leaf1 at 0xBEE0 (not removed yet): a new job's leaf1 part goes up from 0xBEE1,
+    not refused later as 'already sends for job 9'."""
+    cfg = parse(tree_data())
+    stale = J.InstalledJob(9, (J.Sender(0, "10.0.8.1", 0xBEE0, 0),
+                               J.Sender(1, "10.0.8.2", 0xBEE0, 0)), 1, 0, 16, 10)
+    tp = plan_of(cfg, {0: (host(0, 0), 1), 1: (host(1, 0), 1)}, installed={"spine": [stale]})
+    assert [sj.spec.uplink.src_port for sj in tp.jobs[1:]] == [0xBEE1, 0xBEE1]
+
+
 def test_a_leaf_with_every_uplink_port_taken_refuses_the_job():
     cfg = parse(tree_data())
     from homagg.netconfig import Uplink
