@@ -13,7 +13,8 @@ one) through the service's own sessions, so the numbers are the data plane's, ne
     homagg_slots{switch, state}                            in use and free, of the pool
     homagg_job_slots{switch, job, name}                    each job's region
     homagg_service_jobs_placed_total, homagg_service_refusals_total{code},
-    homagg_service_removals_total{why}, homagg_service_jobs_held
+    homagg_service_removals_total{why}, homagg_service_jobs_held,
+    homagg_service_removals_owed                           released, not yet off a switch
 
 ``job`` is the job id, ``name`` the job's name where the service placed it and
 ``--metrics-job-names`` asks for it (else empty, as for jobs installed with the CLI or read
@@ -23,7 +24,9 @@ back after a restart): the page needs no token, and a name is what a join asks f
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -43,12 +46,30 @@ _JOB = {"JOB_STAT_ACCEPTED": ("homagg_job_packets_accepted", "packets accepted i
 
 
 class SwitchCollector:
-    """A prometheus_client collector: one switch read per scrape, under the service's lock."""
+    """A prometheus_client collector: the switches read under the service's lock by one
+    scrape at a time, and a scrape that waited for another's reading, begun after it
+    arrived, takes that one: 200 scrapes at once cost two readings, and a join waits for one
+    at most, never for 200 in turn."""
 
-    def __init__(self, svc: JobService):
+    def __init__(self, svc: JobService, clock: Callable[[], float] = time.monotonic):
         self.svc = svc
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._snapshot: list[Any] = []
+        self._begun = float("-inf")  # when the latest reading began
+        self.reads = 0  # readings of the switches so far
 
     def collect(self) -> Iterator[Any]:
+        arrived = self._clock()
+        with self._lock:
+            if self._begun < arrived:
+                self._begun = self._clock()
+                self._snapshot = list(self._read())
+                self.reads += 1
+            snapshot = self._snapshot
+        yield from snapshot
+
+    def _read(self) -> Iterator[Any]:
         svc = self.svc
         jobs = {k: CounterMetricFamily(m, h, labels=["switch", "job", "name"])
                 for k, (m, h) in _JOB.items()}
@@ -68,7 +89,10 @@ class SwitchCollector:
             held = len(svc.held)
             placed_total, refusals = svc.joined, dict(svc.refusals)
             removals = dict(svc.removals)
+            owed = len(svc._owed)
         with svc._switch:
+            for name in svc.dead:  # (taken for dead: not waited on)
+                up.add_metric([name], 0)
             try:
                 with svc.fabric() as f:
                     stats = f.stats()
@@ -116,6 +140,10 @@ class SwitchCollector:
         g = GaugeMetricFamily("homagg_service_jobs_held", "jobs whose leases the service holds")
         g.add_metric([], held)
         yield g
+        o = GaugeMetricFamily("homagg_service_removals_owed",
+                              "jobs released whose removal a switch has not taken yet")
+        o.add_metric([], owed)
+        yield o
 
 
 assert set(_JOB) == set(wire.JOB_STATS.values()), "a job counter without a metric"

@@ -12,7 +12,7 @@ is found by reading both. A job id is unique across the two, and so is a sender.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from homagg import _p4consts as P4
@@ -92,8 +92,13 @@ class Fabric:
     requests, and pushes a pipeline on install); each is opened on first use, so a config
     without a fallback, or a command that never needs it, does not wait for it."""
 
-    def __init__(self, cfg: Config, connect: Callable[[Place], Switch]):
+    def __init__(self, cfg: Config, connect: Callable[[Place], Switch],
+                 dead: Mapping[str, str] | None = None):
         self.cfg = cfg
+        #: places taken for dead (the service's probes: place name -> why), never waited on:
+        #: a session to one fails at once, and a tree's switch among them is left out of
+        #: ``list`` (the service knows what it placed there); None: every place is tried
+        self.dead = dead
         self.switch = switch_place(cfg)
         self.fallback = fallback_place(cfg)
         self.tree = tree_places(cfg)
@@ -103,6 +108,8 @@ class Fabric:
 
     def session(self, place: Place) -> Switch:
         if place.name not in self._sessions:
+            if self.dead is not None and place.name in self.dead:
+                raise SwitchError(self.dead[place.name])
             self._sessions[place.name] = self._connect(place)
         return self._sessions[place.name]
 
@@ -113,6 +120,8 @@ class Fabric:
         """Every place that answers; a fallback that does not is noted, not fatal: the
         switch's jobs are still worth listing."""
         for p in self.places():
+            if self.dead is not None and p.name in self.dead and p in self.tree:
+                continue
             try:
                 yield p, self.session(p)
             except SwitchError as e:

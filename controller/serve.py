@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from homagg.controller.p4client import reachable
 from homagg.controller.service import JobService, Refusal, ServeOptions
 from homagg.errors import ConfigError
 from homagg.membership import REFUSAL_KEY, pb2, rpc
@@ -101,6 +102,15 @@ class _Servicer(rpc.MembershipServicer):
         return self._answer(context, call)
 
 
+#: The most characters one value (an argument, an exception's repr) adds to a log line, and
+#: the most a whole line has, each after escaping: a client's bytes (a 4 MB malformed request,
+#: each byte escaped to four characters) cannot fill the log's disk.
+VALUE_LIMIT = 240
+LINE_LIMIT = 1000
+#: The most characters of a traceback (the service's own failures, which are bugs) logged.
+TRACEBACK_LIMIT = 8000
+
+
 def one_line(text: str) -> str:
     """``text`` with every character that is not printable (a newline, a carriage return, an
     escape sequence) written as its Python escape: a client's string cannot start a log line
@@ -110,23 +120,67 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def capped(text: str, limit: int = VALUE_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, with a marker that gives its whole length."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[cut: {len(text)} characters in all]"
+
+
+def _capped_arg(value: Any) -> Any:
+    """A log record's argument with its text capped (numbers stay numbers, for ``%d``;
+    the line's escaping comes after, on the whole message)."""
+    if isinstance(value, (int, float)) or value is None:
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value = bytes(value[:VALUE_LIMIT + 1])  # (its repr, 4 characters a byte, is cut below)
+    text = value if isinstance(value, str) else str(value)
+    return capped(text) if len(text) > VALUE_LIMIT else value
+
+
 class _OneLine(logging.Filter):
-    """Every record one line: what a client sent (a job name, a claimed address) escaped
-    where it is not printable, and gRPC's report of a malformed request (a traceback of about
-    1 KB a request, an easy way to fill a disk) cut to its first line and the error."""
+    """Every record one line, and bounded: what a client sent (a job name, a claimed address)
+    escaped where it is not printable and cut to ``VALUE_LIMIT`` characters a value, the line
+    to ``LINE_LIMIT``; gRPC's report of a malformed request (a traceback of about 1 KB a
+    request, an easy way to fill a disk) cut to its first line and the error's capped repr;
+    any other traceback cut to ``TRACEBACK_LIMIT``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
+        if isinstance(record.args, tuple):
+            record.args = tuple(_capped_arg(a) for a in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {k: _capped_arg(v) for k, v in record.args.items()}
+        try:
+            text = capped(one_line(record.getMessage()), LINE_LIMIT)
+        except Exception as e:  # (a bad format string: said, not raised at the handler)
+            text = capped(one_line(f"{record.msg!r} (log formatting failed: {e!r})"),
+                          LINE_LIMIT)
         if record.exc_info and "deserializ" in text:
-            text = f"{text} ({record.exc_info[1]!r})"
+            text = f"{text} ({capped(one_line(repr(record.exc_info[1])))})"
             record.exc_info = None
             record.exc_text = None
-        record.msg, record.args = one_line(text), ()
+        elif record.exc_info:
+            record.exc_text = capped(logging.Formatter().formatException(record.exc_info),
+                                     TRACEBACK_LIMIT)
+            record.exc_info = None
+        record.msg, record.args = text, ()
         return True
 
 
+#: Seconds a probe waits for a switch's P4Runtime port to accept a connection.
+PROBE_CONNECT = 0.5
+
 #: The loggers a request's strings reach: the service's, and gRPC's (malformed requests).
 ONE_LINE_LOGGERS = ("homagg.serve", "homagg.service", "grpc._server", "grpc._common")
+
+
+def one_line_logs() -> None:
+    """Every record bounded and one line: those of ``ONE_LINE_LOGGERS`` (wherever they go),
+    and every record the root logger's handlers write (whatever logger it comes from)."""
+    for where in [logging.getLogger(n) for n in ONE_LINE_LOGGERS] + \
+            list(logging.getLogger().handlers):
+        if not any(isinstance(f, _OneLine) for f in where.filters):
+            where.addFilter(_OneLine())
 
 
 @dataclass
@@ -233,10 +287,9 @@ def start(svc: JobService, listen: str, tls: tuple[Path, Path] | None = None,
     """Take the switch and read back this service's jobs from it, then serve. Metrics listen
     on ``metrics_addr``, by default the address the service listens on."""
     creds = _tls_credentials(tls) if tls is not None else None
-    for name in ONE_LINE_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _OneLine) for f in logger.filters):
-            logger.addFilter(_OneLine())
+    if svc.answers is None:  # a switch that refuses connections is down: its jobs fail
+        svc.answers = lambda place: reachable(place.grpc, PROBE_CONNECT)
+    one_line_logs()
     pool = futures.ThreadPoolExecutor(svc.opts.max_joins + RESERVED_THREADS, "homagg-serve")
     server = grpc.server(pool, options=[("grpc.so_reuseport", 0)])
     rpc.add_MembershipServicer_to_server(_Servicer(svc), server)

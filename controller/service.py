@@ -20,6 +20,12 @@ across a switch call. A renewal takes only ``_cond``, for microseconds, so no jo
 switch can make a healthy job's lease run out; and a lease counts from when its renewal was
 *received* (the gRPC handler's first line), not processed.
 
+The lease thread also probes every place (``probe``): one whose P4Runtime port refuses
+connections is taken for dead (``dead``), its jobs failed with a reason that names it and taken
+off the rest of their trees, and no placement waits on it until it answers again. A removal a
+place could not take is owed (``_owed``), retried with backoff until the place is rid of the
+job; its id stays taken meanwhile, its name does not.
+
 The ranks of one attempt present one join secret, which its first rank fixes. Each worker gets a
 secret in its join's answer (``job_secret``), which Renew and Leave must present, and the job's
 key, which its packets carry. A join by a running job's name waits for that job to end: a name is
@@ -33,13 +39,12 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from homagg import wire
 from homagg.controller import placement as P
 from homagg.controller import treeplace as T
 from homagg.controller.holder import HolderMark
-from homagg.controller.p4client import SwitchError
 from homagg.controller.service_state import (
     HOLDER_CELL,
     MAX_JOINS,
@@ -47,6 +52,7 @@ from homagg.controller.service_state import (
     SERVICE_JOBS_CELL,
     Answer,
     Held,
+    Owed,
     Pending,
     Refusal,
     ServeOptions,
@@ -59,6 +65,7 @@ from homagg.controller.service_state import (
     is_worker,
     job_secret,
     label,
+    not_yours,
     peer_ip,
     positive_seconds,
     ranks_text,
@@ -77,6 +84,12 @@ __all__ = ["HOLDER_CELL", "MAX_JOINS", "SERVICE_JOBS_CELL", "Answer", "Held", "J
 
 log = logging.getLogger("homagg.service")
 
+#: Seconds before a place whose port answers but whose session did not open, and took
+#: HUNG_AFTER seconds or more to say so, is read again (a refusal at once, "no pipeline" from
+#: a switch restarting, is read again at the next probe).
+HUNG_RETRY = 30.0
+HUNG_AFTER = 1.0
+
 class JobService:
     """Joins, leases and leaves, against the places of ``cfg`` (``connect`` opens a session:
     ``P4RuntimeSwitch``, or ``LocalSwitch`` in tests). Thread-safe: ``_cond`` guards the
@@ -84,8 +97,13 @@ class JobService:
 
     def __init__(self, cfg: Config, connect: Callable[[P.Place], Switch],
                  opts: ServeOptions | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 answers: Callable[[P.Place], bool] | None = None):
         self.cfg = cfg
+        #: whether something accepts connections at a place's P4Runtime address (``serve``:
+        #: a TCP connect); one that refuses is taken for dead, its jobs failed. None: a place
+        #: is dead when no session to it opens
+        self.answers = answers
         self.opts = opts if opts is not None else ServeOptions()
         self._connect = connect
         self._clock = clock
@@ -98,6 +116,15 @@ class JobService:
         # (its own workers' renewals are told why; anyone else, nothing of it)
         self._gone: dict[int, tuple[str, tuple[tuple[str, int], ...], bool]] = {}
         self._removed = 0                 # removals so far: a waiting join watches it move
+        #: job id -> its removal, not done everywhere yet: the id stays taken (``_cond``)
+        self._owed: dict[int, Owed] = {}
+        #: place name -> why it is taken for dead: not waited on, probed until it answers
+        #: again (``_switch`` guards it)
+        self.dead: dict[str, str] = {}
+        self._probed = float("-inf")      # when the places were last probed
+        #: place name -> when to read it in a session again, after a session that did not
+        #: open though its port answers (hung, or slow: each try holds ``_switch`` a while)
+        self._hung: dict[str, float] = {}
         self._waiting = 0                 # joins waiting now
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
@@ -113,7 +140,7 @@ class JobService:
             bool(s.under) for s in cfg.switches))
 
     def fabric(self) -> P.Fabric:
-        return P.Fabric(self.cfg, self._connect)
+        return P.Fabric(self.cfg, self._connect, self.dead)
 
     def recover(self, address: tuple[str, int] | None = None) -> list[Held]:
         """Take the switch (refused while another service holds it; ``address``: where this
@@ -291,13 +318,16 @@ class JobService:
     def _place(self, p: Pending) -> dict[int, Answer]:
         """Write the completed join's job (``_switch`` is held, ``_cond`` is not). Every check
         comes before the first write; a write that fails part-way is undone."""
+        self._revive()
+        self._settle()  # (the removals owed that are due: a sender they hold is freed first)
         with self.fabric() as f:
             self.holder.check(f.session(f.switch))
             placed = f.list()
             if f.unreachable:
                 raise Refusal("UNAVAILABLE", f"job {p.name!r}: " + "; ".join(
                     f"{n} unreachable: {why}" for n, why in f.unreachable.items()))
-            used = {pj.job.id for pj in placed}
+            with self._cond:  # (a dead switch's jobs are not listed: these are taken too)
+                used = {pj.job.id for pj in placed} | set(self.held) | set(self._owed)
             free = [i for i in range(1, wire.MAX_JOBS) if i not in used]
             if not free:
                 raise Refusal("RESOURCE_EXHAUSTED", f"job {p.name!r}: no free job id (all "
@@ -358,7 +388,8 @@ class JobService:
     def _place_tree(self, f: P.Fabric, p: Pending, placed: list[P.PlacedJob], job_id: int
                     ) -> dict[int, Answer]:
         """``_place`` on a tree of switches (``treeplace``): all of the job's tree, or none."""
-        tp, root, senders = T.place(f, self.cfg, job_id, p.name, p.ranks, p.slots, placed)
+        tp, root, senders = T.place(f, self.cfg, job_id, p.name, p.ranks, p.slots, placed,
+                                    self.dead)
         run = secrets.randbits(32) or 1
         with self._cond:
             h = Held(job_id, p.name, root, senders, [self._clock() + self.opts.lease] * p.world,
@@ -374,23 +405,19 @@ class JobService:
 
     def _holder(self, job_id: int, worker: int, ip: str, udp_port: int, secret: str) -> Held:
         """The job a lease request is for, once the request proved it comes from one of its
-        workers; until then, nothing of the job (its name, why it went) is told."""
+        workers (its address and its secret); until then, nothing of the job is told, not
+        even whether it exists: an unknown job, another worker's address and a wrong secret
+        are refused alike (``not_yours``)."""
         h = self.held.get(job_id)
         if h is None:
             gone = self._gone.get(job_id)
             if gone is not None and is_worker(self._key, gone[1], gone[2], job_id, worker,
                                               (ip, udp_port), secret):
                 raise Refusal("NOT_FOUND", gone[0])
-            raise Refusal("NOT_FOUND", f"job {job_id} is not one this service holds (not "
-                                       "placed by it, or removed)")
-        if not 0 <= worker < len(h.senders) or h.senders[worker] != (ip, udp_port):
-            raise Refusal("PERMISSION_DENIED", f"job {job_id}: {ip}:{udp_port} is not its "
-                                               f"worker {worker}")
+            raise not_yours(job_id, worker, ip, udp_port)
         if not is_worker(self._key, h.senders, h.checks_secret, job_id, worker, (ip, udp_port),
                          secret):
-            raise Refusal("PERMISSION_DENIED", f"job {job_id}: worker {worker}'s secret is "
-                                               "wrong (only the job's own workers, with the "
-                                               "secret their join returned, renew or leave it)")
+            raise not_yours(job_id, worker, ip, udp_port)
         if h.removing:
             raise Refusal("NOT_FOUND", f"{label(h)} is being removed: {h.removing}")
         return h
@@ -422,16 +449,17 @@ class JobService:
         return removed
 
     def _remove(self, h: Held, why: str, kind: str) -> bool:
-        """Remove ``h`` from its place (``_switch`` is held); False if the switch could not be
-        reached (the lease stays, and the reaper tries again). ``kind``: ``why`` without
-        names, for the metrics' label (a small, fixed set)."""
+        """Release ``h`` and remove it from its places (``_switch`` is held): True if it is
+        gone from every one. Where a place does not answer, the removal is owed (``_owed``:
+        its id stays taken, the reaper tries again); its name is free and its workers are
+        told ``why`` at once. False too, with nothing done, if another service took the switch
+        over. ``kind``: ``why`` without names, for the metrics' label (a small, fixed set)."""
+        with self._cond:
+            if self.held.get(h.job_id) is not h:
+                return True  # (another thread removed it)
         try:
-            with self.fabric() as f:
-                self.holder.check(f.session(f.switch))
-                for pl in reversed(h.everywhere):  # (a tree's leaves first)
-                    # (removed by hand already: the mark goes all the same)
-                    T.unmark(f.session(pl), h.job_id, remove=True)
-        except (SwitchError, Refusal) as e:
+            left = self._take_off(h.job_id, h.everywhere)
+        except Refusal as e:  # deposed: this service removes nothing now
             log.warning("job %d: cannot remove it (%s): %s", h.job_id, why, e)
             with self._cond:
                 h.removing = None
@@ -443,11 +471,173 @@ class JobService:
             self._gone[h.job_id] = (f"{text} was removed: {why}", h.senders, h.checks_secret)
             if len(self._gone) > PLACEMENTS_KEPT:
                 del self._gone[next(iter(self._gone))]
+            if left:
+                o = self._owed[h.job_id] = Owed(h.job_id, text, why, [pl for pl, _ in left])
+                o.retry_at = self._clock() + o.backoff()
             self.removals[kind] = self.removals.get(kind, 0) + 1
             self._removed += 1
             self._cond.notify_all()
+        if left:
+            log.warning("%s released (%s), but not removed yet from %s: %s; tried again until "
+                        "it is", text, why, ", ".join(pl.name for pl, _ in left),
+                        "; ".join(e for _, e in left))
+            return False
         log.info("%s removed from %s: %s", text, h.place.name, why)
         return True
+
+    def _take_off(self, job_id: int, places: Sequence[P.Place]) -> list[tuple[P.Place, str]]:
+        """Remove job ``job_id`` and its mark from each of ``places`` that answers (``_switch``
+        is held; a tree's leaves first); the places it is not removed from, with why. Raises
+        the holder's Refusal where another service took the switch over."""
+        with self.fabric() as f:
+            try:
+                self.holder.check(f.session(f.switch))
+            except Refusal:
+                raise
+            except HomaggError as e:  # the holder's switch down: nothing is removed, for now
+                return [(pl, str(e)) for pl in places]
+            left: list[tuple[P.Place, str]] = []
+            for pl in reversed(places):
+                try:
+                    # (removed by hand already, or a switch that came back empty: the mark
+                    # goes all the same)
+                    T.unmark(f.session(pl), job_id, remove=True)
+                except Refusal:
+                    raise
+                except HomaggError as e:
+                    left.append((pl, str(e)))
+            return left[::-1]
+
+    def _settle(self, force: bool = False) -> list[int]:
+        """Try the removals owed (``_switch`` is held) whose time has come (``force``: all),
+        on the places not taken for dead; the ids now gone from every place."""
+        now = self._clock()
+        with self._cond:
+            due = [o for o in self._owed.values()
+                   if (force or o.retry_at <= now) and any(pl.name not in self.dead
+                                                           for pl in o.places)]
+        done: list[int] = []
+        for o in due:
+            try:
+                left = dict((pl.name, e) for pl, e in self._take_off(
+                    o.job_id, [pl for pl in o.places if pl.name not in self.dead]))
+            except Refusal:
+                return done
+            with self._cond:
+                o.places = [pl for pl in o.places if pl.name in self.dead or pl.name in left]
+                if o.places:
+                    o.tries += 1
+                    o.retry_at = self._clock() + o.backoff()
+                else:
+                    del self._owed[o.job_id]
+                    done.append(o.job_id)
+            if o.places:
+                log.info("%s: still not removed from %s (try %d): %s", o.text,
+                         ", ".join(pl.name for pl in o.places), o.tries, "; ".join(left.values()))
+            else:
+                log.info("%s removed at last (%s), its id free again", o.text, o.why)
+        return done
+
+    @property
+    def owed(self) -> dict[int, list[str]]:
+        """The removals owed: job id -> the places that may still hold it."""
+        with self._cond:
+            return {i: [pl.name for pl in o.places] for i, o in self._owed.items()}
+
+    # -- the places' health ----------------------------------------------------------------
+    def _answers(self, pl: P.Place) -> bool:
+        return self.answers is None or self.answers(pl)
+
+    def _session_probe(self, pl: P.Place) -> int | str:
+        """The jobs mark of ``pl`` read in a session of its own (``_switch`` is held), or why
+        no session opens."""
+        try:
+            sw = self._connect(pl)
+            try:
+                return read_jobs_mark(sw)
+            finally:
+                sw.close()
+        except HomaggError as e:
+            return str(e)
+
+    def _revive(self) -> list[str]:
+        """Probe the places taken for dead (``_switch`` is held): each that answers again is
+        taken back, and what is owed there removed; their names."""
+        back: list[str] = []
+        for pl in [pl for pl in self.fabric().places() if pl.name in self.dead]:
+            if not self._answers(pl) or isinstance(self._session_probe(pl), str):
+                continue
+            del self.dead[pl.name]
+            log.warning("switch %s (%s) answers again: taken back into placement", pl.name,
+                        pl.grpc)
+            back.append(pl.name)
+        if back:
+            self._settle(force=True)
+        return back
+
+    def probe(self) -> None:
+        """Probe every place: one that refuses connections is taken for dead (so no join
+        waits on it) and its jobs failed, each with a reason that names it; one that holds a
+        job of this service (or owes a removal) is read in a session too, and if it answers
+        without a job it should hold (it restarted), that job fails. One taken for dead that
+        answers again is taken back, and what is owed there removed."""
+        with self._cond:
+            names = {pl.name for h in self.held.values() for pl in h.everywhere}
+            names |= {pl.name for o in self._owed.values() for pl in o.places}
+        with self._switch:
+            self._revive()
+            for pl in self.fabric().places():
+                if pl.name in self.dead:
+                    continue
+                if self.answers is not None and not self.answers(pl):
+                    self._down(pl, f"nothing answers P4Runtime at {pl.grpc}")
+                    continue
+                if pl.name not in names or self._hung.get(pl.name, 0.0) > self._clock():
+                    continue
+                began = time.monotonic()
+                got = self._session_probe(pl)
+                if isinstance(got, str):
+                    if self.answers is None:  # (no cheaper sign: a failed session it is)
+                        self._down(pl, got)
+                    elif time.monotonic() - began >= HUNG_AFTER:  # (slow or hung: its jobs
+                        self._hung[pl.name] = self._clock() + HUNG_RETRY  # kept, tried later)
+                    continue
+                self._hung.pop(pl.name, None)
+                self._lost_on(pl, got)
+
+    def _down(self, pl: P.Place, why: str) -> None:
+        """Take ``pl`` for dead (``_switch`` is held) and fail its jobs."""
+        self.dead[pl.name] = f"switch {pl.name} unreachable: {why}"
+        log.error("switch %s (%s) taken for dead (%s): its jobs fail, and placement avoids it "
+                  "until it answers again", pl.name, pl.grpc, why)
+        self._fail(self._holding(pl),
+                   lambda h: f"switch {pl.name} ({pl.grpc}) is unreachable ({why}): job "
+                             f"{h.job_id} failed", "switch unreachable")
+
+    def _lost_on(self, pl: P.Place, mask: int) -> None:
+        """Fail the jobs ``pl`` should hold and no longer marks (it restarted, or an operator
+        removed them)."""
+        lost = [h for h in self._holding(pl) if not mask >> h.job_id & 1]
+        self._fail(lost, lambda h: f"switch {pl.name} ({pl.grpc}) no longer holds job "
+                                   f"{h.job_id} (it restarted, or it was removed there): the "
+                                   "job failed", "switch lost the job")
+
+    def _holding(self, pl: P.Place) -> list[Held]:
+        with self._cond:
+            return [h for h in self.held.values()
+                    if not h.removing and any(x.name == pl.name for x in h.everywhere)]
+
+    def _fail(self, jobs: list[Held], why: Callable[[Held], str], kind: str) -> None:
+        """Remove ``jobs`` (``_switch`` is held), each telling its workers ``why(job)``."""
+        marked = []
+        with self._cond:
+            for h in jobs:
+                if self.held.get(h.job_id) is h and not h.removing:
+                    h.removing = why(h)
+                    marked.append(h)
+        for h in marked:
+            assert h.removing is not None
+            self._remove(h, h.removing, kind)
 
     def reap(self) -> list[int]:
         """Remove the jobs with a worker whose lease ran out; the ids removed."""
@@ -472,13 +662,26 @@ class JobService:
                     out.append(h.job_id)
         return out
 
+    def tend(self) -> None:
+        """The reaper's rounds beside the leases: every place probed (``probe``; every third
+        of a lease, at most 2 s apart), and the removals owed tried again when due."""
+        if self.deposed:
+            return
+        now = self._clock()
+        if now - self._probed >= min(self.opts.lease / 3, 2.0):
+            self._probed = now
+            self.probe()
+        with self._switch:
+            self._settle()
+
     def start(self) -> JobService:
         def loop():
             while not self._stop.wait(min(1.0, self.opts.lease / 4)):
-                try:
-                    self.reap()
-                except Exception:  # a switch hiccup must not end the leases
-                    log.exception("lease check failed")
+                for step in (self.reap, self.tend):
+                    try:
+                        step()
+                    except Exception:  # a switch hiccup must not end the leases
+                        log.exception("lease check failed")
 
         self._reaper = threading.Thread(target=loop, name="homagg-leases", daemon=True)
         self._reaper.start()

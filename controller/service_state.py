@@ -19,7 +19,7 @@ from homagg.controller import placement as P
 from homagg.controller.p4client import CounterValue
 from homagg.controller.switch import Switch
 from homagg.errors import ConfigError, HomaggError, JobError
-from homagg.membership import MIN_JOIN_SECRET
+from homagg.membership import MIN_JOIN_SECRET, secret_too_plain
 from homagg.netconfig import Config, Worker
 from homagg.treeconfig import Tree
 
@@ -144,6 +144,24 @@ class Held:
         return self.places or (self.place,)
 
 
+@dataclass
+class Owed:
+    """A removal not done everywhere yet (a switch down, or refusing): the job is no longer
+    served (its name is free, its workers told why), but its id stays taken until every place
+    that may still hold it is rid of it; the reaper tries again, backing off."""
+
+    job_id: int
+    text: str                     # the job as the log names it (``label``)
+    why: str                      # why it was removed
+    places: list[P.Place]         # where it may still be
+    tries: int = 1
+    retry_at: float = 0.0
+
+    def backoff(self) -> float:
+        """Seconds until the next try: 0.5 s doubling, at most 30 s."""
+        return min(0.5 * 2 ** (self.tries - 1), 30.0)
+
+
 def addr_text(a: tuple[str, int]) -> str:
     return f"{a[0]}:{a[1]}"
 
@@ -187,6 +205,10 @@ def check_join(opts: ServeOptions, name: str, rank: int, world: int, udp_port: i
                       "required, the same on every rank of the job (torch.distributed's homagg "
                       "backend draws one and shares it through torchrun's store; otherwise set "
                       "HOMAGG_JOIN_SECRET alike for every rank)")
+    plain = secret_too_plain(secret)
+    if plain is not None:
+        raise Refusal("INVALID_ARGUMENT", f"job {name!r}: {plain} (the same on every rank of "
+                                          "the job)")
     if not 1 <= world <= max_world:
         raise Refusal("INVALID_ARGUMENT", f"job {name!r}: world size {world}: 1 to "
                                           f"{max_world} workers per job" + (
@@ -217,8 +239,11 @@ def check_attempt(p: Pending, rank: int, world: int, slots: int, secret: str,
     if not hmac.compare_digest(p.secret.encode(), secret.encode()):
         raise Refusal("PERMISSION_DENIED",
                       f"job {name!r}: this join's secret is not the one the job's first rank "
-                      "gave: only a rank of the same attempt joins it (each attempt draws its "
-                      "own; HOMAGG_JOIN_SECRET must be alike on every rank)")
+                      "gave: another attempt, with a different join secret, holds this name "
+                      "now (a competing join by the same name, e.g. a stale or foreign one; or "
+                      "ranks of one attempt whose secrets differ: HOMAGG_JOIN_SECRET must be "
+                      "alike on every rank); only a rank of that attempt joins it, and the "
+                      "name is free again once it is placed or its ranks stop waiting")
     if p.world != world:
         raise Refusal("INVALID_ARGUMENT",
                       f"job {name!r}: rank {rank} joins with world size {world}, but "
@@ -317,6 +342,17 @@ def is_worker(key: bytes, senders: tuple[tuple[str, int], ...], checks_secret: b
         return False
     return not checks_secret or hmac.compare_digest(
         secret.encode(), job_secret(key, job_id, worker, sender).encode())
+
+
+def not_yours(job_id: int, worker: int, ip: str, udp_port: int) -> Refusal:
+    """The one refusal of a lease request that did not prove it is the job's worker: the
+    same for a job id nobody holds, another worker's address and a wrong secret, so that
+    Renew cannot list the jobs held, nor their workers' ports."""
+    return Refusal("PERMISSION_DENIED",
+                   f"job {job_id} worker {worker} at {ip}:{udp_port}: no lease of this service "
+                   "with this secret (only a job's own workers, from the address and with the "
+                   "secret their join returned, renew or leave it; a job that is gone, or "
+                   "never was, is refused alike)")
 
 
 def free_text(f: P.Fabric) -> str:

@@ -144,9 +144,13 @@ def plan(cfg: Config, places: Mapping[str, P.Place], fallback: P.Place | None, j
                 short.append(f"{n} has {e.shortage}")
     port: dict[str, int] = {top: wire.HOMAGG_UDP_PORT_MIN}
     for n in order[1:]:
-        up_ip = where[tree.parent[n]].ip if tree.parent[n] in where else places[tree.parent[n]].ip
+        up = where.get(tree.parent[n], places[tree.parent[n]])
         taken = {j.uplink.src_port for j in installed.get(n, [])
-                 if j.uplink is not None and j.uplink.ip == up_ip}
+                 if j.uplink is not None and j.uplink.ip == up.ip}
+        # (and the ports the parent still has this switch send from: a job whose part here
+        # is gone, the switch started again, while its part there is not removed yet)
+        taken |= {w.udp_port for j in installed.get(up.name, []) for w in j.senders
+                  if w.ip == places[n].ip}
         free = [p for p in wire.HOMAGG_UDP_PORTS if p not in taken]
         if not free:
             short.append(f"{n} has no free uplink port to {tree.parent[n]} (all "
@@ -178,15 +182,23 @@ def plan(cfg: Config, places: Mapping[str, P.Place], fallback: P.Place | None, j
 
 
 def place(f: P.Fabric, cfg: Config, job_id: int, name: str, ranks: Mapping[int, Address],
-          slots: int, placed: list[P.PlacedJob]
+          slots: int, placed: list[P.PlacedJob], dead: Mapping[str, str] | None = None
           ) -> tuple[TreePlan, P.Place, tuple[Address, ...]]:
     """Job ``name`` planned (``placed``: every place's jobs now) and written: its plan, its
-    root's place and its senders in tree order (what its leases name)."""
+    root's place and its senders in tree order (what its leases name). ``dead``: the switches
+    taken for dead (name -> why); a job that needs one is refused (UNAVAILABLE), one that
+    does not is placed all the same."""
     installed: dict[str, list[J.InstalledJob]] = {}
     for pj in placed:
         installed.setdefault(pj.place.name, []).append(pj.job)
     tp = plan(cfg, {pl.name: pl for pl in [f.switch, *f.tree]}, f.fallback, job_id, name, ranks,
               slots, installed)
+    down = [sj.place.name for sj in tp.jobs if dead and sj.place.name in dead]
+    if down:
+        assert dead is not None
+        raise Refusal("UNAVAILABLE", f"job {name!r} needs {', '.join(down)}: "
+                                     + "; ".join(dead[n] for n in down)
+                                     + " (join again once it is back)")
     try:
         written = write(f, tp)
     except JobError as e:  # a sender another job has: said, nothing left written

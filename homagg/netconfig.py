@@ -48,6 +48,7 @@ import dataclasses
 import ipaddress
 import secrets
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -327,6 +328,8 @@ def parse(data: dict) -> Config:
                           "[[switches]] below it")
     if fallback is not None and fallback.name in [s.name for s in switches]:
         raise ConfigError(f"switches: {fallback.name!r} is the [fallback]'s name")
+    if switches:
+        _one_switch_an_address(switch, switches, fallback)
     return Config(switch, tuple(hosts), tuple(jobs), fallback, switches)
 
 
@@ -391,6 +394,29 @@ def _render_tls(t: GrpcTls | None) -> list[str]:
         return []
     return [f"grpc_ca = {t.ca!r}"] + ([f"grpc_cert = {t.cert!r}", f"grpc_key = {t.key!r}"]
                                       if t.cert else [])
+
+
+def _one_switch_an_address(switch: SwitchSpec, switches: Sequence[TreeSwitch],
+                           fallback: FallbackSpec | None) -> None:
+    """A tree's places, each at addresses of its own: two at one ``ip`` would take each
+    other's packets, two at one ``grpc`` would be one switch written as two (a job removed
+    from one is removed from both). A ``grpc`` that names no address (no ``:``, as the
+    in-process switches of ``bench.scale`` say) is not compared."""
+    places = [("[switch]", switch.name, switch.ip, switch.grpc)]
+    places += [("[[switches]]", s.name, s.ip, s.grpc) for s in switches]
+    if fallback is not None:
+        places.append(("[fallback]", fallback.name, fallback.ip, fallback.grpc))
+    for key in ("ip", "grpc"):
+        seen: dict[str, tuple[str, str]] = {}
+        for table, name, ip, grpc in places:
+            value = ip if key == "ip" else grpc
+            if key == "grpc" and ":" not in value:
+                continue
+            if value in seen:
+                raise ConfigError(f"switches: {name} ({table}) and {seen[value][1]} "
+                                  f"({seen[value][0]}) are both at {key} {value!r}: each "
+                                  "switch of a tree needs addresses of its own")
+            seen[value] = (table, name)
 
 
 def render(cfg: Config) -> str:

@@ -194,7 +194,7 @@ class AgentConfig:
         the other ranks, default 120), HOMAGG_JOIN_RETRY (seconds to keep trying a service
         that cannot be reached, default 10)."""
         from homagg.host_agent.membership import join
-        from homagg.membership import MIN_JOIN_SECRET
+        from homagg.membership import MIN_JOIN_SECRET, secret_too_plain
 
         def need(name: str, why: str) -> str:
             value = env.get(name)
@@ -238,6 +238,9 @@ class AgentConfig:
                 "through torchrun's store; homagg-net gives one to what it runs; otherwise "
                 "draw one, e.g. python -c 'import secrets; print(secrets.token_hex(16))', and "
                 "give it to every rank)")
+        plain = secret_too_plain(secret)
+        if plain is not None:
+            raise AgentError(f"$HOMAGG_JOIN_SECRET: {plain}")
         ca = Path(env["HOMAGG_CA"]) if env.get("HOMAGG_CA") else None
         # an address of its own (HOMAGG_BIND) is claimed: the service takes it only where
         # the operator allows (NAT), and otherwise refuses it unless it is the one seen

@@ -15,7 +15,9 @@ needs it. If the service says the job is gone, ``lost`` says why (a timeout quot
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import logging
+import math
 import socket
 import threading
 import time
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from homagg import wire
 from homagg.host_agent.errors import AgentError
 from homagg.udpio import route_source
 
@@ -58,6 +61,45 @@ def open_channel(controller: str, ca: Path | None = None):
     except OSError as e:
         raise JoinError(f"HOMAGG_CA {ca}: {e.strerror}") from None
     return grpc.secure_channel(controller, grpc.ssl_channel_credentials(root_certificates=roots))
+
+
+#: The leases an agent takes from a service, in seconds: a renewal every third of one, so a
+#: shorter lease would spin and a longer one (or an infinite one) never renews in time.
+LEASE_RANGE = (0.1, 86400.0)
+
+
+def check_reply(r: Any, what: str) -> None:
+    """A JoinReply's fields checked before anything uses them (a service on a plaintext link
+    can be impersonated, a buggy one can say anything): a JoinError names the first field
+    that is out of range and its value, never a raw OverflowError, gaierror or struct.error
+    later. ``what``: "job NAME rank R", for the message."""
+    def bad(field: str, value: Any, want: str) -> JoinError:
+        return JoinError(f"{what}: the controller's answer is unusable: {field} {value!r} is "
+                         f"not {want}")
+
+    try:
+        ip = ipaddress.ip_address(r.send_to_ip)
+    except ValueError:
+        raise bad("send_to_ip", r.send_to_ip, "an IPv4 address") from None
+    if ip.version != 4:
+        raise bad("send_to_ip", r.send_to_ip, "an IPv4 address (the agent speaks IPv4 only)")
+    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise bad("send_to_ip", r.send_to_ip, "a unicast address")
+    checks: tuple[tuple[str, int, int, int], ...] = (
+        ("send_to_port", r.send_to_port, 1, 65535),
+        ("job_id", r.job_id, 1, wire.MAX_JOBS - 1),
+        ("workers", r.workers, 1, 1 << 16),
+        ("worker", r.worker, 0, r.workers - 1),
+        ("slots", r.slots, 1, wire.SLOTS),
+        ("leaf_workers", r.leaf_workers, 0, wire.MAX_WORKERS),
+        ("leaf_worker", r.leaf_worker, 0, max(r.leaf_workers - 1, 0)))
+    for field_name, value, low, high in checks:
+        if not low <= value <= high:
+            raise bad(field_name, value, f"in {low} to {high}")
+    lease = r.lease_seconds
+    if not (math.isfinite(lease) and LEASE_RANGE[0] <= lease <= LEASE_RANGE[1]):
+        raise bad("lease_seconds", lease, f"a finite number of seconds, {LEASE_RANGE[0]:g} to "
+                                          f"{LEASE_RANGE[1]:g}")
 
 
 @dataclass
@@ -116,7 +158,11 @@ class Membership:
             try:
                 self._stub.Renew(self._request(), timeout=every)
                 self.renewals += 1
-            except grpc.RpcError as e:
+            except Exception as e:  # noqa: BLE001 - the thread must outlive any one failure
+                if not isinstance(e, grpc.RpcError):
+                    log.warning("lease renewal of job %d worker %d failed (%s: %s), retrying",
+                                self.job_id, self.worker, type(e).__name__, e)
+                    continue
                 if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED,
                                 grpc.StatusCode.UNAUTHENTICATED):
                     self.lost = e.details()
@@ -208,6 +254,12 @@ def join(controller: str, token: str, name: str, rank: int, world: int,
                                 "CA)") from None
             raise JoinError(f"job {name!r} rank {rank}: the controller refused the join "
                             f"({code.name if code else '?'}): {e.details()}") from None
+    try:
+        check_reply(r, f"job {name!r} rank {rank}")
+    except JoinError:
+        sock.close()
+        channel.close()
+        raise
     log.info("joined %s as worker %d of %d: job %d on %s (%s:%d), run %d", name, r.worker,
              r.workers, r.job_id, r.place, r.send_to_ip, r.send_to_port, r.run)
     return Membership(controller, token, name, r.job_id, r.worker, r.workers, r.slots,

@@ -94,7 +94,8 @@ def test_a_worker_the_service_placed_in_a_tree_speaks_its_leafs_numbering(monkey
 
     monkeypatch.setattr(membership, "join", join)
     env = {"HOMAGG_CONTROLLER": "ctl:9600", "RANK": "5", "WORLD_SIZE": "16",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "HOMAGG_JOIN_SECRET": "s" * 32}
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+           "HOMAGG_JOIN_SECRET": "a join secret of this test"}
     cfg = AgentConfig.from_env(env)
     assert (cfg.job, cfg.worker, cfg.workers, cfg.local_workers) == (3, 2, 16, 8)
     assert cfg.siblings == ("leaf1", "leaf2") and cfg.switch == ("10.0.0.201", 48864)

@@ -39,6 +39,14 @@ pytestmark = pytest.mark.slow  # (conftest.py) services, leases and deadlines
 TOKEN = "s3cret"
 
 
+def not_yours(job: int, worker: int, port: int, ip: str = "127.0.0.1") -> str:
+    """The one refusal of a lease request that did not prove it is the job's worker."""
+    return (f"job {job} worker {worker} at {ip}:{port}: no lease of this service with this "
+            "secret (only a job's own workers, from the address and with the secret their "
+            "join returned, renew or leave it; a job that is gone, or never was, is refused "
+            "alike)")
+
+
 def secret_of(name: str) -> str:
     """The join secret every rank of job ``name`` presents, in these tests."""
     return f"join-secret-of/{name}"
@@ -630,7 +638,7 @@ def test_a_new_attempt_of_a_job_is_placed_once_the_old_ones_leases_lapse(tmp_pat
         assert new[0].job_id == old[0].job_id == job["id"]
         e = refused(lambda: rig.stub.Renew(rig.lease(old[0].job_id, 0, 40000, old[0].secret)))
         assert e.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert e.details() == f"job {job['id']}: 127.0.0.1:40000 is not its worker 0"
+        assert e.details() == not_yours(job["id"], 0, 40000)
         assert rig.svc.removals == {"lease expired": 1}
     finally:
         rig.close()
@@ -674,9 +682,7 @@ def test_another_token_holder_can_neither_renew_nor_end_a_job(rig):
         for call in (rig.stub.Renew, rig.stub.Leave):
             e = refused(lambda call=call, secret=secret: call(rig.lease(job, 0, 40000, secret)))
             assert e.code() == grpc.StatusCode.PERMISSION_DENIED
-            assert e.details() == (f"job {job}: worker 0's secret is wrong (only the job's own "
-                                   "workers, with the secret their join returned, renew or "
-                                   "leave it)")
+            assert e.details() == not_yours(job, 0, 40000)
     assert [j["id"] for j in rig.jobs()] == [job]
     assert rig.stub.Leave(rig.lease(job, 0, 40000, replies[0].secret)).removed is False
     assert rig.stub.Leave(rig.lease(job, 1, 40001, replies[1].secret)).removed is True

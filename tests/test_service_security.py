@@ -13,7 +13,14 @@ pytest.importorskip("p4runtime_sh")
 from homagg.controller.serve import ONE_LINE_LOGGERS, one_line  # noqa: E402
 from homagg.membership import pb2  # noqa: E402
 from tests.staging import wait_for  # noqa: E402
-from tests.test_service import TOKEN, Rig, join_all, refused, secret_of  # noqa: E402
+from tests.test_service import (  # noqa: E402
+    TOKEN,
+    Rig,
+    join_all,
+    not_yours,
+    refused,
+    secret_of,
+)
 
 VICTIM = "10.9.8.7:29500/victim-run-42"
 
@@ -57,6 +64,34 @@ def test_a_join_without_a_join_secret_is_refused(rig, secret):
     assert rig.jobs() == []
 
 
+@pytest.mark.parametrize("secret,distinct", [("a" * 16, 1), ("ab" * 12, 2),
+                                             ("abcdefg" * 4, 7)])
+def test_a_join_secret_that_varies_too_little_is_refused_saying_the_rule(rig, secret, distinct):
+    e = refused(lambda: rig.join("j", 0, 1, 40000, join_secret=secret))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.details().startswith(f"job 'j': the join secret varies too little ({distinct} "
+                                  "distinct characters, about "), e.details()
+    assert "at least 8 distinct characters and 48 bits" in e.details()
+    assert rig.jobs() == []
+
+
+def test_a_competing_join_is_said_to_hold_the_name(rig):
+    """A squatter joined the name first with its own secret: the real rank's refusal says
+    that another attempt holds the name, not only that its own secret is wrong."""
+    fut = rig.stub.Join.future(pb2.JoinRequest(
+        token=TOKEN, job=VICTIM, rank=0, world_size=2, udp_port=41666, wait_seconds=20,
+        join_secret="squatters-own-secret"), timeout=30)
+    try:
+        wait_for(lambda: VICTIM in rig.svc._pending, 10, "the squatter's join to wait")
+        e = refused(lambda: rig.join(VICTIM, 0, 2, 41000))
+    finally:
+        fut.cancel()
+    assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "another attempt, with a different join secret, holds this name now (a competing " \
+           "join by the same name" in e.details(), e.details()
+    assert "41666" not in e.details()
+
+
 def test_a_lease_request_is_told_of_a_job_only_by_its_own_worker(rig):
     """After the job is gone, Renew's NOT_FOUND says why to its own workers (their address
     and secret), and to anyone else nothing of it: not its name, nor its workers."""
@@ -66,12 +101,30 @@ def test_a_lease_request_is_told_of_a_job_only_by_its_own_worker(rig):
     assert rig.stub.Leave(rig.lease(job_id, 1, 41001, got[1].secret)).removed is True
     for asked in ((0, 41000, "a-guess"), (0, 41666, got[0].secret), (5, 41000, got[0].secret)):
         e = refused(lambda a=asked: rig.stub.Renew(rig.lease(job_id, *a)))
-        assert e.code() == grpc.StatusCode.NOT_FOUND
-        assert e.details() == (f"job {job_id} is not one this service holds (not placed by "
-                               "it, or removed)")
+        assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert e.details() == not_yours(job_id, asked[0], asked[1])
     e = refused(lambda: rig.stub.Renew(rig.lease(job_id, 0, 41000, got[0].secret)))
     assert e.code() == grpc.StatusCode.NOT_FOUND
     assert e.details() == f"job {job_id} ({VICTIM}) was removed: every worker left"
+
+
+def test_renew_cannot_tell_a_held_job_from_none(rig):
+    """Without the secret, a Renew or Leave of a held job (any worker, any port) is refused
+    exactly as one of a job id nobody holds: no list of the jobs held, nor of their workers'
+    ports, from about 24k Renews."""
+    got = join_all(rig, VICTIM, 2, ports=[41000, 41001])
+    held = got[0].job_id
+    free = held + 1
+    for call in (rig.stub.Renew, rig.stub.Leave):
+        for worker, port in ((0, 41000), (1, 41001), (0, 41001), (1, 41666)):
+            said = []
+            for job in (held, free):
+                e = refused(lambda c=call, j=job, w=worker, p=port: c(rig.lease(j, w, p, "")))
+                said.append((e.code(), e.details().replace(f"job {job} ", "job N ")))
+            assert said[0] == said[1] == (grpc.StatusCode.PERMISSION_DENIED,
+                                          not_yours(held, worker, port).replace(
+                                              f"job {held} ", "job N ")), said
+    assert [j["id"] for j in rig.jobs()] == [held]
 
 
 def test_a_running_jobs_lease_refusals_name_nothing_of_it(rig):
@@ -112,6 +165,65 @@ def test_a_malformed_request_is_logged_in_one_line(rig, caplog):
     for r in said:
         assert r.exc_info is None and r.exc_text is None
         assert "\n" not in r.getMessage() and len(r.getMessage()) < 400, r.getMessage()
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (what a client may send, valid or not)."""
+    n, varint = len(payload), b""
+    while True:
+        varint += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            return bytes([number << 3 | 2]) + varint + payload
+
+
+def test_a_huge_malformed_join_adds_a_few_hundred_bytes_to_the_log(rig):
+    """A Join whose job field is 3.9 MB of 0xff (not UTF-8), with no token, 3 times: the
+    service's log (every record as its handler writes it) grows by at most a few hundred
+    bytes a request, not by the request's repr (4 bytes a byte received)."""
+    import io
+
+    join = rig.channel.unary_unary("/homagg.membership.Membership/Join",
+                                   request_serializer=None, response_deserializer=None)
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as e:
+                join(_field(2, b"\xff" * 3_900_000), timeout=30)
+            assert e.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    text = out.getvalue()
+    assert "deserializ" in text, text[:2000]
+    assert len(text) < 3 * 600, (len(text), text[:2000])
+    assert "characters in all]" in text  # cut, and said so
+
+
+def test_any_record_of_the_one_line_loggers_is_bounded(caplog):
+    """Not only gRPC's: a service record with a long argument, and one with a long
+    exception, each stay within the line's and the traceback's caps."""
+    from homagg.controller import serve
+
+    log = logging.getLogger("homagg.serve.test-cap")
+    log.addFilter(serve._OneLine())
+    with caplog.at_level(logging.INFO, logger="homagg.serve.test-cap"):
+        log.info("job %r refused: %s", "\x00" * 100_000, "y" * 100_000)
+        try:
+            raise ValueError("z" * 100_000)
+        except ValueError:
+            log.exception("a request failed: %d", 7)
+    first, second = caplog.records[-2:]
+    assert len(first.getMessage()) <= serve.LINE_LIMIT + 60, len(first.getMessage())
+    assert "\n" not in first.getMessage() and "characters in all]" in first.getMessage()
+    assert second.getMessage() == "a request failed: 7"
+    assert second.exc_text is not None and len(second.exc_text) <= serve.TRACEBACK_LIMIT + 60
 
 
 def test_the_ranks_of_a_group_share_one_secret_through_its_store():
@@ -194,3 +306,26 @@ def test_p4runtime_over_tls_without_a_client_ca_is_refused_unless_said(tmp_path,
     assert any("over TLS WITHOUT client certificates (--grpc-tls-any-client)" in m
                for m in said), said
     assert any("in clear, WITHOUT client certificates" in m for m in said), said
+
+
+def test_a_record_of_any_logger_through_the_roots_handlers_is_bounded():
+    """What the service's process writes comes through the root logger's handlers: once
+    ``serve`` bounded them, a record of any logger (the placement's, a library's) is one
+    bounded line too."""
+    import io
+
+    from homagg.controller import serve
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        serve.one_line_logs()
+        logging.getLogger("homagg.placement.test-cap").warning("job %s:\n%s", "x" * 50_000,
+                                                               "\xff" * 50_000)
+    finally:
+        root.removeHandler(handler)
+    text = out.getvalue()
+    assert text.count("\n") == 1 and len(text) <= serve.LINE_LIMIT + 60, len(text)
+    assert "characters in all]" in text

@@ -187,6 +187,17 @@ def test_the_root_falls_back_where_the_spine_is_full_and_its_leaves_go_up_there(
     assert {sj.spec.uplink.ip for sj in tp.jobs[1:]} == {"10.0.0.253"}
 
 
+def test_a_leaf_goes_up_from_a_port_its_parent_does_not_still_have_it_send_from():
+    """leaf1 started again, empty, while the spine still holds a failed job's part whose
+    worker is leaf1 at 0xBEE0 (not removed yet): a new job's leaf1 part goes up from 0xBEE1,
+    not refused later as 'already sends for job 9'."""
+    cfg = parse(tree_data())
+    stale = J.InstalledJob(9, (J.Sender(0, "10.0.8.1", 0xBEE0, 0),
+                               J.Sender(1, "10.0.8.2", 0xBEE0, 0)), 1, 0, 16, 10)
+    tp = plan_of(cfg, {0: (host(0, 0), 1), 1: (host(1, 0), 1)}, installed={"spine": [stale]})
+    assert [sj.spec.uplink.src_port for sj in tp.jobs[1:]] == [0xBEE1, 0xBEE1]
+
+
 def test_a_leaf_with_every_uplink_port_taken_refuses_the_job():
     cfg = parse(tree_data())
     from homagg.netconfig import Uplink
@@ -206,6 +217,21 @@ def test_a_leaf_with_every_uplink_port_taken_refuses_the_job():
     assert tp.jobs[1].spec.uplink.src_port == tp.jobs[1].send_port == 0xBEE7
 
 
+@pytest.mark.parametrize("key,where", [("ip", "leaf1"), ("grpc", "leaf1"), ("ip", "spine"),
+                                       ("grpc", "fb")])
+def test_two_switches_of_a_tree_at_one_address_are_a_config_error(key, where):
+    data = tree_data(fallback=True)
+    place = {"spine": data["switch"], "fb": data["fallback"]}.get(where) or data["switches"][0]
+    place[key] = data["switches"][1][key]  # leaf2's
+    with pytest.raises(ConfigError) as e:
+        parse(data)
+    said = str(e.value)
+    assert said.startswith("switches: ") and "leaf2 ([[switches]])" in said, said
+    assert f"{where} ([" in said, said
+    assert said.endswith(f"are both at {key} {place[key]!r}: each switch of a tree needs "
+                         "addresses of its own"), said
+
+
 def test_an_address_under_no_switch_is_refused():
     cfg = parse(tree_data())
     with pytest.raises(Refusal, match=r"rank 1's address 10.9.9.9 sits under no switch"):
@@ -221,9 +247,10 @@ class Service:
         self.cfg = parse(data)
         self.sw = switches or Switches(self.cfg)
         self.now = 100.0
+        self.down: set[str] = set()  # the places that refuse connections (a probe's view)
         self.svc = JobService(self.cfg, self.sw.connect, ServeOptions(
             token=None, lease=lease, slots=16, key=KEY, max_joins=4096),
-            clock=lambda: self.now)
+            clock=lambda: self.now, answers=lambda pl: pl.name not in self.down)
         self.svc.recover()
 
     def join_all(self, name: str, addrs: list[tuple[str, int]]) -> dict:
@@ -265,7 +292,7 @@ def test_the_service_places_a_job_across_two_leaves_and_removes_it_from_all():
     # leases: renewed with each worker's secret; the last to leave removes it everywhere
     for r, a in answers.items():
         s.svc.renew(job, a.worker, *addrs[r], a.secret)
-    with pytest.raises(Refusal, match="secret is wrong"):
+    with pytest.raises(Refusal, match="no lease of this service with this secret"):
         s.svc.renew(job, a3.worker, *addrs[3], answers[4].secret)
     for r, a in sorted(answers.items()):
         assert s.svc.leave(job, a.worker, *addrs[r], a.secret) == (r == 15)
@@ -288,7 +315,7 @@ def test_a_restarted_service_reads_the_tree_job_back_and_reaps_it_everywhere():
     # the same workers, each known by the worker its answer named, its secret still good
     for r, a in answers.items():
         again.svc.renew(job, a.worker, *addrs[r], a.secret)
-    with pytest.raises(Refusal, match="is not its worker"):
+    with pytest.raises(Refusal, match="no lease of this service with this secret"):
         again.svc.renew(job, answers[0].worker, *addrs[1], answers[1].secret)
     # all but worker 0 keep renewing; its lease runs out and the job goes from every switch
     again.now += 4.0
@@ -342,3 +369,125 @@ def test_metrics_and_job_remove_cover_every_switch_of_the_tree():
     with Fabric(s.cfg, s.sw.connect) as f:
         assert f.remove(job).place.name == "spine"
     assert [s.sw.jobs(n) for n in ("spine", "leaf1", "leaf2")] == [[], [], []]
+
+
+def test_a_leaf_back_from_the_dead_still_holding_a_failed_job_is_cleaned_of_it():
+    """leaf1 stops answering (its tables kept, as a switch cut off and reconnected): the
+    probe fails the job by name and frees the spine and leaf2; a join that needs leaf1 is
+    refused, naming it. leaf1 answers again: the job is removed there too, nothing owed."""
+    s = Service(tree_data())
+    addrs = [(host(0, 0), 20000), (host(1, 0), 20000)]
+    answers = s.join_all("across", addrs)
+    job = answers[0].job_id
+    s.down.add("leaf1")
+    s.svc.probe()
+    assert [s.sw.jobs(n) for n in ("spine", "leaf2")] == [[], []]
+    assert [j.id for j in s.sw.jobs("leaf1")] == [job] and s.svc.owed == {job: ["leaf1"]}
+    with pytest.raises(Refusal, match=r"\(across\) was removed: switch leaf1 \(127.0.0.1:9800\) "
+                                      r"is unreachable \(nothing answers P4Runtime at "
+                                      r"127.0.0.1:9800\): job \d+ failed"):
+        s.svc.renew(job, answers[1].worker, *addrs[1], answers[1].secret)
+    (refusal,) = s.join_all("needs-leaf1", [(host(0, 1), 20000)]).values()
+    assert isinstance(refusal, Refusal) and refusal.code == "UNAVAILABLE"
+    assert str(refusal) == ("job 'needs-leaf1' needs leaf1: switch leaf1 unreachable: nothing "
+                            "answers P4Runtime at 127.0.0.1:9800 (join again once it is back)")
+    under2 = s.join_all("under-leaf2", [(host(1, 1), 20000)])
+    assert under2[0].place == "leaf2" and under2[0].job_id != job
+    s.down.clear()
+    s.svc.probe()
+    assert s.sw.jobs("leaf1") == [] and s.sw.mark("leaf1") == 0
+    assert s.svc.owed == {} and s.svc.dead == {}
+
+
+def test_a_switch_that_restarted_empty_fails_the_job_it_lost():
+    s = Service(tree_data())
+    (a,) = s.join_all("under-leaf2", [(host(1, 0), 20000)]).values()
+    s.sw.soft["leaf2"] = SoftSwitch()  # restarted between two probes: empty, no mark
+    s.svc.probe()
+    assert s.svc.held == {} and s.svc.owed == {}
+    with pytest.raises(Refusal, match=r"was removed: switch leaf2 \(127.0.0.1:9801\) no longer "
+                                      r"holds job \d+ \(it restarted"):
+        s.svc.renew(a.job_id, a.worker, host(1, 0), 20000, a.secret)
+
+
+def test_scrapes_at_once_share_a_reading_of_the_switches():
+    """50 scrapes at once, each switch session slow (50 ms): they share at most three
+    readings of the switches (not 50 in turn, each holding the lock a join needs)."""
+    pytest.importorskip("prometheus_client")
+    import time
+
+    from homagg.controller.metrics import SwitchCollector
+
+    s = Service(tree_data())
+    s.join_all("watched", [(host(0, 0), 20000), (host(1, 0), 20000)])
+    opened: list[str] = []
+
+    def slow(place):
+        opened.append(place.name)
+        time.sleep(0.05)
+        return s.sw.connect(place)
+
+    s.svc._connect = slow
+    collector = SwitchCollector(s.svc)
+    got: list = []
+    ts = [threading.Thread(target=lambda: got.append(list(collector.collect())))
+          for _ in range(50)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert len(got) == 50 and all(g for g in got)
+    assert len(opened) <= 3 * 3, len(opened)  # three places a reading, three readings at most
+
+
+def test_a_hung_leaf_keeps_its_job_and_is_not_read_at_every_probe():
+    """leaf1's port answers but no session opens (hung, or slow): its job keeps its lease (the
+    data path may still run), and the probes read it again only after HUNG_RETRY, not every
+    time (each try holds the lock joins need)."""
+    import time
+
+    from homagg.controller.p4client import SwitchError
+    from homagg.controller.service import HUNG_AFTER, HUNG_RETRY
+
+    s = Service(tree_data())
+    (a,) = s.join_all("under-leaf1", [(host(0, 0), 20000)]).values()
+    tried: list[str] = []
+
+    def hung(place):
+        if place.name == "leaf1":
+            tried.append(place.name)
+            time.sleep(HUNG_AFTER)  # (what a hung switch takes to fail a session, at least)
+            raise SwitchError("switch leaf1 at 127.0.0.1:9800: no P4Runtime session")
+        return s.sw.connect(place)
+
+    s.svc._connect = hung
+    for _ in range(3):
+        s.svc.probe()
+        s.now += 1.0
+    assert tried == ["leaf1"] and a.job_id in s.svc.held and s.svc.dead == {}
+    s.svc.renew(a.job_id, a.worker, host(0, 0), 20000, a.secret)
+    s.now += HUNG_RETRY
+    s.svc.probe()
+    assert tried == ["leaf1", "leaf1"]
+
+
+def test_a_switch_that_refuses_a_session_at_once_is_read_at_every_probe():
+    """A port that answers and a session refused at once ("no pipeline": a switch started
+    again, not yet installed) is no hung switch: the next probe reads it again."""
+    from homagg.controller.p4client import SwitchError
+
+    s = Service(tree_data())
+    s.join_all("under-leaf1", [(host(0, 0), 20000)])
+    tried: list[str] = []
+
+    def fresh(place):
+        if place.name == "leaf1":
+            tried.append(place.name)
+            raise SwitchError("switch leaf1 has no pipeline; run homagg-ctl install")
+        return s.sw.connect(place)
+
+    s.svc._connect = fresh
+    for _ in range(3):
+        s.svc.probe()
+        s.now += 1.0
+    assert tried == ["leaf1"] * 3

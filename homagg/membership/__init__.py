@@ -17,6 +17,7 @@ conflict:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from homagg.membership import membership_pb2 as _pb2
@@ -32,8 +33,28 @@ PROTO = "homagg/membership/membership.proto"
 REFUSAL_KEY = "homagg-refusal"
 #: The shortest join secret (JoinRequest.join_secret) the service takes.
 MIN_JOIN_SECRET = 16
+#: The fewest distinct characters, and the fewest bits (its length times log2 of its distinct
+#: characters: a generous estimate for a chosen one), of a join secret the service takes.
+MIN_SECRET_CHARS = 8
+MIN_SECRET_BITS = 48
 GENERATOR = "grpcio-tools==1.49.1"
 #: where the generator lives: in the venv's directory, outside its site-packages
 PROTOGEN_DIR = "protogen"
 
-__all__ = ["GENERATOR", "MIN_JOIN_SECRET", "PROTO", "PROTOGEN_DIR", "REFUSAL_KEY", "pb2", "rpc"]
+__all__ = ["GENERATOR", "MIN_JOIN_SECRET", "MIN_SECRET_BITS", "MIN_SECRET_CHARS", "PROTO",
+           "PROTOGEN_DIR", "REFUSAL_KEY", "pb2", "rpc", "secret_too_plain"]
+
+
+def secret_too_plain(secret: str) -> str | None:
+    """Why ``secret`` varies too little to be a join secret (one character repeated, a short
+    pattern), or None. A token holder may guess at a pending attempt's secret for as long as
+    its ranks wait: the rule is at least MIN_SECRET_CHARS distinct characters and
+    MIN_SECRET_BITS bits (length x log2(distinct characters)); 32 hex digits have about 128."""
+    distinct = len(set(secret))
+    bits = len(secret) * math.log2(distinct) if distinct > 1 else 0.0
+    if distinct >= MIN_SECRET_CHARS and bits >= MIN_SECRET_BITS:
+        return None
+    return (f"the join secret varies too little ({distinct} distinct characters, about "
+            f"{bits:.0f} bits): at least {MIN_SECRET_CHARS} distinct characters and "
+            f"{MIN_SECRET_BITS} bits (its length x log2 of its distinct characters) are "
+            "required; draw one, e.g. python -c 'import secrets; print(secrets.token_hex(16))'")
