@@ -447,7 +447,7 @@ def test_a_hung_leaf_keeps_its_job_and_is_not_read_at_every_probe():
     import time
 
     from homagg.controller.p4client import SwitchError
-    from homagg.controller.service import HUNG_AFTER, HUNG_RETRY
+    from homagg.controller.service_upkeep import HUNG_AFTER, HUNG_RETRY
 
     s = Service(tree_data())
     (a,) = s.join_all("under-leaf1", [(host(0, 0), 20000)]).values()
