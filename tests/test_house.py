@@ -117,4 +117,4 @@ def test_an_import_of_the_tests_outside_tests_is_found(tmp_path):
         "tests/test_y.py": "from tests import staging\n",
         "bmv2_tests/test_z.py": "from tests.staging import agent_address\n",
     })
-    assert sorted(house.test_imports(root)) == ["bench/a.py:2", "bench/b.py:1"]
+    assert sorted(house.tests_imported(root)) == ["bench/a.py:2", "bench/b.py:1"]

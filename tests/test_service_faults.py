@@ -121,12 +121,9 @@ def test_a_killed_aggregators_job_name_joins_again_once_it_is_back(tmp_path):
         agg.kill()
 
 
-def test_a_killed_leaf_fails_its_job_by_name_frees_the_tree_and_is_taken_back(tmp_path):
-    """A 2-leaf job; leaf1 is killed while its workers still renew. Within one lease the job
-    fails, its workers told that leaf1 is unreachable, and the spine and leaf2 hold nothing
-    of it; a job wholly under leaf2 joins meanwhile, one that needs leaf1 is refused at once,
-    naming it. leaf1 started again: a job across both leaves joins, and nothing is owed."""
-    lease = 3.0
+def _two_leaves(tmp_path):
+    """A spine and two leaves, each a software aggregator process, and their tree config
+    (hosts 127.58.1.0/24 under leaf1, 127.58.2.0/24 under leaf2)."""
     sps = {"spine": SoftProcess("spine", f"127.57.{NET}.254", tmp_path).start(),
            "leaf1": SoftProcess("leaf1", f"127.57.{NET}.1", tmp_path).start(),
            "leaf2": SoftProcess("leaf2", f"127.57.{NET}.2", tmp_path).start()}
@@ -136,6 +133,16 @@ def test_a_killed_leaf_fails_its_job_by_name_frees_the_tree_and_is_taken_back(tm
         "switches": [{"name": f"leaf{i}", "parent": "spine", "ip": sps[f"leaf{i}"].ip,
                       "grpc": sps[f"leaf{i}"].grpc, "under": [f"127.58.{i}.0/24"]}
                      for i in (1, 2)]})
+    return sps, cfg
+
+
+def test_a_killed_leaf_fails_its_job_by_name_frees_the_tree_and_is_taken_back(tmp_path):
+    """A 2-leaf job; leaf1 is killed while its workers still renew. Within one lease the job
+    fails, its workers told that leaf1 is unreachable, and the spine and leaf2 hold nothing
+    of it; a job wholly under leaf2 joins meanwhile, one that needs leaf1 is refused at once,
+    naming it. leaf1 started again: a job across both leaves joins, and nothing is owed."""
+    lease = 3.0
+    sps, cfg = _two_leaves(tmp_path)
     s = Served(cfg, lease=lease)
     stop = threading.Event()
     try:
@@ -197,15 +204,7 @@ def test_a_dead_idle_leaf_keeps_no_join_waiting(tmp_path):
     """leaf1 holds no job and is killed: once a probe has passed (a third of the lease), a
     job under leaf2 joins at once, not refused once a session to leaf1 timed out
     (UNAVAILABLE after 5 s or more, before)."""
-    sps = {"spine": SoftProcess("spine", f"127.57.{NET}.254", tmp_path).start(),
-           "leaf1": SoftProcess("leaf1", f"127.57.{NET}.1", tmp_path).start(),
-           "leaf2": SoftProcess("leaf2", f"127.57.{NET}.2", tmp_path).start()}
-    cfg = parse({
-        "switch": {"name": "spine", "target": "soft", "grpc": sps["spine"].grpc,
-                   "ip": sps["spine"].ip},
-        "switches": [{"name": f"leaf{i}", "parent": "spine", "ip": sps[f"leaf{i}"].ip,
-                      "grpc": sps[f"leaf{i}"].grpc, "under": [f"127.58.{i}.0/24"]}
-                     for i in (1, 2)]})
+    sps, cfg = _two_leaves(tmp_path)
     s = Served(cfg, lease=3.0)
     try:
         sps["leaf1"].kill()

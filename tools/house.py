@@ -238,6 +238,18 @@ def conflict_markers(root: Path) -> list[str]:
     return out
 
 
+def _python_trees(root: Path) -> Iterator[tuple[str, ast.Module]]:
+    """The tree's Python files that parse: (path from ROOT, its syntax tree)."""
+    for path in _tracked(root):
+        if path.suffix != ".py":
+            continue
+        try:
+            tree = ast.parse(path.read_text(), str(path))
+        except (OSError, UnicodeDecodeError, SyntaxError):
+            continue
+        yield path.relative_to(root).as_posix(), tree
+
+
 def _is_sys_path(node: ast.AST) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "path" \
         and isinstance(node.value, ast.Name) and node.value.id == "sys"
@@ -247,13 +259,7 @@ def sys_path_patches(root: Path) -> list[str]:
     """Where a Python file changes ``sys.path``: a call of one of its methods, an assignment
     to it or to a slice of it."""
     out = []
-    for path in _tracked(root):
-        if path.suffix != ".py":
-            continue
-        try:
-            tree = ast.parse(path.read_text(), str(path))
-        except (OSError, UnicodeDecodeError, SyntaxError):
-            continue
+    for rel, tree in _python_trees(root):
         for node in ast.walk(tree):
             hit = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                    and _is_sys_path(node.func.value)) or (
@@ -262,7 +268,7 @@ def sys_path_patches(root: Path) -> list[str]:
                         for t in (node.targets if isinstance(node, ast.Assign)
                                   else [node.target])))
             if hit:
-                out.append(f"{path.relative_to(root).as_posix()}:{getattr(node, 'lineno', 0)}")
+                out.append(f"{rel}:{getattr(node, 'lineno', 0)}")
     return out
 
 
@@ -275,16 +281,11 @@ def _imported(node: ast.AST) -> list[str]:
     return []
 
 
-def test_imports(root: Path) -> list[str]:
+def tests_imported(root: Path) -> list[str]:
     """Where a Python file outside the test suites imports a module of tests/."""
     out = []
-    for path in _tracked(root):
-        rel = path.relative_to(root).as_posix()
-        if path.suffix != ".py" or rel.startswith(TEST_SUITES) or rel == "conftest.py":
-            continue
-        try:
-            tree = ast.parse(path.read_text(), str(path))
-        except (OSError, UnicodeDecodeError, SyntaxError):
+    for rel, tree in _python_trees(root):
+        if rel.startswith(TEST_SUITES) or rel == "conftest.py":
             continue
         for node in ast.walk(tree):
             if any(m == "tests" or m.startswith("tests.") for m in _imported(node)):
@@ -300,7 +301,7 @@ def problems(root: Path) -> list[str]:
     out += [f"a second P4Info conversion: {p}" for p in p4info_conversions(known)]
     out += [f"merge-conflict marker: {p}" for p in conflict_markers(root)]
     out += [f"a sys.path patch: {p}" for p in sys_path_patches(root)]
-    out += [f"an import of the tests outside the test suites: {p}" for p in test_imports(root)]
+    out += [f"an import of the tests outside the test suites: {p}" for p in tests_imported(root)]
     return out
 
 
