@@ -178,13 +178,14 @@ class HomaggProcessGroup(dist.ProcessGroup):
 
         def job(behind: Behind | None = None) -> None:
             try:
-                with torch.no_grad():  # outputs are written as gloo's C++ does: no autograd
-                    result = run() if offer is None else run(behind)
+                try:
+                    with torch.no_grad():  # outputs are written as gloo's C++ does: no autograd
+                        result = run() if offer is None else run(behind)
+                finally:
+                    event.__exit__(None, None, None)
             except BaseException as err:  # noqa: BLE001 - raised where the work is waited on
-                event.__exit__(None, None, None)
                 fut.set_exception(err)
                 return
-            event.__exit__(None, None, None)
             fut.set_result(result)
 
         event.__enter__()
@@ -409,7 +410,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
         if self.scatter_via != "switch" or not self._has_job():
             return None
         op = _reduce_op(opts)
-        why = switch_refuses(self._has_job(), inputs, op)
+        why = switch_refuses(True, inputs, op)  # (a group without a job returned above)
         if why is None and any(t.is_sparse for t in inputs):
             why = "a sparse reduce_scatter goes to gloo"
         if why is not None:
