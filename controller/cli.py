@@ -2,6 +2,7 @@
 
     homagg-ctl build [--words K]                  compile p4/ (p4c-bm2-ss); K words per packet
     homagg-ctl build --target tofino [--json]     compile p4/tofino (bf-p4c); its resources
+    homagg-ctl build --target tofino --testgen N  tests from p4testgen, through the model
     homagg-ctl -c net.toml install                load the pipeline, base forwarding, the jobs
     homagg-ctl -c net.toml job add 1              install job 1 from the config
     homagg-ctl -c net.toml job add 2 --slots 32 --worker h1:50001 --worker h2:50001
@@ -82,6 +83,10 @@ def parser() -> argparse.ArgumentParser:
                    help="bmv2 (default: p4/homagg.p4 with p4c-bm2-ss), or tofino / tofino2 "
                         "(p4/tofino/homagg_tna.p4 with bf-p4c, then its resource table)")
     b.add_argument("--json", action="store_true", help="tofino: the resource table as JSON")
+    b.add_argument("--testgen", type=int, metavar="N",
+                   help="tofino: instead of compiling, generate at most N tests from the TNA "
+                        "program (p4testgen) and replay each through the switch model")
+    b.add_argument("--seed", type=int, default=1, help="--testgen: p4testgen's seed")
 
     i = sub.add_parser("install", help="push pipeline, base forwarding and the config's jobs")
     i.add_argument("--no-jobs", action="store_true", help="do not install the config's jobs")
@@ -263,6 +268,12 @@ def run(a) -> int:
         if a.words not in (None, build_tofino.WORDS):
             raise ConfigError(f"--words {a.words}: the TNA program adds "
                               f"{build_tofino.WORDS} values per pass")
+        if a.testgen is not None:
+            from homagg.controller import tna_testgen
+
+            summary = tna_testgen.run(a.testgen, a.seed, a.build_target)
+            print(summary.render())
+            return 0 if summary.count("disagreed") == 0 else 1
         out, table = build_tofino.build(a.build_target)
         if a.json:
             print(json.dumps(table.to_json(), indent=2))

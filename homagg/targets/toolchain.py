@@ -19,9 +19,12 @@ TOOLS = {
     "simple_switch_grpc": "HOMAGG_BMV2",
     "simple_switch_CLI": "HOMAGG_BMV2_CLI",
     "bf-p4c": "HOMAGG_BF_P4C",  # p4c's driver for p4c-barefoot (Tofino): docs/deploy.md
+    "p4testgen": "HOMAGG_P4TESTGEN",  # P4Tools' test generator, with its Tofino target
 }
 #: where the docs say how to get a tool, where not README's "bmv2 and p4c"
-WHERE = {"bf-p4c": "docs/deploy.md, 'Tofino': p4c built with -DENABLE_TOFINO=ON"}
+WHERE = {"bf-p4c": "docs/deploy.md, 'Tofino': p4c built with -DENABLE_TOFINO=ON",
+         "p4testgen": "docs/deploy.md, 'Tofino': p4c built with -DENABLE_TOFINO=ON "
+                      "-DENABLE_TEST_TOOLS=ON"}
 README_BMV2 = "README, 'bmv2 and p4c'"
 
 

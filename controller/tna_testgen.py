@@ -1,0 +1,316 @@
+"""Tests generated from the TNA program by P4Testgen's Tofino target, replayed through the
+switch model (``homagg.switch_model.tna``): has the program ever run? This is its executor,
+written by nobody here.
+
+    homagg-ctl build --target tofino --testgen N [--seed S]
+
+runs ``p4testgen`` (p4c's P4Tools, on PATH or ``$HOMAGG_P4TESTGEN``) on
+p4/tofino/homagg_tna.p4 for at most N tests, seeded, preferring paths that cover new
+statements; it writes them as PTF (the only test back end that carries the register cells a
+test starts from) under the state directory, and for each test compares the frame P4Testgen
+says leaves (and on which port), or its drop, with the model's answer for that pass, from the
+same table entries and register cells. Each test ends as one of:
+
+- **agreed**: the same frame on the same port (bits P4Testgen leaves undecided aside), or both
+  drop;
+- **declared**: it agrees once a difference the TNA design declares is taken in
+  (``tna.DIFFERENCES``), named;
+- **outside**: its table entries or registers are no state homagg's control plane and
+  protocol reach (a job entry homagg-ctl never writes, bookkeeping cells that disagree with
+  each other): there is no model state to compare with, and the reason is named;
+- **disagreed**: anything else, a bug in the program or the model.
+
+It prints those counts and P4Testgen's statement coverage of the program.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import re
+import subprocess
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from homagg import paths
+from homagg.errors import HomaggError
+from homagg.switch_model import tna
+from homagg.targets.toolchain import require
+
+#: target -> (architecture, the recirculation port its pipe 0 uses: p4/tofino/include/size.p4)
+TARGETS = {"tofino": "tna", "tofino2": "t2na"}
+
+#: a table's keys as its entries name them (the P4 @name, or the field's last part)
+KEY_NAMES = {"job_workers": ("src_addr", "src_port"), "local_ip": ("dst_addr",),
+             "arp_proxy": ("tpa",), "aggregators": ("src_addr", "port"),
+             "ipv4_route": ("dst_addr",), "result_dst": ("job", "rid")}
+
+
+class TestgenError(HomaggError):
+    pass
+
+
+@dataclass
+class GenTest:
+    """One generated test: its name, the frame sent and the port, the frame expected (with the
+    bits P4Testgen leaves undecided) and its port, or None for a drop; the tables and the
+    register cells it starts from; the statement coverage reached when it was written."""
+
+    name: str
+    port: int
+    frame: bytes
+    out_port: int | None
+    out_frame: bytes | None
+    dont_care: list[tuple[int, int]]          # (first bit, bits)
+    tables: tna.Tables
+    registers: dict[str, dict[int, dict[str, int]]]
+    coverage: float = 0.0
+    trace: str = ""
+
+
+@dataclass
+class Result:
+    test: GenTest
+    outcome: str                  # agreed, declared, outside, disagreed
+    detail: str = ""
+    declared: tuple[str, ...] = ()
+
+
+@dataclass
+class Summary:
+    results: list[Result] = field(default_factory=list)
+    coverage: float = 0.0
+
+    def count(self, outcome: str) -> int:
+        return sum(r.outcome == outcome for r in self.results)
+
+    def render(self) -> str:
+        n = len(self.results)
+        lines = [f"tests generated     {n}",
+                 f"agreed              {self.count('agreed')}",
+                 f"declared            {self.count('declared')}"]
+        by = Counter(d for r in self.results if r.outcome == "declared" for d in r.declared)
+        lines += [f"  {k}: {v}" for k, v in sorted(by.items())]
+        lines.append(f"outside             {self.count('outside')}")
+        why = Counter(_kind(r.detail) for r in self.results if r.outcome == "outside")
+        lines += [f"  {k}: {v}" for k, v in sorted(why.items())]
+        lines.append(f"disagreed           {self.count('disagreed')}")
+        lines.append(f"statement coverage  {100 * self.coverage:.0f}%")
+        for r in self.results:
+            if r.outcome == "disagreed":
+                lines.append(f"\n{r.test.name}: {r.detail}")
+        return "\n".join(lines)
+
+
+def _kind(detail: str) -> str:
+    return re.sub(r"\d+|0x[0-9a-f]+", "N", detail)
+
+
+# -- generating --------------------------------------------------------------------------------
+def generate(n: int, seed: int = 1, target: str = "tofino", out: Path | None = None,
+             timeout: float | None = None) -> Path:
+    """Run p4testgen for at most ``n`` tests; return the PTF file it wrote."""
+    if target not in TARGETS:
+        raise TestgenError(f"target {target!r}: one of {', '.join(TARGETS)}")
+    tool = require("p4testgen")
+    out = out or paths.state_dir() / f"{target}-testgen"
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.py"):
+        old.unlink()
+    src = paths.p4_dir() / "tofino" / "homagg_tna.p4"
+    cmd = [str(tool), "--target", target, "--arch", TARGETS[target], "--std", "p4-16",
+           f"-DWORDS_PER_PACKET={tna.tna_constants()['WORDS']}",
+           "--test-backend", "PTF", "--out-dir", str(out), "--max-tests", str(n),
+           "--seed", str(seed), "--path-selection", "GREEDY_STATEMENT_SEARCH",
+           "--track-coverage", "STATEMENTS", str(src)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise TestgenError(f"p4testgen ran past {timeout} s") from e
+    (out / "testgen.log").write_text(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+    files = sorted(out.glob("*.py"))
+    if proc.returncode != 0 or not files:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+        raise TestgenError(f"p4testgen failed (exit {proc.returncode}; the log: "
+                           f"{out / 'testgen.log'}):\n{tail}")
+    return files[0]
+
+
+def coverage_of(log: str) -> float | None:
+    """The statement coverage p4testgen reports at the end of its run."""
+    found = re.findall(r"[Cc]overage:?\s*([0-9.]+)", log)
+    return float(found[-1]) if found else None
+
+
+# -- reading PTF -------------------------------------------------------------------------------
+def _last(name: str, parts: int = 1) -> str:
+    return ".".join(name.split(".")[-parts:])
+
+
+def _value(node: ast.AST) -> Any:
+    return ast.literal_eval(node)
+
+
+def _method(cls: ast.ClassDef, name: str) -> list[ast.stmt]:
+    for f in cls.body:
+        if isinstance(f, ast.FunctionDef) and f.name == name:
+            return f.body
+    return []
+
+
+def _calls(body: list[ast.stmt]) -> list[ast.Call]:
+    return [n for s in body for n in ast.walk(s) if isinstance(n, ast.Call)]
+
+
+def _elts(node: ast.AST) -> list[ast.expr]:
+    assert isinstance(node, (ast.List, ast.Tuple))
+    return node.elts
+
+
+def _tuple_args(node: ast.AST) -> tuple[str, list]:
+    """gc.KeyTuple('name', v[, mask] | low=, high= | prefix_len=) or gc.DataTuple('p', v)."""
+    assert isinstance(node, ast.Call)
+    name = _value(node.args[0])
+    vals = [_value(a) for a in node.args[1:]]
+    kw = {k.arg: _value(k.value) for k in node.keywords}
+    if "prefix_len" in kw:
+        vals = [(vals[0], kw["prefix_len"])]
+    elif "low" in kw:
+        vals = [(kw["low"], kw["high"])]
+    elif len(vals) == 2:
+        vals = [(vals[0], vals[1])]
+    return str(name), vals
+
+
+def parse_ptf(path: Path) -> list[GenTest]:
+    tree = ast.parse(path.read_text())
+    tests = []
+    for cls in tree.body:
+        if not (isinstance(cls, ast.ClassDef) and re.fullmatch(r"Test\d+", cls.name)):
+            continue
+        tests.append(_test(cls, path.read_text()))
+    return tests
+
+
+def _test(cls: ast.ClassDef, text: str) -> GenTest:
+    tables = tna.Tables()
+    regs: dict[str, dict[int, dict[str, int]]] = {}
+    for call in _calls(_method(cls, "setupCtrlPlane")):
+        fn = call.func.attr if isinstance(call.func, ast.Attribute) else ""
+        if fn == "insertTableEntry":
+            table = _last(str(_value(call.args[0])))
+            keys = dict(_tuple_args(k) for k in _elts(call.args[1]))
+            action = _last(str(_value(call.args[2])))
+            params = {n: v[0] for n, v in (_tuple_args(d) for d in _elts(call.args[3]))}
+            names = KEY_NAMES.get(table, tuple(keys))
+            kv = {_last(k): v[0] for k, v in keys.items()}
+            key = tuple(kv.get(n, next(iter(kv.values()), 0) if len(kv) == 1 else 0)
+                        for n in names)
+            tables.entries.setdefault(table, []).append((key, action, params))
+        elif fn == "overrideDefaultEntry":
+            table = _last(str(_value(call.args[0])))
+            action = _last(str(_value(call.args[1])))
+            params = {n: v[0] for n, v in (_tuple_args(d) for d in _elts(call.args[2]))}
+            tables.defaults[table] = (action, params)
+        elif fn == "setRegisterValue":
+            reg = _last(str(_value(call.args[0])), 2)
+            value = _value(call.args[1])
+            index = int(_value(call.args[2]))
+            if isinstance(value, list):
+                cell = {_last(n): int(v) for n, v in value}
+            else:
+                cell = {"f1": int(value)}
+            regs.setdefault(reg, {})[index] = cell
+    send = {t.targets[0].id: _value(t.value) for t in _method(cls, "sendPacket")
+            if isinstance(t, ast.Assign) and isinstance(t.targets[0], ast.Name)
+            and t.targets[0].id in ("ig_port", "pkt")}
+    verify = {t.targets[0].id: t.value for t in _method(cls, "verifyPackets")
+              if isinstance(t, ast.Assign) and isinstance(t.targets[0], ast.Name)
+              and isinstance(t.value, ast.Constant)}
+    care = [(int(_value(c.args[0])), int(_value(c.args[1])))
+            for c in _calls(_method(cls, "verifyPackets"))
+            if isinstance(c.func, ast.Attribute) and c.func.attr == "set_do_not_care"]
+    out_port = out_frame = None
+    if "eg_port" in verify:
+        out_port = int(_value(verify["eg_port"]))
+        out_frame = bytes(_value(verify["exp_pkt"]))
+    doc = ast.get_docstring(cls) or ""
+    cov = re.search(r"Current statement coverage: ([0-9.]+)",
+                    ast.get_source_segment(text, cls) or "")
+    return GenTest(cls.name, int(send["ig_port"]), bytes(send["pkt"]), out_port, out_frame,
+                   care, tables, regs, float(cov[1]) if cov else 0.0, doc)
+
+
+# -- replaying ---------------------------------------------------------------------------------
+def _differ(exp: tna.Expect, t: GenTest) -> str | None:
+    """None if the model's answer is P4Testgen's, else how they differ."""
+    if exp.frame is None or t.out_frame is None:
+        if exp.frame is None and t.out_frame is None:
+            return None
+        if exp.frame is None:
+            return f"model drops ({exp.rule}); P4Testgen sends on port {t.out_port}"
+        return f"model sends ({exp.rule}) on port {exp.port}; P4Testgen drops"
+    if exp.port is not None and exp.port != t.out_port:
+        return f"model sends on port {exp.port} ({exp.rule}); P4Testgen on {t.out_port}"
+    a, b = exp.frame, t.out_frame
+    if len(a) != len(b):
+        return f"model's frame is {len(a)} bytes ({exp.rule}); P4Testgen's {len(b)}"
+    care = bytearray(exp.care or b"\xff" * len(a))
+    for first, bits in t.dont_care:
+        for bit in range(first, first + bits):
+            care[bit // 8] &= ~(0x80 >> bit % 8) & 0xFF
+    bad = [i for i in range(len(a)) if (a[i] ^ b[i]) & care[i]]
+    if not bad:
+        return None
+    return (f"{exp.rule}: frames differ at bytes {bad[:8]}{'...' if len(bad) > 8 else ''}: "
+            f"model {a[bad[0]:bad[0] + 8].hex()} P4Testgen {b[bad[0]:bad[0] + 8].hex()}")
+
+
+def _compare(t: GenTest, declared: frozenset[str], recirc: int) -> str | None:
+    p = tna.TnaPass(t.tables, t.registers, recirc, declared)
+    exp = p.expect(t.port, t.frame)
+    if exp.frame is not None and exp.port is None:   # a multicast: the replica it let out
+        job = int.from_bytes(exp.frame[:0] or b"\0", "big")
+        m = re.search(r"a replica of job (\d+)", exp.rule)
+        job = int(m[1]) if m else job
+        reps = p.replicas(job, exp)
+        if t.out_frame is None:   # the replica's rid had no entry (drop_replica)
+            return None
+        whys = [_differ(r, t) for r in reps] or ["no result_dst entry lets a replica out"]
+        return None if None in whys else whys[0]
+    return _differ(exp, t)
+
+
+def replay(t: GenTest, recirc: int | None = None) -> Result:
+    recirc = tna.tna_constants()["RECIRC_PORT"] if recirc is None else recirc
+    try:
+        why = _compare(t, frozenset(), recirc)
+    except tna.Outside as e:
+        return Result(t, "outside", str(e))
+    if why is None:
+        return Result(t, "agreed")
+    names = list(tna.DIFFERENCES)
+    for size in range(1, len(names) + 1):
+        for combo in itertools.combinations(names, size):
+            try:
+                if _compare(t, frozenset(combo), recirc) is None:
+                    return Result(t, "declared", why, combo)
+            except tna.Outside:
+                continue
+    return Result(t, "disagreed", why)
+
+
+def run(n: int, seed: int = 1, target: str = "tofino", ptf: Path | None = None
+        ) -> Summary:
+    """Generate (or, given ``ptf``, read) the tests and replay each through the model."""
+    if ptf is None:
+        ptf = generate(n, seed, target)
+    tests = parse_ptf(ptf)
+    recirc = tna.tna_constants()["RECIRC_PORT" if target == "tofino" else "RECIRC_PORT_T2"]
+    s = Summary([replay(t, recirc) for t in tests])
+    log = ptf.parent / "testgen.log"
+    cov = coverage_of(log.read_text()) if log.is_file() else None
+    s.coverage = cov if cov is not None else max((t.coverage for t in tests), default=0.0)
+    return s
