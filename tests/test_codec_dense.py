@@ -218,6 +218,78 @@ def test_quantize_blocks_kernels_agree_on_the_first_bad_value():
     assert gbad == 2 and got[:2].tolist() == [0, 0]
 
 
+def _engine(native: str, monkeypatch) -> None:
+    """The value rounds' kernels on the C library (AVX2 where the CPU has it, or the
+    baseline's loop) or on numba."""
+    if native == "numba":
+        monkeypatch.setattr(_native, "quantize_f32", lambda *args, **kw: None)
+        monkeypatch.setattr(_native, "scale_i32", lambda *args, **kw: None)
+        return
+    if homagg.native.load() is None:
+        pytest.skip(f"the native library is off: {homagg.native.why()}")
+    if native == "c-baseline":
+        q, s = _native.quantize_f32, _native.scale_i32
+        monkeypatch.setattr(_native, "quantize_f32", lambda *a, **kw: q(*a, **kw, baseline=True))
+        monkeypatch.setattr(_native, "scale_i32", lambda *a, **kw: s(*a, **kw, baseline=True))
+    none = np.zeros(0, np.int64)
+    assert _native.quantize_f32(np.ones(4, np.float32), np.zeros(1, np.int64), 4, none,
+                                none) is not None
+    assert _native.scale_i32(np.ones(4, np.int32), np.ones(1), 4, np.empty(4)) is not None
+
+
+@needs_jit
+@pytest.mark.parametrize("native", ["c", "c-baseline", "numba"])
+def test_quantize_and_scale_kernels_agree_with_the_reference_bit_for_bit(native, monkeypatch):
+    """quantize_blocks (float32) and scale_blocks (int32 into float32 and float64), the C
+    library's and numba's against numpy's: every word and float, ties to even included, every
+    tail length and block, the split blocks' own shifts, and the first value that does not
+    quantize."""
+    _engine(native, monkeypatch)
+    rng = np.random.default_rng(11)
+    for n in (1, 3, 4, 7, 255, 256, 1000, 4099):
+        for block in (1, 3, 4, 100, 256):
+            nb = codec.block_count(n, block)
+            x = (rng.standard_normal(n) * 2.0 ** rng.integers(-30, 10, n)).astype(np.float32)
+            x[rng.random(n) < 0.1] = 0.0
+            ties = rng.random(n) < 0.1             # ties at shift 0: to even
+            x[ties] = rng.choice([0.5, 1.5, 2.5, -0.5, -3.5], ties.sum())
+            shifts = rng.integers(-3, 4, nb).astype(np.int64) + 20
+            at = np.sort(rng.choice(n, min(n, 5), replace=False)).astype(np.int64)
+            at_shifts = rng.integers(0, 40, at.size).astype(np.int64)
+            for s_ in (shifts, np.zeros(nb, np.int64)):
+                got = kernels.JIT.quantize_blocks(x, s_, block, at, at_shifts)
+                want = kernels.REF.quantize_blocks(x, s_, block, at, at_shifts)
+                assert got[1] == want[1], (n, block)
+                if want[1] < 0:
+                    np.testing.assert_array_equal(got[0], want[0])
+            v = rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32)
+            scales = np.ldexp(1.0, -rng.integers(0, 60, nb))
+            for dt in (np.float32, np.float64):
+                out = np.full(n, np.nan, dt)
+                got = kernels.JIT.scale_blocks(v, scales, block, dt, out)
+                want = kernels.REF.scale_blocks(v, scales, block, dt)
+                assert got is out and got.tobytes() == want.tobytes(), (n, block, dt)
+
+
+@needs_jit
+@pytest.mark.parametrize("native", ["c", "c-baseline", "numba"])
+def test_the_kernels_name_the_first_value_that_does_not_quantize(native, monkeypatch):
+    _engine(native, monkeypatch)
+    x = np.random.default_rng(8).standard_normal(20_000).astype(np.float32)
+    shifts = np.full(codec.block_count(x.size, 256), 28, np.int64)
+    at = np.array([5, 300, 301, 19_999], np.int64)
+    at_shifts = np.array([29, 1, 29, 2], np.int64)
+    for bad_at, value in ((12_345, 40.0), (300, 7.0), (301, 9.0), (1, np.nan), (2, np.inf),
+                          (19_999, -np.inf), (0, -9.0), (7, 8.0), (8, -8.0)):
+        y = x.copy()
+        y[bad_at] = value
+        # (at 300 the shift is 1: 7.0 fits there; at 301 it is 29: 9.0 does not; -8.0 at 28
+        # is -2**31, the last int32, and 8.0 is 2**31, the first past it)
+        expect = -1 if bad_at in (300, 8) else bad_at
+        assert kernels.JIT.quantize_blocks(y, shifts, 256, at, at_shifts)[1] == expect
+        assert kernels.REF.quantize_blocks(y, shifts, 256, at, at_shifts)[1] == expect
+
+
 @pytest.mark.parametrize("which", ["jit", "ref"])
 def test_a_value_out_of_range_is_named_by_its_index(which):
     if which == "jit" and kernels.JIT is None:

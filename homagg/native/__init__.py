@@ -109,6 +109,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "ha_rtt_sample": (None, [p, ctypes.c_double]),
         "hc_summary_f32": (i64, [p, i64, i64, i64, i64, i32, p, p, p, p, i32, i64, p, p, i64,
                                   p]),
+        "hc_quantize_f32": (i64, [p, i64, p, i64, p, p, i64, p, i32]),
+        "hc_scale_i32": (None, [p, i64, p, i64, p, i32, i32]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)

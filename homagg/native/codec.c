@@ -309,3 +309,147 @@ int64_t hc_summary_f32(const uint32_t *xi, int64_t n, int64_t block, int64_t bin
     *listed_out = listed;
     return bad;
 }
+
+/* ---- the value rounds' per-element work: quantize before, scale back after -------------------
+ *
+ * hc_quantize_f32 is ``quantize_blocks`` of _jit_blocks.py and _ref.py for float32 (every shift
+ * a normal float64's exponent, -1022..1023: the caller checks), hc_scale_i32 ``scale_blocks``
+ * for int32 values into float32 or float64. Each value goes through float64 as there: q =
+ * rint(x * 2**s) (round half to even, as rint under the default rounding mode), an exact
+ * product since 2**s is a power of two and x a float32; the scaled value v * 2**-s rounded once
+ * to the output's type. numba's loops run a scalar conversion and a libm rint per element; these
+ * run four lanes of AVX2 at a time where the CPU has it, so each is about a memory pass. */
+
+static inline double pow2(int64_t s) { /* 2**s, -1022 <= s <= 1023 */
+    union { uint64_t u; double d; } v = {.u = (uint64_t)(s + 1023) << 52};
+    return v.d;
+}
+
+static inline int quantize_one(float x, double scale, int32_t *out) {
+    double q = __builtin_rint((double)x * scale);
+    if (!(q >= -2147483648.0 && q <= 2147483647.0)) /* (false for NaN) */
+        return 0;
+    *out = (int32_t)q;
+    return 1;
+}
+
+/* whether position i is one of the sorted ``at`` (its own shift, patched afterwards) */
+static inline int is_at(const int64_t *at, int64_t nat, int64_t i) {
+    int64_t lo = 0, hi = nat;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (at[mid] < i)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < nat && at[lo] == i;
+}
+
+/* x[lo:hi) at ``scale``: the first position that does not quantize (and is not in ``at``), or
+ * -1 */
+static int64_t quantize_scalar(const float *x, int64_t lo, int64_t hi, double scale,
+                               const int64_t *at, int64_t nat, int32_t *out) {
+    for (int64_t i = lo; i < hi; i++)
+        if (!quantize_one(x[i], scale, out + i) && !is_at(at, nat, i))
+            return i;
+    return -1;
+}
+
+#ifdef HC_X86
+__attribute__((target("avx2"))) static int64_t quantize_avx2(const float *x, int64_t lo,
+                                                              int64_t hi, double scale,
+                                                              const int64_t *at, int64_t nat,
+                                                              int32_t *out) {
+    const __m256d s = _mm256_set1_pd(scale), top = _mm256_set1_pd(2147483647.0),
+                  bottom = _mm256_set1_pd(-2147483648.0);
+    int64_t i = lo;
+    for (; i + 4 <= hi; i += 4) {
+        __m256d q = _mm256_round_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), s),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256d ok = _mm256_and_pd(_mm256_cmp_pd(q, bottom, _CMP_GE_OQ),
+                                   _mm256_cmp_pd(q, top, _CMP_LE_OQ));
+        if (_mm256_movemask_pd(ok) != 0xF) {
+            int64_t bad = quantize_scalar(x, i, i + 4, scale, at, nat, out);
+            if (bad >= 0)
+                return bad;
+            continue;
+        }
+        _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtpd_epi32(q));
+    }
+    return quantize_scalar(x, i, hi, scale, at, nat, out);
+}
+#endif
+
+/* Every element of x[0:n) as int32 rint(x * 2**shift), shift its block's (``shifts``, one per
+ * ``block`` elements) or, at the sorted positions ``at`` (nat of them), its own
+ * (``at_shifts``); returns the first position whose value is not finite or not in int32 there,
+ * or -1 (the words are then unspecified from some point on). ``baseline``: the x86-64
+ * baseline's loop even where the CPU has AVX2 (the tests check both). */
+int64_t hc_quantize_f32(const float *x, int64_t n, const int64_t *shifts, int64_t block,
+                        const int64_t *at, const int64_t *at_shifts, int64_t nat,
+                        int32_t *out, int32_t baseline) {
+    int64_t bad = -1;
+#ifdef HC_X86
+    int wide = !baseline && __builtin_cpu_supports("avx2");
+#endif
+    for (int64_t b = 0, lo = 0; lo < n && bad < 0; b++, lo += block) {
+        int64_t hi = lo + block < n ? lo + block : n;
+#ifdef HC_X86
+        bad = wide ? quantize_avx2(x, lo, hi, pow2(shifts[b]), at, nat, out)
+                   : quantize_scalar(x, lo, hi, pow2(shifts[b]), at, nat, out);
+#else
+        bad = quantize_scalar(x, lo, hi, pow2(shifts[b]), at, nat, out);
+#endif
+    }
+    for (int64_t k = 0; k < nat && (bad < 0 || at[k] < bad); k++)
+        if (!quantize_one(x[at[k]], pow2(at_shifts[k]), out + at[k]))
+            return at[k];
+    return bad;
+}
+
+static void scale_scalar(const int32_t *v, int64_t lo, int64_t hi, double scale, void *out,
+                         int32_t f64) {
+    if (f64)
+        for (int64_t i = lo; i < hi; i++)
+            ((double *)out)[i] = (double)v[i] * scale;
+    else
+        for (int64_t i = lo; i < hi; i++)
+            ((float *)out)[i] = (float)((double)v[i] * scale);
+}
+
+#ifdef HC_X86
+__attribute__((target("avx2"))) static void scale_avx2(const int32_t *v, int64_t lo,
+                                                        int64_t hi, double scale, void *out,
+                                                        int32_t f64) {
+    const __m256d s = _mm256_set1_pd(scale);
+    int64_t i = lo;
+    for (; i + 4 <= hi; i += 4) {
+        __m256d d = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_loadu_si128((const __m128i *)(v + i))),
+                                  s);
+        if (f64)
+            _mm256_storeu_pd((double *)out + i, d);
+        else
+            _mm_storeu_ps((float *)out + i, _mm256_cvtpd_ps(d));
+    }
+    scale_scalar(v, i, hi, scale, out, f64);
+}
+#endif
+
+/* out[i] = v[i] * scales[i / block], rounded once to float32 (``f64`` 0) or float64 (1). */
+void hc_scale_i32(const int32_t *v, int64_t n, const double *scales, int64_t block, void *out,
+                  int32_t f64, int32_t baseline) {
+#ifdef HC_X86
+    int wide = !baseline && __builtin_cpu_supports("avx2");
+#endif
+    for (int64_t b = 0, lo = 0; lo < n; b++, lo += block) {
+        int64_t hi = lo + block < n ? lo + block : n;
+#ifdef HC_X86
+        if (wide) {
+            scale_avx2(v, lo, hi, scales[b], out, f64);
+            continue;
+        }
+#endif
+        scale_scalar(v, lo, hi, scales[b], out, f64);
+    }
+}

@@ -52,6 +52,10 @@ def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype,
                  out: np.ndarray | None = None) -> np.ndarray:
     if np.dtype(dtype) in (np.float32, np.float64):
         out = np.empty(values.size, dtype) if out is None else out
+        if values.dtype == np.int32 and values.flags.c_contiguous and scales.dtype == np.float64 \
+                and _native.scale_i32(values, np.ascontiguousarray(scales), block, out) \
+                is not None:
+            return out
         _k_scale_blocks(out, values, scales, block)
         return out
     return _ref.scale_blocks(values, scales, block, dtype, out)
@@ -96,6 +100,11 @@ def quantize_blocks(x: np.ndarray, shifts: np.ndarray, block: int, at: np.ndarra
     if x.dtype not in (np.float32, np.float64) or lo < -1022 or hi > 1023:
         # (2**shift a normal float64: then x * 2**shift is ldexp's, rounded the same way)
         return _ref.quantize_blocks(x, shifts, block, at, at_shifts)
+    at = np.ascontiguousarray(at, np.int64)
+    if x.dtype == np.float32:
+        native = _native.quantize_f32(np.ascontiguousarray(x), shifts, block, at, at_shifts)
+        if native is not None:
+            return native
     out = np.empty(x.size, np.int32)
     bad = _k_quantize_blocks(np.ascontiguousarray(x), shifts, block,
                              np.ascontiguousarray(at, np.int64), at_shifts, out)
