@@ -12,9 +12,9 @@ from homagg.host_agent.allreduce import Agent
 from homagg.host_agent.config import AgentConfig, AgentError, AggregationTimeout
 from homagg.host_agent.engine import transport as _transport
 from homagg.host_agent.simulate import MemoryJob, simulate_allreduce, simulate_ints
-from homagg.host_agent.warm import warm as _warm
+from homagg.host_agent.warm import before_join as _before_join
 
-_transport.before_join = _warm  # (transport's doc: the kernels, before any round)
+_transport.before_join = _before_join  # (transport's doc: the kernels, before any round)
 
 __all__ = ["Agent", "AgentConfig", "AgentError", "AggregationTimeout", "MemoryJob",
            "simulate_allreduce", "simulate_ints"]

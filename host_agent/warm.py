@@ -6,9 +6,15 @@ beside the source (``cache=True``). Compiled inside a round, that first call sta
 for seconds while the peers' timeouts ran: on a fresh clone the first demo took 24.6 s with 89
 retransmissions, four agents compiling at once on two cores, and the second 4.6 s with none.
 So ``./run.sh setup`` runs this module once (the kernels are built at install), and every
-``Agent`` calls ``warm()`` before its first round: with the cache filled that loads the kernels
-(a few hundred milliseconds, once per process), and without it the compiling happens before the
-job's join, where no peer waits on a timeout.
+``Agent`` calls ``before_join`` before its first round: with the cache filled that loads the
+kernels (a few hundred milliseconds, once per process), and without it the compiling happens
+before the job's join, where no peer waits on a timeout.
+
+Only what the agent's rounds will call: an agent of mode dense whose rounds run in the C
+library (the native engine, and the codec's C kernels: a float32 tensor's passes) calls no
+numba kernel, so it loads none, and numba is not imported (its import and machine code cost a
+worker about 110 MB). Such an agent handed another dtype, float64 from numpy, loads numba's
+kernels at that tensor's first round, from the cache ``./run.sh setup`` filled.
 
 It runs the codec's real paths (every mode and index, the dtypes the agents decode to) through
 the in-memory simulator on small tensors, and the receive path's matching kernel on an empty
@@ -28,7 +34,7 @@ from homagg import wire
 log = logging.getLogger("homagg.warm")
 
 _lock = threading.Lock()
-_done = False
+_done: set[str] = set()   # "codec", "results": warmed in this process
 
 #: The float dtypes the agents decode to (the torch backend hands them float32; numpy users
 #: float64 or float16 too).
@@ -62,7 +68,7 @@ def _codec() -> None:
 def _results() -> None:
     from homagg.host_agent.engine import results
 
-    if results.take is not results.take_jit:
+    if not results.HAVE_NUMBA:
         return
     n, k = 4, 64
     psize = wire.packet_bytes(k)
@@ -76,23 +82,36 @@ def _results() -> None:
                      sent_at, resent, new, odd, False)
 
 
-def warm() -> float:
-    """Compile (or load from numba's cache) every kernel the data path calls, once per
-    process; the seconds it took (0 after the first call, or without numba)."""
-    global _done
+def warm(codec: bool = True, results: bool = True) -> float:
+    """Compile (or load from numba's cache) the kernels the data path calls, once per process:
+    the codec's (``codec``) and the Python engine's matching (``results``); the seconds it
+    took (0 where it was done before, or without numba)."""
     from homagg.host_agent.codec import kernels
 
     with _lock:
-        if _done or kernels.JIT is None:
-            _done = True
+        want = {name for name, on in (("codec", codec), ("results", results)) if on}
+        if kernels.JIT is None or want <= _done:
             return 0.0
         t0 = time.monotonic()
-        _codec()
-        _results()
-        _done = True
+        if "codec" in want - _done:
+            _codec()
+        if "results" in want - _done:
+            _results()
+        _done.update(want)
         took = time.monotonic() - t0
     log.debug("kernels ready in %.2f s", took)
     return took
+
+
+def before_join(cfg, engine: str) -> float:
+    """What an agent warms before its join: the codec's kernels unless its mode is dense and
+    the C library runs a float32 tensor's passes, and the matching of results where its rounds
+    run in the Python engine (``engine``)."""
+    from homagg import native
+    from homagg.host_agent.codec import Mode, as_mode
+
+    dense_in_c = as_mode(cfg.mode, auto=True) == Mode.DENSE and native.load() is not None
+    return warm(codec=not dense_in_c, results=engine == "python")
 
 
 def main() -> int:

@@ -50,7 +50,7 @@ def assert_same(got, want) -> None:
 
 
 # -- the matching and the packets ------------------------------------------------------------
-@pytest.mark.skipif(results._compiled is None, reason="numba not installed")
+@pytest.mark.skipif(not results.HAVE_NUMBA, reason="numba not installed")
 @pytest.mark.parametrize("after_odd", [False, True])
 def test_a_fused_rounds_results_match_by_their_parts_op(after_odd):
     """Chunks before ``split`` expect the first part's op, the rest the second's: a result of

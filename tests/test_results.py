@@ -63,7 +63,7 @@ CASES = {
 }
 
 
-@pytest.mark.skipif(results._compiled is None, reason="numba not installed")
+@pytest.mark.skipif(not results.HAVE_NUMBA, reason="numba not installed")
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("after_odd", [False, True])
 def test_compiled_matches_the_reference(case, after_odd):
@@ -103,7 +103,7 @@ def test_the_reference_takes_first_copies_and_leaves_odd_rows():
     assert t.last == [4, 6][int(np.lexsort(([4, 6], sent))[-1])]
 
 
-@pytest.mark.parametrize("take", [results.take_ref, results.take_jit] if results._compiled
+@pytest.mark.parametrize("take", [results.take_ref, results.take_jit] if results.HAVE_NUMBA
                          else [results.take_ref])
 def test_a_result_without_the_jobs_key_is_left_to_the_caller(take):
     """A forged result (another key) is never written: it is an odd row, which ``Round.take``

@@ -47,3 +47,46 @@ def test_after_warm_the_data_path_compiles_nothing():
     after = signatures()
     grew = {k: (before.get(k, 0), v) for k, v in after.items() if v != before.get(k, 0)}
     assert not grew, f"compiled after warm (kernel: signatures before, after): {grew}"
+
+
+def test_a_dense_agent_whose_rounds_run_in_c_never_imports_numba(tmp_path):
+    """Mode dense on the native engine with the C library's kernels: a worker's all-reduce of
+    float32 tensors (split blocks included) runs without numba, which is not imported (its
+    import and its kernels cost a worker about 110 MB); mode auto in the same process imports
+    it before its join."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from homagg import native
+
+    if native.load() is None:
+        pytest.skip(f"the native library is off: {native.why()}")
+    code = textwrap.dedent("""
+        import sys
+        import numpy as np
+        from tests.test_agent import Job
+        rng = np.random.default_rng(3)
+        xs = [rng.standard_normal(50_000).astype(np.float32) for _ in range(2)]
+        xs[0][:600] *= 1e-7                      # a run of small values: split blocks
+        job = Job(2, mode="dense", agent_engine="native")
+        try:
+            res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
+            assert not any(err), err
+            assert res[0]._split_at is not None            # (split blocks, decoded in C)
+            assert res[0].out.tobytes() == res[1].out.tobytes()
+        finally:
+            job.close()
+        print("numba" in sys.modules)
+        job = Job(2, mode="auto", agent_engine="native")
+        try:
+            res, err = job.run(lambda a, w: a.allreduce(xs[w]))
+            assert not any(err), err
+        finally:
+            job.close()
+        print("numba" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["False", "True"], out.stdout

@@ -4,9 +4,9 @@ values far below their peak (``split_mask``), the integer values times their blo
 (``summary``: bitmap, block peaks, split mask, non-finite check, in two reads of x, without a
 position list for a dense tensor) and its words at the block scales (``quantize_blocks``, one
 pass with no temporaries); a sparse tensor's words of mode union at the block scales
-(``encode_union_blocks``: quantized and ranked in one pass over its non-zeros). ``summary`` of
-a float32 tensor runs in the native library where it is built (``_native``: one pass, AVX2,
-listing a sparse tensor's non-zeros as it goes); these kernels where it is not.
+(``encode_union_blocks``: quantized and ranked in one pass over its non-zeros). A float32
+tensor's ``summary``, ``quantize_blocks`` and ``scale_blocks`` run in the native library where
+it is built (``_compiled`` calls it first: one pass, AVX2); these kernels where it is not.
 
 Part of ``_jit`` (which ``kernels`` loads); numpy twins in ``_ref``.
 """
@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from homagg.host_agent.codec import _native, _ref
+from homagg.host_agent.codec import _ref
 from homagg.host_agent.codec._jit_bitmap import (
     _k_brev8,
     _k_popcount32,
@@ -52,10 +52,6 @@ def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype,
                  out: np.ndarray | None = None) -> np.ndarray:
     if np.dtype(dtype) in (np.float32, np.float64):
         out = np.empty(values.size, dtype) if out is None else out
-        if values.dtype == np.int32 and values.flags.c_contiguous and scales.dtype == np.float64 \
-                and _native.scale_i32(values, np.ascontiguousarray(scales), block, out) \
-                is not None:
-            return out
         _k_scale_blocks(out, values, scales, block)
         return out
     return _ref.scale_blocks(values, scales, block, dtype, out)
@@ -67,25 +63,21 @@ def summary(x: np.ndarray, block: int, binades: int, run: int, split: bool, cap:
     if x.dtype not in (np.float32, np.float64):
         return _ref.summary(x, block, binades, run, split, cap)
     x = np.ascontiguousarray(x)
-    native = _native.summary_f32(x, block, binades, run, split, cap=cap)
-    nz = None
-    if native is not None:  # (the C library's one pass: float32, whole-word blocks)
-        words, peaks, mask, bad, nnz, nz = native
+    if x.dtype == np.float32:
+        xi, bits, mant = x.view(np.uint32), 32, 23
     else:
-        if x.dtype == np.float32:
-            xi, bits, mant = x.view(np.uint32), 32, 23
-        else:
-            xi, bits, mant = x.view(np.uint64), 64, 52
-        u = xi.dtype.type
-        mag = u((1 << (bits - 1)) - 1)
-        expo = u(mag - ((1 << mant) - 1))  # the exponent's bits: all set for NaN and Inf
-        words, bad, nnz = _k_summary_scan(xi, mag, expo)
-        nb = -(-x.size // block)
-        peaks, mask = np.zeros(nb, np.float64), np.zeros(nb, np.bool_)
-        if bad < 0:
-            bias = (1 << (bits - mant - 2)) - 1  # 127 or 1023
-            _k_block_summary(x, xi, mag, block, binades, run, split, mant, bias, peaks, mask)
-    if nz is None and nnz <= cap:  # a sparse tensor: its non-zeros listed from the bitmap
+        xi, bits, mant = x.view(np.uint64), 64, 52
+    u = xi.dtype.type
+    mag = u((1 << (bits - 1)) - 1)
+    expo = u(mag - ((1 << mant) - 1))  # the exponent's bits: all set for NaN and Inf
+    words, bad, nnz = _k_summary_scan(xi, mag, expo)
+    nb = -(-x.size // block)
+    peaks, mask = np.zeros(nb, np.float64), np.zeros(nb, np.bool_)
+    if bad < 0:
+        bias = (1 << (bits - mant - 2)) - 1  # 127 or 1023
+        _k_block_summary(x, xi, mag, block, binades, run, split, mant, bias, peaks, mask)
+    nz = None
+    if nnz <= cap:  # a sparse tensor: its non-zeros listed from the bitmap
         idx = _k_set_bits(words, x.size)
         nz = (idx, x[idx])
     return words, peaks, mask, bad, nz
@@ -100,11 +92,6 @@ def quantize_blocks(x: np.ndarray, shifts: np.ndarray, block: int, at: np.ndarra
     if x.dtype not in (np.float32, np.float64) or lo < -1022 or hi > 1023:
         # (2**shift a normal float64: then x * 2**shift is ldexp's, rounded the same way)
         return _ref.quantize_blocks(x, shifts, block, at, at_shifts)
-    at = np.ascontiguousarray(at, np.int64)
-    if x.dtype == np.float32:
-        native = _native.quantize_f32(np.ascontiguousarray(x), shifts, block, at, at_shifts)
-        if native is not None:
-            return native
     out = np.empty(x.size, np.int32)
     bad = _k_quantize_blocks(np.ascontiguousarray(x), shifts, block,
                              np.ascontiguousarray(at, np.int64), at_shifts, out)

@@ -1,9 +1,12 @@
-"""Which kernels the codec runs: the compiled ones (``_jit``) when numba imports, else numpy's.
+"""Which kernels the codec runs: the compiled ones (``_compiled``: the C library's where it
+has them, else numba's ``_jit``) when numba is installed, else numpy's.
 
 ``_ref`` (numpy) and ``_jit`` (numba) define the same functions with the same signatures; the
-codec calls ``kernels.active.<function>``, so it has no branch on numba. ``_ref`` is the
-reference: the tests run both and compare them bit for bit, selecting one with ``use`` /
-``using`` (or by setting ``active``).
+codec calls ``kernels.active.<function>``, so it has no branch on numba. ``_compiled`` is
+``_jit`` with the C library's twins in front (a dense float32 tensor's passes), and numba
+imported at the first kernel of its that runs. ``_ref`` is the reference: the tests run them
+all and compare them bit for bit, selecting one with ``use`` / ``using`` (or by setting
+``active``).
 
     pack(mask)                                -> uint32 bitmap words
     scan(x)                                   -> (words, int64 positions, values) of non-zeros
@@ -48,23 +51,18 @@ reference: the tests run both and compare them bit for bit, selecting one with `
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
-from homagg.host_agent.codec import _ref
-
-try:  # compiled kernels for the O(n) and O(u) loops; _ref stays the reference
-    import numba  # noqa: F401 - only to learn whether _jit can load
-except ImportError:  # pragma: no cover - numba is a declared dependency
-    _jit: ModuleType | None = None
-else:
-    from homagg.host_agent.codec import _jit
+from homagg.host_agent.codec import _compiled, _ref
 
 #: The numpy reference kernels.
 REF: ModuleType = _ref
-#: The numba kernels, None when numba is not installed.
-JIT: ModuleType | None = _jit
+#: The compiled kernels (C, else numba, imported at its first kernel), None when numba is not
+#: installed (compiled kernels for the O(n) and O(u) loops; _ref stays the reference)
+JIT: ModuleType | None = _compiled if importlib.util.find_spec("numba") is not None else None
 #: The kernels the codec calls now.
 active: ModuleType = JIT if JIT is not None else REF
 

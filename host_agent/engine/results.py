@@ -20,16 +20,19 @@ the first copy of each chunk not already done is taken; later copies are ignored
 
 from __future__ import annotations
 
+import importlib.util
+import threading
 from typing import NamedTuple
 
 import numpy as np
 
 from homagg import wire
 
-try:  # the compiled pass; the numpy reference stays
-    import numba
-except ImportError:  # pragma: no cover - numba is a declared dependency
-    numba = None  # type: ignore[assignment]
+#: numba is installed: the compiled pass is compiled (or loaded from numba's cache) at its
+#: first use, a run of more than SMALL rows (a join's single reply goes to the reference: an
+#: agent whose rounds all run in the C library then never imports numba)
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+SMALL = 4
 
 _SEQ_AT = wire.OFFSETS["seq"]
 _AUTH_AT = wire.OFFSETS["auth"]
@@ -178,13 +181,23 @@ def _take_kernel(run32, count, psize4, k, seq0, nchunks, mask, expect, auth, ovf
     return nodd, nplain, added, last, fresh_sum, fresh, overflow
 
 
-if numba is not None:  # (the helpers first: the kernel finds them compiled, inlined)
-    _bswap32 = numba.njit(inline="always")(_bswap32)
-    _head = numba.njit(inline="always")(_head)
-    _plain_chunk = numba.njit(inline="always")(_plain_chunk)
-    _compiled = numba.njit(cache=True, nogil=True)(_take_kernel)
-else:  # pragma: no cover
-    _compiled = None
+_compiled = None
+_compiling = threading.Lock()
+
+
+def _kernel():
+    """The compiled pass, compiled at the first call (the helpers first: the kernel finds
+    them compiled, inlined)."""
+    global _compiled, _bswap32, _head, _plain_chunk
+    with _compiling:
+        if _compiled is None:
+            import numba
+
+            _bswap32 = numba.njit(inline="always")(_bswap32)
+            _head = numba.njit(inline="always")(_head)
+            _plain_chunk = numba.njit(inline="always")(_plain_chunk)
+            _compiled = numba.njit(cache=True, nogil=True)(_take_kernel)
+    return _compiled
 
 
 def take_jit(run, count: int, psize: int, k: int, seq0: int, nchunks: int,
@@ -193,14 +206,19 @@ def take_jit(run, count: int, psize: int, k: int, seq0: int, nchunks: int,
              after_odd: bool, split: int | None = None, expect2: np.uint64 | None = None
              ) -> Taken:
     """``take_ref``'s contract, compiled (numba)."""
-    assert _compiled is not None, "take_jit needs numba"
+    assert HAVE_NUMBA, "take_jit needs numba"
+    kernel = _compiled if _compiled is not None else _kernel()
     run32 = np.frombuffer(run, np.uint32, count * psize // 4)
     second = expect if split is None or expect2 is None else expect2
-    return Taken(*_compiled(run32, count, psize // 4, k, seq0, nchunks, MASK, expect,
+    return Taken(*kernel(run32, count, psize // 4, k, seq0, nchunks, MASK, expect,
                             np.uint32(auth), OVERFLOW, done, out.view(np.uint32), sent_at,
                             resent, new, odd_rows, after_odd,
                             np.int64(nchunks if split is None else split), np.uint64(second)))
 
 
-#: What ``Round.take_run`` calls: the compiled pass when numba imports, else the reference.
-take = take_jit if _compiled is not None else take_ref
+def take(run, count: int, *args) -> Taken:
+    """What ``Round.take_run`` calls: the compiled pass where numba is installed, but for a
+    run of at most SMALL rows before it is compiled; else the reference."""
+    if HAVE_NUMBA and (_compiled is not None or count > SMALL):
+        return take_jit(run, count, *args)
+    return take_ref(run, count, *args)

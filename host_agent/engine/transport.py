@@ -53,17 +53,18 @@ __all__ = ["SwitchOverflow", "Transport"]
 #: Receives' worth of datagrams gathered before matching (1 MiB with 64 KiB receives).
 RECV_BATCH = 16
 
-#: Called before every agent's join: compiles (or loads) the kernels the rounds call, so that
-#: none is compiled inside a round. ``homagg.host_agent`` sets it to ``warm.warm`` when it is
-#: imported (as it is before this module, its parent): warm runs agents through the
-#: simulator, a layer above this one, which this module therefore does not import.
+#: Called before every agent's join with its config and its engine ("native" or "python"):
+#: compiles (or loads) the kernels its rounds call, so that none is compiled inside a round.
+#: ``homagg.host_agent`` sets it to ``warm.before_join`` when it is imported (as it is before
+#: this module, its parent): warm runs agents through the simulator, a layer above this one,
+#: which this module therefore does not import.
 
 
-def _nothing() -> None:
+def _nothing(cfg: AgentConfig, engine: str) -> None:
     return None
 
 
-before_join: Callable[[], object] = _nothing
+before_join: Callable[[AgentConfig, str], object] = _nothing
 
 
 class Transport:
@@ -169,7 +170,7 @@ class Transport:
         """The job's barrier at the start of this agent's run: the generation the switch hands
         out once every worker has joined (retransmitted like any round, with the deadline).
         The kernels are compiled (or loaded) first: never inside a round (``before_join``)."""
-        before_join()
+        before_join(self.cfg, self.engine)
         nonce = secrets.randbits(32) or 1  # 0: a register never written
         words = np.zeros(wire.JOIN_WORDS, np.int32)
         words[wire.JOIN_RUN_WORD] = np.uint32(self.cfg.run).view(np.int32)  # the attempt
