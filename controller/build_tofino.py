@@ -35,7 +35,10 @@ TARGETS = {"tofino": ("tna", {8: 64, 16: 96, 32: 64}),
 #: target -> compiler flags it needs: p4c v1.2.5.16's assembler crashes ("No length for clot")
 #: on the header CLOTs Tofino 2's backend gives this program, so Tofino 2 builds without them
 TARGET_FLAGS = {"tofino2": ["-Xp4c=--no-clot"]}
-WORDS = 64  # p4/tofino/include/size.p4's WORDS_PER_PACKET: K, the words a packet carries
+#: target -> K, the words a packet carries and one pass adds (p4/tofino/include/size.p4). At
+#: 128 on Tofino 2 (64 pairs in 16 stages) p4c v1.2.5.16 fails its PHV allocation
+WORDS_BY_TARGET = {"tofino": 64, "tofino2": 64}
+WORDS = WORDS_BY_TARGET["tofino"]
 SWITCHML_VALUES = 64  # SwitchML's values per pass (its 256-byte payload)
 
 
@@ -124,7 +127,8 @@ def build(target: str = "tofino", out: Path | None = None) -> tuple[Path, Resour
     cmd = [str(compiler), "--target", target, "--arch", arch, "--std", "p4-16",
            "-o", str(out), "--verbose", "1",
            "--p4runtime-files", str(p4info_path(out)), "--p4runtime-force-std-externs",
-           f"-DWORDS_PER_PACKET={WORDS}", *TARGET_FLAGS.get(target, []), str(source())]
+           f"-DWORDS_PER_PACKET={WORDS_BY_TARGET[target]}", *TARGET_FLAGS.get(target, []),
+           str(source())]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     (out / "compile.log").write_text(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
     if proc.returncode != 0:

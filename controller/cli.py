@@ -265,9 +265,10 @@ def run(a) -> int:
     if a.cmd == "build" and a.build_target != "bmv2":
         from homagg.controller import build_tofino
 
-        if a.words not in (None, build_tofino.WORDS):
-            raise ConfigError(f"--words {a.words}: the TNA program adds "
-                              f"{build_tofino.WORDS} values per pass")
+        words = build_tofino.WORDS_BY_TARGET[a.build_target]
+        if a.words not in (None, words):
+            raise ConfigError(f"--words {a.words}: the TNA program adds {words} values per "
+                              f"pass on {a.build_target}")
         if a.testgen is not None:
             from homagg.controller import tna_testgen
 

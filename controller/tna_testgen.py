@@ -15,6 +15,9 @@ same table entries and register cells. Each test ends as one of:
   drop;
 - **declared**: it agrees once a difference the TNA design declares is taken in
   (``tna.DIFFERENCES``), named;
+- **port only**: the model's frame leaves on P4Testgen's port, but P4Testgen's frame after
+  egress is one byte short of the one its trace shows the ingress deparser emit (``SHORT``):
+  its frame is not compared;
 - **outside**: its table entries or registers are no state homagg's control plane and
   protocol reach (a job entry homagg-ctl never writes, bookkeeping cells that disagree with
   each other): there is no model state to compare with, and the reason is named;
@@ -35,11 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from homagg import paths
+from homagg.controller.build_tofino import WORDS_BY_TARGET
 from homagg.errors import HomaggError
 from homagg.switch_model import tna
 from homagg.targets.toolchain import require
 
-#: target -> (architecture, the recirculation port its pipe 0 uses: p4/tofino/include/size.p4)
+#: target -> its architecture
 TARGETS = {"tofino": "tna", "tofino2": "t2na"}
 
 #: a table's keys as its entries name them (the P4 @name, or the field's last part)
@@ -82,6 +86,7 @@ class Result:
 class Summary:
     results: list[Result] = field(default_factory=list)
     coverage: float = 0.0
+    statements: tuple[int, int] | None = None   # covered, of all (p4testgen's log)
 
     def count(self, outcome: str) -> int:
         return sum(r.outcome == outcome for r in self.results)
@@ -93,11 +98,13 @@ class Summary:
                  f"declared            {self.count('declared')}"]
         by = Counter(d for r in self.results if r.outcome == "declared" for d in r.declared)
         lines += [f"  {k}: {v}" for k, v in sorted(by.items())]
+        lines.append(f"port only           {self.count('port only')}  ({SHORT})")
         lines.append(f"outside             {self.count('outside')}")
         why = Counter(_kind(r.detail) for r in self.results if r.outcome == "outside")
         lines += [f"  {k}: {v}" for k, v in sorted(why.items())]
         lines.append(f"disagreed           {self.count('disagreed')}")
-        lines.append(f"statement coverage  {100 * self.coverage:.0f}%")
+        of = f" ({self.statements[0]} of {self.statements[1]})" if self.statements else ""
+        lines.append(f"statement coverage  {100 * self.coverage:.0f}%{of}")
         for r in self.results:
             if r.outcome == "disagreed":
                 lines.append(f"\n{r.test.name}: {r.detail}")
@@ -105,7 +112,7 @@ class Summary:
 
 
 def _kind(detail: str) -> str:
-    return re.sub(r"\d+|0x[0-9a-f]+", "N", detail)
+    return re.sub(r"\d+", "N", re.sub(r"0x[0-9a-f]+", "X", detail))
 
 
 # -- generating --------------------------------------------------------------------------------
@@ -120,8 +127,11 @@ def generate(n: int, seed: int = 1, target: str = "tofino", out: Path | None = N
     for old in out.glob("*.py"):
         old.unlink()
     src = paths.p4_dir() / "tofino" / "homagg_tna.p4"
+    # (bf-p4c's driver defines __TARGET_TOFINO__, which tna.p4 and t2na.p4 check; p4testgen's
+    # does not)
     cmd = [str(tool), "--target", target, "--arch", TARGETS[target], "--std", "p4-16",
-           f"-DWORDS_PER_PACKET={tna.tna_constants()['WORDS']}",
+           f"-D__TARGET_TOFINO__={2 if target == 'tofino2' else 1}",
+           f"-DWORDS_PER_PACKET={WORDS_BY_TARGET[target]}",
            "--test-backend", "PTF", "--out-dir", str(out), "--max-tests", str(n),
            "--seed", str(seed), "--path-selection", "GREEDY_STATEMENT_SEARCH",
            "--track-coverage", "STATEMENTS", str(src)]
@@ -138,10 +148,11 @@ def generate(n: int, seed: int = 1, target: str = "tofino", out: Path | None = N
     return files[0]
 
 
-def coverage_of(log: str) -> float | None:
-    """The statement coverage p4testgen reports at the end of its run."""
-    found = re.findall(r"[Cc]overage:?\s*([0-9.]+)", log)
-    return float(found[-1]) if found else None
+def coverage_of(log: str) -> tuple[int, int] | None:
+    """The statements covered and those there are, as p4testgen reports after its last test
+    ("Nodes covered: 0.85 (170/200)")."""
+    found = re.findall(r"Nodes covered: [0-9.e+-]+ \((\d+)/(\d+)\)", log)
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 
 # -- reading PTF -------------------------------------------------------------------------------
@@ -182,6 +193,12 @@ def _tuple_args(node: ast.AST) -> tuple[str, list]:
     elif len(vals) == 2:
         vals = [(vals[0], vals[1])]
     return str(name), vals
+
+
+def compact(text: str) -> str:
+    """A PTF file without its tests' traces (each class's docstring: the statements p4testgen
+    stepped through, megabytes for this program), everything ``parse_ptf`` reads kept."""
+    return re.sub(r"\n    '''\n.*?\n    '''\n", "\n", text, flags=re.S)
 
 
 def parse_ptf(path: Path) -> list[GenTest]:
@@ -268,14 +285,11 @@ def _differ(exp: tna.Expect, t: GenTest) -> str | None:
             f"model {a[bad[0]:bad[0] + 8].hex()} P4Testgen {b[bad[0]:bad[0] + 8].hex()}")
 
 
-def _compare(t: GenTest, declared: frozenset[str], recirc: int) -> str | None:
-    p = tna.TnaPass(t.tables, t.registers, recirc, declared)
+def _compare(t: GenTest, declared: frozenset[str], tofino2: bool) -> str | None:
+    p = tna.TnaPass(t.tables, t.registers, tofino2, declared)
     exp = p.expect(t.port, t.frame)
-    if exp.frame is not None and exp.port is None:   # a multicast: the replica it let out
-        job = int.from_bytes(exp.frame[:0] or b"\0", "big")
-        m = re.search(r"a replica of job (\d+)", exp.rule)
-        job = int(m[1]) if m else job
-        reps = p.replicas(job, exp)
+    if exp.frame is not None and exp.job is not None:   # a multicast: the replica let out
+        reps = p.replicas(exp.job, exp)
         if t.out_frame is None:   # the replica's rid had no entry (drop_replica)
             return None
         whys = [_differ(r, t) for r in reps] or ["no result_dst entry lets a replica out"]
@@ -283,19 +297,29 @@ def _compare(t: GenTest, declared: frozenset[str], recirc: int) -> str | None:
     return _differ(exp, t)
 
 
-def replay(t: GenTest, recirc: int | None = None) -> Result:
-    recirc = tna.tna_constants()["RECIRC_PORT"] if recirc is None else recirc
+#: P4Testgen v1.2.5.16's Tofino 1 target gives every frame of this program that leaves
+#: through egress one byte shorter than the frame its own trace shows the ingress deparser
+#: emit, its bytes after Ethernet undecided (a minimal TNA program with the same bridge header
+#: comes out whole): such a test is compared on its port and its drop, not its frame
+SHORT = "P4Testgen's frame after egress is one byte short of its ingress deparser's"
+
+
+def replay(t: GenTest, tofino2: bool = False) -> Result:
     try:
-        why = _compare(t, frozenset(), recirc)
+        why = _compare(t, frozenset(), tofino2)
     except tna.Outside as e:
         return Result(t, "outside", str(e))
     if why is None:
         return Result(t, "agreed")
+    if "P4Testgen's" in why and " bytes " in why and t.out_frame is not None:
+        m = re.search(r"frame is (\d+) bytes .*P4Testgen's (\d+)$", why)
+        if m and int(m[1]) == int(m[2]) + 1:
+            return Result(t, "port only", SHORT)
     names = list(tna.DIFFERENCES)
     for size in range(1, len(names) + 1):
         for combo in itertools.combinations(names, size):
             try:
-                if _compare(t, frozenset(combo), recirc) is None:
+                if _compare(t, frozenset(combo), tofino2) is None:
                     return Result(t, "declared", why, combo)
             except tna.Outside:
                 continue
@@ -308,9 +332,9 @@ def run(n: int, seed: int = 1, target: str = "tofino", ptf: Path | None = None
     if ptf is None:
         ptf = generate(n, seed, target)
     tests = parse_ptf(ptf)
-    recirc = tna.tna_constants()["RECIRC_PORT" if target == "tofino" else "RECIRC_PORT_T2"]
-    s = Summary([replay(t, recirc) for t in tests])
+    s = Summary([replay(t, target == "tofino2") for t in tests])
     log = ptf.parent / "testgen.log"
-    cov = coverage_of(log.read_text()) if log.is_file() else None
-    s.coverage = cov if cov is not None else max((t.coverage for t in tests), default=0.0)
+    s.statements = coverage_of(log.read_text()) if log.is_file() else None
+    s.coverage = (s.statements[0] / s.statements[1] if s.statements
+                  else max((t.coverage for t in tests), default=0.0))
     return s

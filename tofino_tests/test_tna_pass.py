@@ -22,6 +22,7 @@ C = tna.tna_constants()
 K = C["WORDS"]
 SWITCH = "10.0.0.254"
 RECIRC = C["RECIRC_PORT"]
+PORT0 = 10  # the first worker's switch port (not a recirculation port)
 
 
 def ipn(s: str) -> int:
@@ -44,11 +45,11 @@ def job_tables(workers: int, job: int = 3, epoch: int = 1) -> tuple[Tables, JobE
     for w, (ip, port) in enumerate(addrs):
         t.entries.setdefault("job_workers", []).append(((ipn(ip), port), "set_worker", dict(
             job=job, worker=w, workers=workers, epoch=epoch, region_base=4, region_size=8,
-            mcast_group=job, port=w + 1, auth=7)))
+            mcast_group=job, port=w + PORT0, auth=7)))
         t.entries.setdefault("result_dst", []).append(((job, w + wire.RID_WORKER_OFFSET),
                                                        "set_result_dst",
                                                        dict(mac=w + 1, ip=ipn(ip), port=port)))
-    entry = JobEntry(job, addrs, epoch, 4, 8, ports=[w + 1 for w in range(workers)], auth=7)
+    entry = JobEntry(job, addrs, epoch, 4, 8, ports=[w + PORT0 for w in range(workers)], auth=7)
     return t, entry
 
 
@@ -56,11 +57,12 @@ def registers(model: SwitchModel, idx: int, job: JobEntry) -> dict:
     """The TNA program's cells for slot copy ``idx`` as the model's state says them."""
     m = model.mem
     w = m.words[idx].view(np.uint32)
+    k = len(w)
     regs = {"slot_round.slot_owner": {idx: {"owner": m.epoch[idx] << 8 | m.gen[idx],
                                             "tag": m.tag[idx]}},
             "slot_round.slot_round": {idx: {"seen": m.seen[idx], "tag": m.tag[idx]}}}
-    for i in range(K // 2):
-        regs[f"p{i:02d}.lanes"] = {idx: {"lo": int(w[i]), "hi": int(w[K // 2 + i])}}
+    for i in range(k // 2):
+        regs[f"p{i:02d}.lanes"] = {idx: {"lo": int(w[i]), "hi": int(w[k // 2 + i])}}
     return regs
 
 
@@ -68,8 +70,12 @@ def payload(f: bytes) -> bytes:
     return f[42:]
 
 
+@pytest.mark.parametrize("tofino2", [False, True], ids=["tofino", "tofino2"])
 @pytest.mark.parametrize("workers", [1, 2, 5, 32])
-def test_a_rounds_passes_end_in_the_models_multicast(workers):
+def test_a_rounds_passes_end_in_the_models_multicast(workers, tofino2):
+    """On Tofino 1's recirculation port and on Tofino 2's."""
+    K = C["WORDS_T2" if tofino2 else "WORDS"]
+    RECIRC = C["RECIRC_PORT_T2" if tofino2 else "RECIRC_PORT"]
     rng = np.random.default_rng(workers)
     t, job = job_tables(workers)
     model = SwitchModel(words=K)
@@ -81,18 +87,18 @@ def test_a_rounds_passes_end_in_the_models_multicast(workers):
         words = rng.integers(-2**20, 2**20, K).astype(np.int32)
         data = wire.pack(wire.OP_ADD, job.id, int(w), slot, seq, words, gen=gen, k=K, auth=7,
                          flags=wire.FLAG_PHASE)
-        p = TnaPass(t, registers(model, idx, job))
-        e = p.expect(int(w) + 1, frame(job.workers[w][0], data))
-        out = model.process(data, job.workers[w], int(w) + 1)
+        p = TnaPass(t, registers(model, idx, job), tofino2)
+        e = p.expect(int(w) + PORT0, frame(job.workers[w][0], data))
+        out = model.process(data, job.workers[w], int(w) + PORT0)
         if n < workers - 1:
             assert e.frame is None and not out.replies, e.rule
             continue
         assert e.port == RECIRC and e.frame is not None, e.rule
         kind, jid, mcast, port, bidx = parse_bridge(e.frame)
         assert (kind, jid, mcast, port, bidx) == (C["BRIDGE_HARVEST_MCAST"], job.id, job.id,
-                                                   int(w) + 1, idx)
+                                                   int(w) + PORT0, idx)
         # pass 2: the registers hold the sums now (the model's state after the round)
-        p2 = TnaPass(t, registers(model, idx, job))
+        p2 = TnaPass(t, registers(model, idx, job), tofino2)
         e2 = p2.expect(RECIRC, e.frame)
         reps = p2.replicas(job.id, e2)
         assert len(reps) == workers == len(out.replies)
@@ -109,16 +115,16 @@ def test_a_retransmission_of_a_finished_round_takes_three_passes_to_the_models_r
     datas = [wire.pack(wire.OP_ADD, job.id, w, 0, 5, np.full(K, w + 1, np.int32), k=K, auth=7)
              for w in range(2)]
     for w, d in enumerate(datas):
-        model.process(d, job.workers[w], w + 1)
+        model.process(d, job.workers[w], w + PORT0)
     idx = 2 * job.base
     p = TnaPass(t, registers(model, idx, job))
-    e1 = p.expect(1, frame("10.0.0.1", datas[0]))
+    e1 = p.expect(PORT0, frame("10.0.0.1", datas[0]))
     assert e1.port == RECIRC and parse_bridge(e1.frame)[0] == C["BRIDGE_RETRANS_HI"]
     e2 = p.expect(RECIRC, e1.frame)
     assert e2.port == RECIRC and parse_bridge(e2.frame)[0] == C["BRIDGE_HARVEST_UNICAST"]
     e3 = p.expect(RECIRC, e2.frame)
-    want = model.process(datas[0], job.workers[0], 1).replies
-    assert e3.port == 1 and [(payload(e3.frame), job.workers[0])] == want
+    want = model.process(datas[0], job.workers[0], PORT0).replies
+    assert e3.port == PORT0 and [(payload(e3.frame), job.workers[0])] == want
 
 
 def test_plain_forwarding_routes_and_drops_homagg_results_from_hosts():
@@ -138,8 +144,10 @@ def test_a_job_entry_homagg_ctl_never_writes_is_outside():
     t, _ = job_tables(2)
     t.entries["job_workers"][0][2]["workers"] = 0
     data = wire.pack(wire.OP_ADD, 3, 0, 0, 1, np.zeros(K, np.int32), k=K, auth=7)
-    with pytest.raises(tna.Outside, match="worker 0 of 0"):
-        TnaPass(t, {}).expect(1, frame("10.0.0.1", data))
+    with pytest.raises(tna.Outside, match="worker 0 of 0"):   # admitted: no bookkeeping
+        TnaPass(t, {}).expect(PORT0, frame("10.0.0.1", data))
+    e = TnaPass(t, {}).expect(PORT0 + 1, frame("10.0.0.1", data))  # admission's drop: answered
+    assert e.frame is None and "DROP_SPOOFED" in e.rule
 
 
 PTF = '''

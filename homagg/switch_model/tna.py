@@ -5,23 +5,17 @@ TNA program (P4Testgen's Tofino target, ``homagg.controller.tna_testgen``) again
 P4Testgen executes one pass: a frame on an ingress port, the tables and register cells it
 chose, and the frame that leaves (on a port, or recirculated) or a drop. The model works on
 whole datagrams, so ``expect`` projects its answer onto the pass the TNA design says carries
-it (docs/switch.md, "Tofino"):
+it (docs/switch.md, "Tofino"): a worker's datagram (pass 1) is ``SwitchModel.process`` from
+the state the registers hold (``seed``); a reply to the sender leaves on the ingress port, a
+completed round recirculates (``bridge_h`` in front) with the result's high lanes, a finished
+round's retransmission with the bridge that asks for them, the join's multicast as the
+replica ``result_dst`` addresses; a recirculated pass reads the low lanes (or the high ones)
+of the copy ``bridge_h`` names, so that what leaves is the model's result; anything else is
+plain forwarding (the v1model program's forwarding.p4).
 
-- a worker's datagram (pass 1): ``SwitchModel.process`` from the state the registers hold
-  (``seed``), on a model whose job is the ``job_workers`` entry. A reply to the sender leaves
-  on the ingress port; a completed round recirculates (``bridge_h`` in front) with the
-  result's high lanes, a finished round's retransmission with the bridge that asks for them;
-  the join's multicast leaves as the replica ``result_dst`` addresses;
-- a recirculated pass (pass 2 or 3): the low lanes of the copy ``bridge_h`` names, or the high
-  ones for a retransmission, so that the datagram that leaves is the model's result;
-- anything else: plain forwarding (the v1model program's forwarding.p4: proxy ARP, routes,
-  homagg results from hosts dropped), which the model leaves to the program.
-
-What the TNA design declares different from the model (no overflow flag, no count kept, runs
-told apart by number) is not projected away here: ``homagg.controller.tna_testgen`` names each
-such disagreement by the difference it is. A test whose tables or registers no run of homagg's
-control plane and protocol reaches (a job entry homagg-ctl never writes, bookkeeping cells
-that disagree with each other) has no model state to compare with: ``Outside`` says which.
+What the TNA design declares different from the model is taken in only where asked
+(``DIFFERENCES``). A test whose tables or registers no run of homagg's control plane and
+protocol reaches has no model state to compare with: ``Outside`` says which.
 """
 
 from __future__ import annotations
@@ -38,9 +32,9 @@ from homagg.switch_model.model import SwitchModel
 from homagg.switch_model.state import JobEntry
 
 ETH, IP4, UDP, ARP = 14, 20, 8, 28
-
-#: What the TNA design declares it does otherwise than the model (docs/switch.md, "Tofino",
-#: "Where it differs from the v1model program"), as ``TnaPass`` can take each into its answer
+#: Tofino drops what ingress sends to port 511, and (PTF) a packet leaving ingress under 30 B
+DROP_PORT, PTF_MIN = 511, 30
+#: What the TNA design declares it does otherwise (docs/switch.md, "Tofino"), for ``TnaPass``
 NO_OVERFLOW, NO_COUNT, RUNS, JOIN_WORDS = "no overflow flag", "no count kept", \
     "runs told apart by their number", "a join's reply keeps the join's words"
 DIFFERENCES = {
@@ -50,7 +44,6 @@ DIFFERENCES = {
     JOIN_WORDS: "a join's replies carry its words back (its run word 0), not zeros",
 }
 HB = wire.HOMAGG_HDR_BYTES
-MASK32 = 0xFFFFFFFF
 
 
 @cache
@@ -61,7 +54,7 @@ def tna_constants() -> dict[str, int]:
     out = {m[1]: int(m[2], 0) for m in re.finditer(
         r"const\s+bit<\d+>\s+(\w+)\s*=\s*(\w+);", (tofino / "headers.p4").read_text())}
     size = (tofino / "size.p4").read_text()
-    out["WORDS"] = int(re.findall(r"#define WORDS_PER_PACKET (\d+)", size)[0])
+    out["WORDS"] = out["WORDS_T2"] = int(re.findall(r"#define WORDS_PER_PACKET (\d+)", size)[0])
     out["MAX_WORKERS"] = int(re.findall(r"#define TNA_MAX_WORKERS (\d+)", size)[0])
     ports = re.findall(r"#define RECIRC_PORT (\d+)", size)
     out["RECIRC_PORT"], out["RECIRC_PORT_T2"] = int(ports[1]), int(ports[0])
@@ -119,17 +112,18 @@ class Tables:
 class Expect:
     """A pass's outcome: ``port`` (None where the pass does not decide it: a multicast
     replica's), the frame and which of its bits are decided (``care``, a byte mask), or a
-    drop (``frame`` None). ``rule`` names the model's rule that decided it."""
+    drop (``frame`` None). ``rule`` names the model's rule that decided it; ``job``: a
+    multicast's, whose replicas ``TnaPass.replicas`` addresses."""
 
     rule: str
     port: int | None = None
     frame: bytes | None = None
     care: bytes | None = None
+    job: int | None = None
 
 
 class Outside(Exception):
-    """The test's tables or registers are no state homagg's control plane and protocol reach:
-    there is no model state to compare with (the message says why)."""
+    """The test's tables or registers are no state homagg reaches (the message says why)."""
 
 
 @dataclass
@@ -161,10 +155,10 @@ def parse(data: bytes, at: int = 0, k: int = 64) -> Frame:
         return f
     et = f.u(at + 12, 2)
     o = at + ETH
-    if et == wire.ETHERTYPE_ARP and n >= o + ARP:
+    if at == 0 and et == wire.ETHERTYPE_ARP and n >= o + ARP:
         f.arp = o
         return f
-    if et != wire.ETHERTYPE_IPV4 or n < o + IP4:
+    if (at == 0 and et != wire.ETHERTYPE_IPV4) or n < o + IP4:   # (a recirculation: all)
         return f
     f.ipv4 = o
     ihl, frag, proto = data[o] & 0xF, f.u(o + 6, 2) & 0x1FFF, data[o + 9]
@@ -190,26 +184,24 @@ def parse(data: bytes, at: int = 0, k: int = 64) -> Frame:
 class TnaPass:
     """The model's answer for one pass of the TNA program, given a test's tables and its
     register cells (``registers[name][index]`` -> the cell's fields, by field name), for
-    Tofino 1 (``recirc``: the recirculation port, 68) or 2 (6)."""
+    Tofino 1 or 2 (``tofino2``: its recirculation port and its K). ``declared``: the
+    differences (``DIFFERENCES``) to take into the answer."""
 
     def __init__(self, tables: Tables, registers: dict[str, dict[int, dict[str, int]]],
-                 recirc: int | None = None, declared: frozenset[str] = frozenset()):
+                 tofino2: bool = False, declared: frozenset[str] = frozenset()):
         unknown = set(declared) - set(DIFFERENCES)
         if unknown:
             raise ValueError(f"not a declared difference: {sorted(unknown)}")
         self.declared = declared
-        c = tna_constants()
-        self.c = c
-        self.k = c["WORDS"]
+        self.c = c = tna_constants()
+        self.k = c["WORDS_T2" if tofino2 else "WORDS"]
         self.half = self.k // 2
-        self.recirc = c["RECIRC_PORT"] if recirc is None else recirc
-        self.t = tables
-        self.regs = registers
-
+        self.recirc = c["RECIRC_PORT_T2" if tofino2 else "RECIRC_PORT"]
+        self.t, self.regs = tables, registers
+        self.invalid = ""   # why the packet's job entry is none homagg-ctl writes, or ""
     # -- register cells ---------------------------------------------------------------------
     def cell(self, reg: str, index: int) -> dict[str, int] | None:
         return self.regs.get(reg, {}).get(index)
-
     def lanes(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
         cells = [self.cell(f"p{i:02d}.lanes", idx) or {} for i in range(self.half)]
         return (np.array([v.get("lo", 0) for v in cells], np.uint32),
@@ -273,6 +265,8 @@ class TnaPass:
         if f.ipv4 is not None:
             f.put(f.ipv4 + 10, 2, ipv4_checksum(d[f.ipv4:f.ipv4 + IP4]))
         frame = bytes(bridge) + bytes(d[f.at:])
+        if port == DROP_PORT or 9 + len(d) - f.at < PTF_MIN:   # (bridge_h on it in ingress)
+            return Expect(f"{rule}, to port {port} of {len(frame)} bytes: Tofino drops it")
         care = bytearray(b"\xff" * len(frame))
         if f.words and f.homagg is not None and not all(care_words):
             base = len(bridge) + f.homagg - f.at + HB
@@ -291,11 +285,11 @@ class TnaPass:
             return None
         workers, worker = p["workers"], p["worker"]
         if not 1 <= workers <= self.c["MAX_WORKERS"] or worker >= workers:
-            raise Outside(f"job entry with worker {worker} of {workers}: homagg-ctl writes "
-                          f"workers 0..n-1 of at most {self.c['MAX_WORKERS']}")
-        if p["region_base"] + p["region_size"] > wire.SLOTS:
-            raise Outside(f"job region {p['region_base']}+{p['region_size']} past the "
-                          f"{wire.SLOTS} slots")
+            # (admission's drops and refusals do not depend on it: the model answers those;
+            # a packet it admits has no bookkeeping to compare with: _worker says so)
+            self.invalid = (f"job entry with worker {worker} of {workers}: homagg-ctl writes "
+                            f"workers 0..n-1 of at most {self.c['MAX_WORKERS']}")
+            workers = max(workers, worker + 1)
         addrs = [(f"0.0.0.{w}", 1) for w in range(workers)]
         addrs[worker] = (_ip(src[0]), src[1])
         ports = [port ^ 1] * workers
@@ -306,6 +300,8 @@ class TnaPass:
 
     def _worker(self, port: int, f: Frame) -> Expect:
         model = SwitchModel(words=self.k)
+        model.job_stats = np.zeros(wire.JOB_STATS_PER_JOB << 16, np.int64)  # (any 16-bit id)
+        self.invalid = ""
         hit = self._job(f, port)
         job = None
         if hit is not None:
@@ -318,9 +314,16 @@ class TnaPass:
             return Expect("admission: IPv4 and UDP lengths disagree (DROP_BAD_LENGTH)")
         data = bytes(f.data[udp + UDP:ip + total])
         src = (_ip(f.u(ip + 12, 4)), f.u(udp, 2))
-        if job is not None and len(data) >= HB:
+        if job is not None and len(data) >= HB and data[0] & 0xF != wire.OP_JOIN \
+                and wire.fields(data)["slot"] < job.size \
+                and job.base + wire.fields(data)["slot"] >= wire.SLOTS:
+            raise Outside(f"job region {job.base}+{job.size}: a slot past the pool's "
+                          f"{wire.SLOTS}, which homagg-ctl never writes")
+        if job is not None and len(data) >= HB and not self.invalid:
             self.seed(model, job, p["worker"], data)
         out = model.process(data, src, port)
+        if self.invalid and out.verdict is not None:   # admitted: bookkeeping follows
+            raise Outside(self.invalid)
         if not out.replies:
             return Expect(f"model: {out.counter}, nothing sent")
         assert job is not None
@@ -418,9 +421,7 @@ class TnaPass:
         self._payload(f, reply)
         return self._out(rule, port, f)
     def _payload(self, f: Frame, reply: bytes) -> None:
-        o = f.homagg
-        assert o is not None
-        f.data[o:o + len(reply)] = reply
+        f.data[f.homagg:f.homagg + len(reply)] = reply  # type: ignore[operator]
 
     def _to_sender(self, f: Frame) -> None:
         d, ip, udp = f.data, f.ipv4, f.udp
@@ -450,7 +451,7 @@ class TnaPass:
         if reply is not None:
             self._payload(f, reply)
         e = self._out(rule, None, f)
-        e.rule += f" (a replica of job {job})"
+        e.job = job
         return e
 
     def replicas(self, job: int, e: Expect) -> list[Expect]:

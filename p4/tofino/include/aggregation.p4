@@ -104,7 +104,8 @@ control Admission(in tna_headers_t hdr, inout tna_metadata_t md, in bit<9> ingre
             (0, true, false, HOMAGG_IPV4_LEN, HOMAGG_UDP_LEN, HOMAGG_VERSION, _, _, _, _, _, _, _, _): drop((bit<8>)DROP_BAD_OP);
             (0, true, false, HOMAGG_IPV4_LEN, HOMAGG_UDP_LEN, _, _, _, _, _, _, _, _, _): drop((bit<8>)DROP_BAD_VERSION);
             (0, true, false, _, _, _, _, _, _, _, _, _, _, _): drop((bit<8>)DROP_BAD_LENGTH);
-            /* a join */
+            /* a join (its slot inside the job's region too, as on bmv2) */
+            (0, false, true, HOMAGG_JOIN_IPV4_LEN, HOMAGG_JOIN_UDP_LEN, HOMAGG_VERSION, OP_JOIN, 0, 1, 0, 0, 0, 0, 0): drop((bit<8>)DROP_BAD_SLOT);
             (0, false, true, HOMAGG_JOIN_IPV4_LEN, HOMAGG_JOIN_UDP_LEN, HOMAGG_VERSION, OP_JOIN, 0, 1, 0, 0, 0, 0, _): admit();
             (0, false, true, HOMAGG_JOIN_IPV4_LEN, HOMAGG_JOIN_UDP_LEN, HOMAGG_VERSION, OP_JOIN, 0, 1, 0, 0, _, _, _): drop((bit<8>)DROP_WRONG_IDENTITY);
             (0, false, true, HOMAGG_JOIN_IPV4_LEN, HOMAGG_JOIN_UDP_LEN, HOMAGG_VERSION, OP_JOIN, 0, 1, 0, _, _, _, _): drop((bit<8>)DROP_SPOOFED);
