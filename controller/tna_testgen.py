@@ -272,6 +272,8 @@ def _differ(exp: tna.Expect, t: GenTest) -> str | None:
     if exp.port is not None and exp.port != t.out_port:
         return f"model sends on port {exp.port} ({exp.rule}); P4Testgen on {t.out_port}"
     a, b = exp.frame, t.out_frame
+    if len(a) == len(b) + 1 and exp.port is not None and exp.port == t.out_port:
+        return SHORT
     if len(a) != len(b):
         return f"model's frame is {len(a)} bytes ({exp.rule}); P4Testgen's {len(b)}"
     care = bytearray(exp.care or b"\xff" * len(a))
@@ -311,10 +313,8 @@ def replay(t: GenTest, tofino2: bool = False) -> Result:
         return Result(t, "outside", str(e))
     if why is None:
         return Result(t, "agreed")
-    if "P4Testgen's" in why and " bytes " in why and t.out_frame is not None:
-        m = re.search(r"frame is (\d+) bytes .*P4Testgen's (\d+)$", why)
-        if m and int(m[1]) == int(m[2]) + 1:
-            return Result(t, "port only", SHORT)
+    if why == SHORT:
+        return Result(t, "port only", SHORT)
     names = list(tna.DIFFERENCES)
     for size in range(1, len(names) + 1):
         for combo in itertools.combinations(names, size):

@@ -32,11 +32,6 @@ def jit() -> ModuleType:
     return _jit_module
 
 
-def loaded() -> bool:
-    """Whether numba's kernels have been imported in this process."""
-    return _jit_module is not None
-
-
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
