@@ -82,6 +82,16 @@ __all__ = ["HOLDER_CELL", "MAX_JOINS", "SERVICE_JOBS_CELL", "Answer", "Held", "J
 log = logging.getLogger("homagg.service")
 
 
+def _mark(f: P.Fabric, job_id: int, on: bool, but: P.Place | None = None) -> None:
+    """Set (or clear) job ``job_id``'s mark on every place of ``f``, ``but`` one."""
+    for pl in f.places():
+        if pl != but:
+            sw = f.session(pl)
+            mask = read_jobs_mark(sw)
+            if bool(mask >> job_id & 1) != on:
+                write_jobs_mark(sw, mask ^ 1 << job_id)
+
+
 class JobService(Upkeep):
     """Joins, leases and leaves, against the places of ``cfg`` (``connect`` opens a session:
     ``P4RuntimeSwitch``, or ``LocalSwitch`` in tests). Thread-safe: ``_cond`` guards the
@@ -342,23 +352,25 @@ class JobService(Upkeep):
             # the job's key, in every packet: a sender off the job's path cannot guess it
             spec = validate_job(free[0], workers, p.slots, "auto",
                                 key=secrets.randbits(32) or 1)
+            # The mark first, on every place the job may land: a service killed between the
+            # writes leaves a mark without its job (cleared when it is read back), never a
+            # job nobody marked (held for good).
+            _mark(f, spec.id, True)
             try:
                 pj = f.add(spec)
             except NoFreeRegion:
+                _mark(f, spec.id, False)
                 raise Refusal("RESOURCE_EXHAUSTED",
                               f"job {p.name!r} ({p.world} workers, {p.slots} slots) fits "
                               f"nowhere: {free_text(f)}") from None
             except JobError as e:  # a sender another job has: say so, write nothing
+                _mark(f, spec.id, False)
                 raise Refusal("FAILED_PRECONDITION", f"job {p.name!r}: {e}") from None
             except BaseException:
                 undo_placement(f, spec.id)
+                _mark(f, spec.id, False)
                 raise
-            try:
-                sw = f.session(pj.place)
-                write_jobs_mark(sw, read_jobs_mark(sw) | 1 << pj.job.id)
-            except BaseException:
-                undo_placement(f, pj.job.id)
-                raise
+            _mark(f, spec.id, False, but=pj.place)
         run = secrets.randbits(32) or 1  # the attempt: every rank of it carries the same one
         senders = tuple(p.ranks[r] for r in range(p.world))
         with self._cond:

@@ -254,16 +254,18 @@ def _host(cfg: Config, place: P.Place, ip: str, port: int) -> Worker:
 
 
 def write(f: P.Fabric, tp: TreePlan) -> dict[str, J.InstalledJob]:
-    """Every switch job of ``tp``, parents first, each marked as the service's; what was
-    written is undone if a write fails. The jobs written, by switch."""
+    """Every switch job of ``tp``, parents first, each marked as the service's before it is
+    written (a service killed between the two leaves a mark without its job, cleared when it
+    is read back, never a job nobody marked); what was written is undone if a write fails.
+    The jobs written, by switch."""
     done: list[P.Place] = []
     out: dict[str, J.InstalledJob] = {}
     try:
         for sj in tp.jobs:
             sw = f.session(sj.place)
-            out[sj.name] = J.add_job(sw, sj.spec, sj.place.pool)
             done.append(sj.place)
             write_jobs_mark(sw, read_jobs_mark(sw) | 1 << tp.job_id)
+            out[sj.name] = J.add_job(sw, sj.spec, sj.place.pool)
     except BaseException:
         for pl in reversed(done):
             try:
