@@ -279,7 +279,7 @@ control HomaggIngress(inout tna_headers_t hdr, inout tna_metadata_t md,
         TO_SENDER BACK
     }
     action refuse_join() {
-        hdr.homagg.flags = FLAG_RESULT | FLAG_REFUSED;
+        SET_FLAGS(FLAG_RESULT | FLAG_REFUSED)
         JOIN_REPLY hdr.join.last = md.refusal;
         TO_SENDER BACK
     }
