@@ -61,14 +61,13 @@ from homagg.controller.service_state import (
     is_worker,
     job_secret,
     label,
+    mark_job,
     not_yours,
     peer_ip,
     positive_seconds,
     ranks_text,
-    read_jobs_mark,
     undo_placement,
     worker_of,
-    write_jobs_mark,
 )
 from homagg.controller.service_upkeep import Upkeep
 from homagg.controller.switch import Switch
@@ -86,10 +85,7 @@ def _mark(f: P.Fabric, job_id: int, on: bool, but: P.Place | None = None) -> Non
     """Set (or clear) job ``job_id``'s mark on every place of ``f``, ``but`` one."""
     for pl in f.places():
         if pl != but:
-            sw = f.session(pl)
-            mask = read_jobs_mark(sw)
-            if bool(mask >> job_id & 1) != on:
-                write_jobs_mark(sw, mask ^ 1 << job_id)
+            mark_job(f.session(pl), job_id, on)
 
 
 class JobService(Upkeep):

@@ -329,6 +329,13 @@ def write_jobs_mark(sw: Switch, mask: int) -> None:
                      {SERVICE_JOBS_CELL: CounterValue(mask & low, mask >> _MASK_BITS)})
 
 
+def mark_job(sw: Switch, job_id: int, on: bool) -> None:
+    """Set (``on``) or clear job ``job_id``'s bit of the mark on ``sw``."""
+    mask = read_jobs_mark(sw)
+    if bool(mask >> job_id & 1) != on:
+        write_jobs_mark(sw, mask ^ 1 << job_id)
+
+
 def job_secret(key: bytes, job_id: int, worker: int, sender: tuple[str, int]) -> str:
     """A worker's secret for its job: what Renew and Leave must present."""
     msg = f"homagg job secret/{job_id}/{worker}/{sender[0]}:{sender[1]}".encode()

@@ -37,6 +37,7 @@ from homagg.controller.service_state import (
     NO_MAC,
     Answer,
     Refusal,
+    mark_job,
     read_jobs_mark,
     write_jobs_mark,
 )
@@ -264,7 +265,7 @@ def write(f: P.Fabric, tp: TreePlan) -> dict[str, J.InstalledJob]:
         for sj in tp.jobs:
             sw = f.session(sj.place)
             done.append(sj.place)
-            write_jobs_mark(sw, read_jobs_mark(sw) | 1 << tp.job_id)
+            mark_job(sw, tp.job_id, True)
             out[sj.name] = J.add_job(sw, sj.spec, sj.place.pool)
     except BaseException:
         for pl in reversed(done):
@@ -284,7 +285,7 @@ def unmark(sw: Switch, job_id: int, remove: bool) -> None:
             J.remove_job(sw, job_id)
         except JobError:
             pass
-    write_jobs_mark(sw, read_jobs_mark(sw) & ~(1 << job_id))
+    mark_job(sw, job_id, False)
 
 
 def read_marked(f: P.Fabric) -> dict[int, dict[P.Place, J.InstalledJob]]:
