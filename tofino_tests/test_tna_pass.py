@@ -16,7 +16,8 @@ import pytest
 from homagg import wire
 from homagg.controller import tna_testgen as tg
 from homagg.switch_model import JobEntry, SwitchModel, tna
-from homagg.switch_model.tna import Tables, TnaPass, parse_bridge
+from homagg.switch_model.tna import Tables, TnaPass
+from homagg.switch_model.tna_frame import ipv4_checksum, parse_bridge
 
 C = tna.tna_constants()
 K = C["WORDS"]
@@ -34,7 +35,7 @@ def frame(src_ip: str, payload: bytes, sport: int = 50000,
     udp = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0)
     ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28 + len(payload), 0, 0, 64, 17, 0,
                                ipn(src_ip).to_bytes(4, "big"), ipn(SWITCH).to_bytes(4, "big")))
-    ip[10:12] = tna.ipv4_checksum(ip).to_bytes(2, "big")
+    ip[10:12] = ipv4_checksum(ip).to_bytes(2, "big")
     return bytes.fromhex("00000a0000fe00000a0000010800") + bytes(ip) + udp + payload
 
 
@@ -105,7 +106,7 @@ def test_a_rounds_passes_end_in_the_models_multicast(workers, tofino2):
         for r, (want, dst) in zip(reps, out.replies):
             assert payload(r.frame) == want
             assert r.frame[30:34] == ipn(dst[0]).to_bytes(4, "big")
-            assert tna.ipv4_checksum(r.frame[14:34]) == int.from_bytes(r.frame[24:26], "big")
+            assert ipv4_checksum(r.frame[14:34]) == int.from_bytes(r.frame[24:26], "big")
 
 
 def test_a_retransmission_of_a_finished_round_takes_three_passes_to_the_models_reply():
