@@ -151,6 +151,27 @@ def test_a_job_entry_homagg_ctl_never_writes_is_outside():
     assert e.frame is None and "DROP_SPOOFED" in e.rule
 
 
+def test_join_registers_keep_the_run_with_the_jobs_epoch():
+    """md.join_run: the join registers keep the run with the job's epoch in its high half. A
+    job added again under its id (epoch 2, two workers), whose workers join the run (0) its
+    last incarnation (epoch 1, four workers) completed, starts afresh: its first join waits
+    for the other worker, where members {0-3} of run 0 would leave it waiting for good."""
+    t, _ = job_tables(2, epoch=2)
+    data = wire.pack(wire.OP_JOIN, 3, 0, 0, 5, [0], auth=7)   # worker 0, run 0, nonce 5
+
+    def join(key: int, seen: int, gen: int = 9) -> tna.Expect:
+        regs = {"join_state.join_members": {3: {"seen": seen, "run": key}},
+                "join_state.join_generation": {3: {"gen": gen, "run": key}}}
+        return TnaPass(t, regs).expect(PORT0, frame("10.0.0.1", data))
+
+    fresh = join(0 ^ 1 << 16, 0b1111)                # the last incarnation's: afresh, absorbed
+    assert fresh.frame is None and "STAT_ACCEPTED" in fresh.rule, fresh.rule
+    done = join(0 ^ 2 << 16, 0b10)                   # this one's: worker 1 joined, this completes
+    assert done.frame is not None and "join completes" in done.rule, done.rule
+    with pytest.raises(tna.Outside, match="members 0xf outside"):   # no incarnation leaves it
+        join(0 ^ 2 << 16, 0b1111)
+
+
 PTF = '''
 class Test1(AbstractTest):
     # Current statement coverage: 0.12

@@ -171,7 +171,7 @@ class TnaModel:
 
     def _join(self, job: Job, h: dict, words: np.ndarray, me: int, mask: int,
               src: tuple[str, int]) -> list[tuple[bytes, tuple[str, int]]]:
-        run = int(words[wire.JOIN_RUN_WORD])
+        run = int(words[wire.JOIN_RUN_WORD]) ^ job.epoch << 16   # md.join_run
         j = job.id % wire.MAX_JOBS
         seen_run = self.members[j]
         if int(seen_run[1]) != run:                     # member
@@ -185,21 +185,22 @@ class TnaModel:
             self.generation[j] = ((int(g[0]) + 1) & MASK32, run)
         gen = int(self.generation[j, 0]) & 0xFF
         left_before, left_after = rv ^ mask, rv ^ mask ^ me
+        pflag = h["flags"] & wire.FLAG_PHASE              # (SET_FLAGS keeps it)
         out = words.copy()
         out[wire.JOIN_RUN_WORD] = 0
         if left_before == 0 or (not rv & me and left_after == 0):
             if left_before == 0:
                 self._count(wire.STAT_RETRANS_REPLY, job, wire.JOB_STAT_RETRANS)
-                return [(self._joinreply(h, wire.FLAG_RESULT | wire.FLAG_RETRANS, out, gen),
-                         src)]
+                flags = wire.FLAG_RESULT | wire.FLAG_RETRANS | pflag
+                return [(self._joinreply(h, flags, out, gen), src)]
             self._count(wire.STAT_COMPLETED, job, wire.JOB_STAT_COMPLETED)
-            r = self._joinreply(h, wire.FLAG_RESULT, out, gen)
+            r = self._joinreply(h, wire.FLAG_RESULT | pflag, out, gen)
             return [(r, dst) for dst in self.results[job.id]]
         if rv & me:                                     # again, still waiting
             out[wire.JOIN_WORDS - 2] = rv
             self._count(wire.STAT_DUP_PENDING, job, wire.JOB_STAT_RETRANS)
-            return [(self._joinreply(h, wire.FLAG_RESULT | wire.FLAG_STATUS, out, h["gen"]),
-                     src)]
+            flags = wire.FLAG_RESULT | wire.FLAG_STATUS | pflag
+            return [(self._joinreply(h, flags, out, h["gen"]), src)]
         self._count(wire.STAT_ACCEPTED, job, wire.JOB_STAT_ACCEPTED)
         return []
 

@@ -136,6 +136,7 @@ class TnaPass:
     # -- register cells ---------------------------------------------------------------------
     def cell(self, reg: str, index: int) -> dict[str, int] | None:
         return self.regs.get(reg, {}).get(index)
+
     def lanes(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
         cells = [self.cell(f"p{i:02d}.lanes", idx) or {} for i in range(self.half)]
         return (np.array([v.get("lo", 0) for v in cells], np.uint32),
@@ -294,17 +295,22 @@ class TnaPass:
             j = job.id % wire.MAX_JOBS
             mem = self.cell("join_state.join_members", j) or {}
             gen = self.cell("join_state.join_generation", j) or {}
-            seen, run = mem.get("seen", 0), mem.get("run", 0)
-            if run != gen.get("run", 0):
+            # (the registers keep the run with the job's epoch in its high half: md.join_run)
+            pkt_run = int.from_bytes(data[HB:HB + 4], "big")
+            key = pkt_run ^ job.epoch << 16
+            seen, ours = mem.get("seen", 0), mem.get("run", 0) == key
+            if ours != (gen.get("run", 0) == key):
                 raise Outside("join registers of two runs (members' run != generation's)")
+            if not ours:   # another run's: both registers start afresh, reading no more
+                seen &= full   # (a run of nobody past the job is a run of fewer)
             if seen & ~full:
                 raise Outside(f"join members {seen:#x} outside the job's {full:#x}")
             count = seen.bit_count()
             g = gen.get("gen", 0) & 0xFF
+            run = pkt_run if ours else pkt_run ^ 1
             model.join_state[job.id] = [seen, count, g, job.epoch, int(count == len(
                 job.workers)), g, 0, run]
-            pkt_run = int.from_bytes(data[HB:HB + 4], "big")
-            if seen & me and run == pkt_run:   # no nonce kept: a member's join is a resend
+            if seen & me and ours:   # no nonce kept: a member's join is a resend
                 model.join_nonce[(job.id, worker)] = h["seq"]
             return
         idx = 2 * (job.base + h["slot"]) + (1 if h["flags"] & wire.FLAG_PHASE else 0)

@@ -222,11 +222,11 @@ control HomaggIngress(inout tna_headers_t hdr, inout tna_metadata_t md,
         COUNT(STAT_ACCEPTED, JOB_STAT_ACCEPTED)
     }
     action join_again() {
-        JOIN_REPLY hdr.homagg.gen = md.gen; hdr.homagg.flags = FLAG_RESULT | FLAG_RETRANS;
+        JOIN_REPLY hdr.homagg.gen = md.gen; SET_FLAGS(FLAG_RESULT | FLAG_RETRANS)
         TO_SENDER BACK COUNT(STAT_RETRANS_REPLY, JOB_STAT_RETRANS)
     }
     action join_complete() {
-        JOIN_REPLY hdr.homagg.gen = md.gen; hdr.homagg.flags = FLAG_RESULT;
+        JOIN_REPLY hdr.homagg.gen = md.gen; SET_FLAGS(FLAG_RESULT)
         FROM_SWITCH
         ig_tm_md.mcast_grp_a = md.mcast_group;
         ig_tm_md.level1_exclusion_id = 0xFFFF;
@@ -236,7 +236,7 @@ control HomaggIngress(inout tna_headers_t hdr, inout tna_metadata_t md,
         COUNT(STAT_COMPLETED, JOB_STAT_COMPLETED)
     }
     action join_pending() {
-        JOIN_REPLY hdr.homagg.flags = FLAG_RESULT | FLAG_STATUS;
+        JOIN_REPLY SET_FLAGS(FLAG_RESULT | FLAG_STATUS)
         hdr.join.seen_lo = md.rv;   /* who joined (this worker among them) */
         TO_SENDER BACK COUNT(STAT_DUP_PENDING, JOB_STAT_RETRANS)
     }
@@ -376,7 +376,7 @@ control HomaggIngress(inout tna_headers_t hdr, inout tna_metadata_t md,
                     }
                 } else if (hdr.join.isValid()) {
                     md.admitted = 1;
-                    join_state.apply(hdr.join, md);
+                    join_state.apply(md);
                 } else {
                     slot_round.apply(hdr.homagg, md);
                     if (md.newround == 1) {

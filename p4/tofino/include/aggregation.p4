@@ -43,6 +43,7 @@ control Admission(in tna_headers_t hdr, inout tna_metadata_t md, in bit<9> ingre
         md.auth_diff = auth ^ hdr.homagg.auth;       /* the job's key */
         md.job_diff = job ^ hdr.homagg.job;          /* the header's identity */
         md.worker_diff = worker ^ hdr.homagg.worker;
+        md.join_run = hdr.join.run ^ (epoch ++ 16w0);   /* (JoinState) */
     }
 
     table job_workers {
@@ -307,27 +308,30 @@ control SlotRound(in homagg_h h, inout tna_metadata_t md) {
 
 struct members_t {
     bit<32> seen;   /* the workers that joined this run */
-    bit<32> run;    /* the run they joined (a join's word 0) */
+    bit<32> run;    /* the run they joined (a join's word 0), with the epoch: md.join_run */
 }
 
 struct generation_t {
     bit<32> gen;    /* the last run's generation */
-    bit<32> run;    /* that run */
+    bit<32> run;    /* that run (md.join_run) */
 }
 
 /* The join (join.p4's protocol, on two registers per job): a join of another run than the
  * job's last starts the membership afresh and the next generation; a join of the same run
- * adds its worker (a retransmission adds nothing). md.rv: the members before this join. */
-control JoinState(in join_h j, inout tna_metadata_t md) {
+ * adds its worker (a retransmission adds nothing). md.rv: the members before this join.
+ * The registers are the job id's and a cell has no room for the epoch, so the run they keep
+ * is md.join_run, the join's run with the job's epoch in its high half: a job added again
+ * under its id starts its joins afresh, as on bmv2, where its workers join run 0 again. */
+control JoinState(inout tna_metadata_t md) {
     Register<members_t, bit<JOB_ID_WIDTH>>(MAX_JOBS) join_members;
     Register<generation_t, bit<JOB_ID_WIDTH>>(MAX_JOBS) join_generation;
 
     RegisterAction<members_t, bit<JOB_ID_WIDTH>, bit<32>>(join_members) member = {
         void apply(inout members_t v, out bit<32> rv) {
-            if (v.run != j.run) {
+            if (v.run != md.join_run) {
                 rv = 0;
                 v.seen = md.me;
-                v.run = j.run;
+                v.run = md.join_run;
             } else {
                 rv = v.seen;
                 v.seen = v.seen | md.me;
@@ -337,9 +341,9 @@ control JoinState(in join_h j, inout tna_metadata_t md) {
 
     RegisterAction<generation_t, bit<JOB_ID_WIDTH>, bit<32>>(join_generation) generation = {
         void apply(inout generation_t v, out bit<32> rv) {
-            if (v.run != j.run) {
+            if (v.run != md.join_run) {
                 v.gen = v.gen + 1;
-                v.run = j.run;
+                v.run = md.join_run;
             }
             rv = v.gen;
         }

@@ -122,6 +122,7 @@ struct tna_metadata_t {
     bit<3>   verdict;        /* VERDICT_* (the verdict table, homagg_tna.p4) */
     bit<32>  refusal;        /* the last word of a refusal: a DROP_* reason */
     bit<8>   gen;            /* a join's answer: the run's generation */
+    bit<32>  join_run;       /* a join's run in this incarnation: run ^ (epoch ++ 16w0) */
 }
 
 struct tna_egress_headers_t {
