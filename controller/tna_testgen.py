@@ -5,11 +5,11 @@ written by nobody here.
     homagg-ctl build --target tofino --testgen N [--seed S]
 
 runs ``p4testgen`` (p4c's P4Tools, on PATH or ``$HOMAGG_P4TESTGEN``) on
-p4/tofino/homagg_tna.p4 for at most N tests, seeded, preferring paths that cover new
-statements; it writes them as PTF (the only test back end that carries the register cells a
-test starts from) under the state directory, and for each test compares the frame P4Testgen
-says leaves (and on which port), or its drop, with the model's answer for that pass, from the
-same table entries and register cells. Each test ends as one of:
+p4/tofino/homagg_tna.p4 three times (``STEERS``), for at most N tests each, seeded, preferring
+paths that cover new statements; it writes them as PTF (the only test back end that carries
+the register cells a test starts from) under the state directory, and for each test compares
+the frame P4Testgen says leaves (and on which port), or its drop, with the model's answer for
+that pass, from the same table entries and register cells. Each test ends as one of:
 
 - **agreed**: the same frame on the same port (bits P4Testgen leaves undecided aside), or both
   drop;
@@ -24,12 +24,14 @@ same table entries and register cells. Each test ends as one of:
   each other): there is no model state to compare with, and the reason is named;
 - **disagreed**: anything else, a bug in the program or the model.
 
-It prints those counts and P4Testgen's statement coverage of the program.
+It prints those counts and P4Testgen's statement coverage of the program, each run's and the
+three runs' together (a statement any of them covers).
 """
 
 from __future__ import annotations
 
 import ast
+import gzip
 import itertools
 import re
 import subprocess
@@ -51,6 +53,15 @@ TARGETS = {"tofino": "tna", "tofino2": "t2na"}
 KEY_NAMES = {"job_workers": ("src_addr", "src_port"), "local_ip": ("dst_addr",),
              "arp_proxy": ("tpa",), "aggregators": ("src_addr", "port"),
              "ipv4_route": ("dst_addr",), "result_dst": ("job", "rid")}
+
+
+#: P4Testgen's runs, and the HOMAGG_TESTGEN_STEER each compiles the program with. Its greedy
+#: path selection always takes a branch's first side, and the first side of admission's slot
+#: check (``region_size |-| slot``) is the saturated one, so alone it admits no packet
+#: (docs/switch.md). "plain" is the program as bf-p4c compiles it; the other two add
+#: ``testgen_assume`` after the job table (p4/tofino/include/aggregation.p4): the slot inside
+#: the job's region, a worker of the job as homagg-ctl writes it, and a contribution, or a join
+STEERS = {"plain": 0, "contributions": 1, "joins": 2}
 
 
 class TestgenError(HomaggError):
@@ -87,14 +98,20 @@ class Result:
 class Summary:
     results: list[Result] = field(default_factory=list)
     coverage: float = 0.0
-    statements: tuple[int, int] | None = None   # covered, of all (p4testgen's log)
+    statements: tuple[int, int] | None = None   # covered, of all (p4testgen's logs)
+    #: each run (``STEERS``): its tests, and the statements its log says it covered
+    runs: dict[str, tuple[int, tuple[int, int] | None]] = field(default_factory=dict)
 
     def count(self, outcome: str) -> int:
         return sum(r.outcome == outcome for r in self.results)
 
     def render(self) -> str:
         n = len(self.results)
-        lines = [f"tests generated     {n}",
+        lines = [f"{'run':<19} tests  statement coverage"] if self.runs else []
+        for name, (tests, cov) in self.runs.items():
+            of = f"{100 * cov[0] / cov[1]:.0f}% ({cov[0]} of {cov[1]})" if cov else "?"
+            lines.append(f"{name:<19} {tests:5}  {of}")
+        lines += [f"tests generated     {n}",
                  f"agreed              {self.count('agreed')}",
                  f"declared            {self.count('declared')}"]
         by = Counter(d for r in self.results if r.outcome == "declared" for d in r.declared)
@@ -105,7 +122,8 @@ class Summary:
         lines += [f"  {k}: {v}" for k, v in sorted(why.items())]
         lines.append(f"disagreed           {self.count('disagreed')}")
         of = f" ({self.statements[0]} of {self.statements[1]})" if self.statements else ""
-        lines.append(f"statement coverage  {100 * self.coverage:.0f}%{of}")
+        runs = ", the runs together" if len(self.runs) > 1 else ""
+        lines.append(f"statement coverage  {100 * self.coverage:.0f}%{of}{runs}")
         for r in self.results:
             if r.outcome == "disagreed":
                 lines.append(f"\n{r.test.name}: {r.detail}")
@@ -118,12 +136,15 @@ def _kind(detail: str) -> str:
 
 # -- generating --------------------------------------------------------------------------------
 def generate(n: int, seed: int = 1, target: str = "tofino", out: Path | None = None,
-             timeout: float | None = None) -> Path:
-    """Run p4testgen for at most ``n`` tests; return the PTF file it wrote."""
+             timeout: float | None = None, steer: str = "plain") -> Path:
+    """Run p4testgen for at most ``n`` tests, steered as ``STEERS[steer]`` says; return the
+    PTF file it wrote (its log, with the statements it left uncovered, beside it)."""
     if target not in TARGETS:
         raise TestgenError(f"target {target!r}: one of {', '.join(TARGETS)}")
+    if steer not in STEERS:
+        raise TestgenError(f"run {steer!r}: one of {', '.join(STEERS)}")
     tool = require("p4testgen")
-    out = out or paths.state_dir() / f"{target}-testgen"
+    out = out or paths.state_dir() / f"{target}-testgen" / steer
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.py"):
         old.unlink()
@@ -133,9 +154,10 @@ def generate(n: int, seed: int = 1, target: str = "tofino", out: Path | None = N
     cmd = [str(tool), "--target", target, "--arch", TARGETS[target], "--std", "p4-16",
            f"-D__TARGET_TOFINO__={2 if target == 'tofino2' else 1}",
            f"-DWORDS_PER_PACKET={WORDS_BY_TARGET[target]}",
+           *([f"-DHOMAGG_TESTGEN_STEER={STEERS[steer]}"] if STEERS[steer] else []),
            "--test-backend", "PTF", "--out-dir", str(out), "--max-tests", str(n),
            "--seed", str(seed), "--path-selection", "GREEDY_STATEMENT_SEARCH",
-           "--track-coverage", "STATEMENTS", str(src)]
+           "--track-coverage", "STATEMENTS", "--print-coverage", str(src)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
@@ -154,6 +176,30 @@ def coverage_of(log: str) -> tuple[int, int] | None:
     ("Nodes covered: 0.85 (170/200)")."""
     found = re.findall(r"Nodes covered: [0-9.e+-]+ \((\d+)/(\d+)\)", log)
     return (int(found[-1][0]), int(found[-1][1])) if found else None
+
+
+def uncovered(log: str) -> set[tuple[str, int, str]] | None:
+    """The statements p4testgen left uncovered (``--print-coverage``: "Not covered program
+    nodes:", then a tab, the file, a backslash, the line, and the statement), as (file's
+    name, line, statement); None if the log has no such list."""
+    if "Not covered program nodes:" not in log:
+        return None
+    last = log.rsplit("Not covered program nodes:", 1)[1]
+    return {(m[1].rsplit("/", 1)[-1], int(m[2]), m[3].strip())
+            for m in re.finditer(r"^\t(\S+?)\\(\d+): (.*)$", last, re.M)}
+
+
+def union_coverage(logs: dict[str, str]) -> tuple[int, int] | None:
+    """The statements of the plain program that any run covered, and all there are. A run
+    steered by ``testgen_assume`` has the same statements at the same lines (the
+    preprocessor keeps them), and its assumptions besides, which the plain program lacks."""
+    plain = logs.get("plain")
+    total = coverage_of(plain) if plain else None
+    left = [uncovered(log) for log in logs.values()]
+    if total is None or any(u is None for u in left):
+        return None
+    never = set.intersection(*(u for u in left if u is not None))
+    return total[1] - len(never), total[1]
 
 
 # -- reading PTF -------------------------------------------------------------------------------
@@ -202,19 +248,27 @@ def compact(text: str) -> str:
     return re.sub(r"\n    '''\n.*?\n    '''\n", "\n", text, flags=re.S)
 
 
-def parse_ptf(path: Path) -> list[GenTest]:
-    text = path.read_text()
+def read_ptf(path: Path) -> str:
+    """A PTF file's text, gzipped (``.gz``: how the committed ones are kept) or not."""
+    if path.suffix == ".gz":
+        return gzip.decompress(path.read_bytes()).decode()
+    return path.read_text()
+
+
+def parse_ptf(path: Path, run: str = "") -> list[GenTest]:
+    """The tests of a PTF file, named ``run/TestN`` where ``run`` is given."""
+    text = read_ptf(path)
     tree = ast.parse(text)
     # (each class's first lines: "# Current statement coverage: 0.61"; read once, the file
     # is over 100 MB with its traces)
     coverage = {m[1]: float(m[2]) for m in re.finditer(
         r"^class (Test\d+)\(.*\n(?:    #.*\n)*?    # Current statement coverage: ([0-9.]+)",
         text, re.M)}
-    return [_test(cls, coverage.get(cls.name, 0.0)) for cls in tree.body
+    return [_test(cls, coverage.get(cls.name, 0.0), run) for cls in tree.body
             if isinstance(cls, ast.ClassDef) and re.fullmatch(r"Test\d+", cls.name)]
 
 
-def _test(cls: ast.ClassDef, coverage: float) -> GenTest:
+def _test(cls: ast.ClassDef, coverage: float, run: str = "") -> GenTest:
     tables = tna.Tables()
     regs: dict[str, dict[int, dict[str, int]]] = {}
     for call in _calls(_method(cls, "setupCtrlPlane")):
@@ -256,7 +310,8 @@ def _test(cls: ast.ClassDef, coverage: float) -> GenTest:
     if "eg_port" in verify:
         out_port = int(_value(verify["eg_port"]))
         out_frame = bytes(_value(verify["exp_pkt"]))
-    return GenTest(cls.name, int(send["ig_port"]), bytes(send["pkt"]), out_port, out_frame,
+    name = f"{run}/{cls.name}" if run else cls.name
+    return GenTest(name, int(send["ig_port"]), bytes(send["pkt"]), out_port, out_frame,
                    care, tables, regs, coverage, ast.get_docstring(cls) or "")
 
 
@@ -342,15 +397,24 @@ def replay(t: GenTest, tofino2: bool = False) -> Result:
     return Result(t, "disagreed", why)
 
 
-def run(n: int, seed: int = 1, target: str = "tofino", ptf: Path | None = None
-        ) -> Summary:
-    """Generate (or, given ``ptf``, read) the tests and replay each through the model."""
-    if ptf is None:
-        ptf = generate(n, seed, target)
-    tests = parse_ptf(ptf)
-    s = Summary([replay(t, target == "tofino2") for t in tests])
-    log = ptf.parent / "testgen.log"
-    s.statements = coverage_of(log.read_text()) if log.is_file() else None
+def run(n: int, seed: int = 1, target: str = "tofino",
+        ptfs: dict[str, Path] | None = None) -> Summary:
+    """Generate the runs' tests (``STEERS``, ``n`` each), or read them (``ptfs``: run -> its
+    PTF file, a log beside it where there is one), and replay each through the model."""
+    if ptfs is None:
+        ptfs = {steer: generate(n, seed, target, steer=steer) for steer in STEERS}
+    s = Summary()
+    logs = {}
+    for name, ptf in ptfs.items():
+        tests = parse_ptf(ptf, name)
+        s.results += [replay(t, target == "tofino2") for t in tests]
+        log = ptf.parent / "testgen.log"
+        if log.is_file():
+            logs[name] = log.read_text()
+        s.runs[name] = (len(tests), coverage_of(logs[name]) if name in logs else None)
+    if len(logs) == len(ptfs):
+        s.statements = (union_coverage(logs) if len(logs) > 1
+                        else coverage_of(next(iter(logs.values()))))
     s.coverage = (s.statements[0] / s.statements[1] if s.statements
-                  else max((t.coverage for t in tests), default=0.0))
+                  else max((r.test.coverage for r in s.results), default=0.0))
     return s

@@ -49,7 +49,8 @@ NO_OVERFLOW, NO_COUNT, RUNS, JOIN_WORDS = "no overflow flag", "no count kept", \
 DIFFERENCES = {
     NO_OVERFLOW: "adds wrap: a result never carries FLAG_OVERFLOW",
     NO_COUNT: "a status reply's count word is 0 (the agent counts the bitmap)",
-    RUNS: "a copy another run wrote is empty to this packet, older run or not",
+    RUNS: "a copy another run wrote is empty to this packet, older run or not; no join "
+          "nonce is kept, so a join that is not a member's of its run is taken (nonce 0 too)",
     JOIN_WORDS: "a join's replies carry its words back (its run word 0), not zeros",
 }
 
@@ -136,6 +137,14 @@ class TnaPass:
     # -- register cells ---------------------------------------------------------------------
     def cell(self, reg: str, index: int) -> dict[str, int] | None:
         return self.regs.get(reg, {}).get(index)
+
+    def hashed_cell(self, reg: str, index: int) -> dict[str, int] | None:
+        """The cell of a register indexed through an identity ``Hash`` (the slot copy's
+        bookkeeping: one stage sooner than md.idx), at ``index``, or the one cell a P4Testgen
+        test names: v1.2.5.16 names it at index 0 whatever its execution read (the hash's
+        output, resolved for the execution, is not put into the register's index)."""
+        cells = self.regs.get(reg, {})
+        return cells.get(index, cells.get(0) if len(cells) == 1 else None)
 
     def lanes(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
         cells = [self.cell(f"p{i:02d}.lanes", idx) or {} for i in range(self.half)]
@@ -312,12 +321,14 @@ class TnaPass:
                 job.workers)), g, 0, run]
             if seen & me and ours:   # no nonce kept: a member's join is a resend
                 model.join_nonce[(job.id, worker)] = h["seq"]
+            elif RUNS in self.declared:   # ... and nobody else's, whatever its nonce (0 too)
+                model.join_nonce[(job.id, worker)] = h["seq"] ^ 1
             return
         idx = 2 * (job.base + h["slot"]) + (1 if h["flags"] & wire.FLAG_PHASE else 0)
         if idx >= 2 * wire.SLOTS:
             return
-        own = self.cell("slot_round.slot_owner", idx) or {}
-        rnd = self.cell("slot_round.slot_round", idx) or {}
+        own = self.hashed_cell("slot_round.slot_owner", idx) or {}
+        rnd = self.hashed_cell("slot_round.slot_round", idx) or {}
         owner, otag = own.get("owner", 0), own.get("tag", 0)
         seen, rtag = rnd.get("seen", 0), rnd.get("tag", 0)
         m = model.mem

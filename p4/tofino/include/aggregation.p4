@@ -18,6 +18,9 @@
  * the job can). */
 #ifndef HOMAGG_TNA_AGGREGATION_P4
 #define HOMAGG_TNA_AGGREGATION_P4
+#ifdef HOMAGG_TESTGEN_STEER
+#include <testgen.p4>
+#endif
 
 /* Who may send, and is the packet well formed: the v1model program's checks (admission.p4),
  * in its order, each leaving its DROP_* reason in md.drop_reason. The job table's lookup
@@ -228,6 +231,20 @@ control Admission(in tna_headers_t hdr, inout tna_metadata_t md, in bit<9> ingre
 
     apply {
         job_workers.apply();
+#ifdef HOMAGG_TESTGEN_STEER
+        /* P4Testgen only (homagg-ctl build --testgen): its greedy search takes a branch's
+         * first side, and `room = 0` is the saturated subtraction's first, so no test it
+         * writes is admitted. These runs steer it past admission, a contribution's or a
+         * join's, to control-plane state homagg-ctl writes (controller/tna_testgen.py). */
+        testgen_assume(md.room != 0 && md.worker < md.workers
+                       && md.workers <= TNA_MAX_WORKERS);
+#if HOMAGG_TESTGEN_STEER == 1
+        testgen_assume(hdr.hi.isValid() && md.slot < SLOTS
+                       && md.slot >= hdr.homagg.slot);   /* (no wrap) */
+#else
+        testgen_assume(hdr.join.isValid() && md.epoch != 0);   /* (md.join_run's epoch) */
+#endif
+#endif
         checks.apply();
         if (md.job_known == 1) {
             worker_bit.apply();
