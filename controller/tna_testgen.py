@@ -55,12 +55,10 @@ KEY_NAMES = {"job_workers": ("src_addr", "src_port"), "local_ip": ("dst_addr",),
              "ipv4_route": ("dst_addr",), "result_dst": ("job", "rid")}
 
 
-#: P4Testgen's runs, and the HOMAGG_TESTGEN_STEER each compiles the program with. Its greedy
-#: path selection always takes a branch's first side, and the first side of admission's slot
-#: check (``region_size |-| slot``) is the saturated one, so alone it admits no packet
-#: (docs/switch.md). "plain" is the program as bf-p4c compiles it; the other two add
-#: ``testgen_assume`` after the job table (p4/tofino/include/aggregation.p4): the slot inside
-#: the job's region, a worker of the job as homagg-ctl writes it, and a contribution, or a join
+#: P4Testgen's runs, and the HOMAGG_TESTGEN_STEER each compiles the program with: "plain" is
+#: the program as bf-p4c compiles it, which P4Testgen alone never gets past admission
+#: (docs/switch.md says why); the other two steer it there, to a contribution or to a join
+#: (``testgen_assume`` in p4/tofino/include/aggregation.p4)
 STEERS = {"plain": 0, "contributions": 1, "joins": 2}
 
 

@@ -32,7 +32,6 @@ def ipv4_checksum(h: bytes | bytearray) -> int:
     return ~s & 0xFFFF
 
 
-
 @dataclass
 class Frame:
     """A frame as the TNA ingress parser takes it: the offsets of the headers it extracted."""
