@@ -948,6 +948,25 @@ def test_an_agent_that_cannot_start_fails_init_on_every_rank(tmp_path):
                   "agent (their own error says why)"), r0
 
 
+def test_the_start_up_agreement_goes_through_the_store_not_gloo():
+    # A rank that fails to start raises at once and its process may exit: a gloo collective
+    # just before it would leave a gloo thread holding its tensor while the interpreter
+    # exits (SIGABRT, "terminate called without an active exception"). The agreement needs
+    # only the store; each rank hears every rank's state, whatever the order they tell it.
+    import threading
+
+    from homagg.host_agent.distributed.group import _told
+
+    store, got = dist.HashStore(), {}
+    ranks = [threading.Thread(target=lambda r=r, m=m: got.__setitem__(r, _told(store, r, 3, m)))
+             for r, m in ((2, 0), (0, 2), (1, 0))]
+    for t in ranks:
+        t.start()
+    for t in ranks:
+        t.join(timeout=30)
+    assert got == {r: Counter({0: 2, 2: 1}) for r in range(3)}, got
+
+
 def test_work_reraises_and_reports_a_failed_future():
     from homagg.host_agent.distributed.backend import HomaggWork
 

@@ -55,13 +55,24 @@ def _reduce_op(opts) -> Any:
     return getattr(op, "op", op)  # a ReduceOp's RedOpType (SUM, AVG, ...)
 
 
+def _told(store: dist.Store, rank: int, size: int, mine: int) -> Counter[int]:
+    """How many ranks of the group are in each start-up state (0: with an agent, 1: without,
+    2: failed), each rank's told through ``store``. On this thread, not gloo's: a rank that
+    raises next leaves no collective behind, whose tensor a gloo thread would let go of
+    while the interpreter exits (which aborts the process: "terminate called without an
+    active exception")."""
+    told = dist.PrefixStore("homagg-start/", store)
+    told.set(str(rank), str(mine))
+    return Counter(int(told.get(str(r))) for r in range(size))
+
+
 @untraced(dist.ProcessGroup)
 class HomaggProcessGroup(dist.ProcessGroup):
     """The "homagg" process group: all_reduce through the switch (``Agent``), the rest
     through gloo. ``make_agent`` returns the group's agent; a ``Joining``, which makes it at
     the group's first collective through the switch (a subgroup's join through the
     service); or None: every collective goes to gloo (a subgroup without a job). Every rank
-    learns whether every other's agent started (one gloo all_reduce): if one could not, all
+    learns whether every other's agent started (through the store): if one could not, all
     raise at once, instead of the others waiting for it at their first collective."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
@@ -73,8 +84,8 @@ class HomaggProcessGroup(dist.ProcessGroup):
         self._thread: Serial | None = None
         self._lock = threading.Lock()
         # What this group's own thread issues; a gloo context of its own (``backend``'s doc).
-        # It carries the start-up agreement too, so it comes first: a group that fails to
-        # start has made nothing else to tear down.
+        # The agent's start-up collectives use it too, so it comes first: a group that fails
+        # to start has made nothing else to tear down.
         self._gloo: Any = dist.ProcessGroupGloo(dist.PrefixStore("homagg-py/", store), rank,
                                                 size, timeout)
         # reduce_scatter SUM/AVG of floats and integers: gloo (the default), or "switch": an
@@ -88,7 +99,7 @@ class HomaggProcessGroup(dist.ProcessGroup):
         self.counts: Counter[str] = Counter()
         self._stager = CudaStager()  # CUDA tensors through the switch (their codec on the GPU)
         self._nccl: Any = None
-        self._start(make_agent)
+        self._start(make_agent, store)
         # What serves CUDA tensors the switch does not: NCCL where every rank has a GPU of
         # its own, else gloo (``inner``); the ranks decide together
         self.cuda_inner = inner.agree(self._gloo, size)
@@ -104,7 +115,8 @@ class HomaggProcessGroup(dist.ProcessGroup):
                                    self._cpp)
         self._thread = Serial("homagg-agent")
 
-    def _start(self, make_agent: Callable[[Any], Agent | Joining | None]) -> None:
+    def _start(self, make_agent: Callable[[Any], Agent | Joining | None],
+               store: dist.Store) -> None:
         failure: BaseException | None = None
         try:
             got = make_agent(self._gloo)  # (the group's gloo: start-up collectives)
@@ -114,10 +126,9 @@ class HomaggProcessGroup(dist.ProcessGroup):
                 self.agent = got
         except Exception as err:  # noqa: BLE001 - every rank hears of it, then it is raised
             failure = err
-        state = torch.zeros(3, dtype=torch.int64)  # ranks with an agent, without, failed
-        state[2 if failure is not None else 0 if self._has_job() else 1] = 1
-        self._gloo.allreduce([state]).wait()
-        with_agent, without, failed = (int(v) for v in state)
+        states = _told(store, self.rank(), self.size(),
+                       2 if failure is not None else 0 if self._has_job() else 1)
+        with_agent, without, failed = (states[k] for k in range(3))
         if failed or (with_agent and without):
             self.shutdown()
             self._gloo = None  # torn down now, not when the interpreter exits
