@@ -955,10 +955,10 @@ def test_the_start_up_agreement_goes_through_the_store_not_gloo():
     # only the store; each rank hears every rank's state, whatever the order they tell it.
     import threading
 
-    from homagg.host_agent.distributed.group import _told
+    from homagg.host_agent.distributed.startup import told
 
     store, got = dist.HashStore(), {}
-    ranks = [threading.Thread(target=lambda r=r, m=m: got.__setitem__(r, _told(store, r, 3, m)))
+    ranks = [threading.Thread(target=lambda r=r, m=m: got.__setitem__(r, told(store, r, 3, m)))
              for r, m in ((2, 0), (0, 2), (1, 0))]
     for t in ranks:
         t.start()

@@ -2,7 +2,8 @@
 
 - ``backend``: registers the backend and configures its agents (``import homagg.torch`` does
   it); its module doc says what goes through the switch and what goes to the inner backend;
-- ``group``: the process group (its agent thread, its gloo fallbacks);
+- ``group``: the process group (its agent thread, its gloo fallbacks); ``startup``: what its
+  ranks tell each other as it starts;
 - ``switch``: what goes through the switch, and how (CPU tensors, and CUDA tensors staged
   through pinned host memory);
 - ``work``: the Work handle;

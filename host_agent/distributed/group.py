@@ -28,6 +28,7 @@ from homagg.host_agent.distributed.events import (
     wait_ready,
 )
 from homagg.host_agent.distributed.serial import Behind, Serial
+from homagg.host_agent.distributed.startup import told
 from homagg.host_agent.distributed.switch import (
     CudaStager,
     say_once,
@@ -53,17 +54,6 @@ _OPS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced"
 def _reduce_op(opts) -> Any:
     op = getattr(opts, "reduceOp", ReduceOp.SUM)
     return getattr(op, "op", op)  # a ReduceOp's RedOpType (SUM, AVG, ...)
-
-
-def _told(store: dist.Store, rank: int, size: int, mine: int) -> Counter[int]:
-    """How many ranks of the group are in each start-up state (0: with an agent, 1: without,
-    2: failed), each rank's told through ``store``. On this thread, not gloo's: a rank that
-    raises next leaves no collective behind, whose tensor a gloo thread would let go of
-    while the interpreter exits (which aborts the process: "terminate called without an
-    active exception")."""
-    told = dist.PrefixStore("homagg-start/", store)
-    told.set(str(rank), str(mine))
-    return Counter(int(told.get(str(r))) for r in range(size))
 
 
 @untraced(dist.ProcessGroup)
@@ -126,8 +116,8 @@ class HomaggProcessGroup(dist.ProcessGroup):
                 self.agent = got
         except Exception as err:  # noqa: BLE001 - every rank hears of it, then it is raised
             failure = err
-        states = _told(store, self.rank(), self.size(),
-                       2 if failure is not None else 0 if self._has_job() else 1)
+        states = told(store, self.rank(), self.size(),
+                      2 if failure is not None else 0 if self._has_job() else 1)
         with_agent, without, failed = (states[k] for k in range(3))
         if failed or (with_agent and without):
             self.shutdown()
