@@ -10,7 +10,7 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension(
     "homagg.native._homagg_native",
     sources=["homagg/native/soft_loop.c", "homagg/native/agent_loop.c",
-             "homagg/native/codec.c"],
+             "homagg/native/codec.c", "homagg/native/union.c", "homagg/native/sketch.c"],
     depends=["homagg/native/wire.h"],
     extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-fvisibility=default"],
     libraries=["pthread"],

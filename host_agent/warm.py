@@ -10,10 +10,10 @@ So ``./run.sh setup`` runs this module once (the kernels are built at install), 
 kernels (a few hundred milliseconds, once per process), and without it the compiling happens
 before the job's join, where no peer waits on a timeout.
 
-Only what the agent's rounds will call: an agent of mode dense whose rounds run in the C
-library (the native engine, and the codec's C kernels: a float32 tensor's passes) calls no
-numba kernel, so it loads none, and numba is not imported (its import and machine code cost a
-worker about 110 MB). Such an agent handed another dtype, float64 from numpy, loads numba's
+Only what the agent's rounds will call: where the C library is loaded, a float32 tensor's
+codec runs there in every mode (dense, union, sketch; ``codec._compiled``), so an agent warms
+no codec kernel and numba is not imported (its import and machine code cost a worker about
+100 MB of peak memory). Such an agent handed another dtype, float64 from numpy, loads numba's
 kernels at that tensor's first round, from the cache ``./run.sh setup`` filled.
 
 It runs the codec's real paths (every mode and index, the dtypes the agents decode to) through
@@ -104,14 +104,13 @@ def warm(codec: bool = True, results: bool = True) -> float:
 
 
 def before_join(cfg, engine: str) -> float:
-    """What an agent warms before its join: the codec's kernels unless its mode is dense and
-    the C library runs a float32 tensor's passes, and the matching of results where its rounds
-    run in the Python engine (``engine``)."""
+    """What an agent warms before its join: the codec's kernels unless the C library runs
+    them (a float32 tensor's, in every mode), and the matching of results where its rounds
+    run in the Python engine (``engine``). ``cfg``: the agent's config (kept for callers; the
+    mode no longer decides)."""
     from homagg import native
-    from homagg.host_agent.codec import Mode, as_mode
 
-    dense_in_c = as_mode(cfg.mode, auto=True) == Mode.DENSE and native.load() is not None
-    return warm(codec=not dense_in_c, results=engine == "python")
+    return warm(codec=native.load() is None, results=engine == "python")
 
 
 def main() -> int:

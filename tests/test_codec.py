@@ -394,9 +394,9 @@ def _peel_case(rng, u, ratio, seed):
 def test_peel_matches_reference(reference, monkeypatch, u, ratio, int32_state):
     # ratio 0.001 puts ~600 elements in a counter: past the int32 state, which hands over to numpy.
     if not int32_state:
-        from homagg.host_agent.codec import _jit_sketch  # where peel reads it
+        from homagg.host_agent.codec import _native  # where peel reads it
 
-        monkeypatch.setattr(_jit_sketch, "_PEEL_INT32_STATE_BELOW", 0)
+        monkeypatch.setattr(_native, "PEEL_INT32_STATE_BELOW", 0)
     rng = np.random.default_rng(u)
     union, vals, counters = _peel_case(rng, u, ratio, 3)
     got = codec.peel(counters, union, 3)

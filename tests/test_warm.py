@@ -26,7 +26,14 @@ def signatures() -> dict[str, int]:
     return out
 
 
-def test_after_warm_the_data_path_compiles_nothing():
+def test_after_warm_the_data_path_compiles_nothing(monkeypatch):
+    # numba's kernels for every dtype: the C library off (with it, a float32 tensor's codec
+    # runs in C and imports no numba: test_an_agent_whose_codec_runs_in_c_never_imports_numba)
+    from homagg import native
+    from homagg.host_agent import warm as warm_module
+
+    monkeypatch.setattr(native, "load", lambda: None)
+    monkeypatch.setattr(warm_module, "_done", set())  # (warmed before with C: again)
     assert kernels.active is kernels.JIT
     warm()
     before = signatures()
@@ -49,11 +56,11 @@ def test_after_warm_the_data_path_compiles_nothing():
     assert not grew, f"compiled after warm (kernel: signatures before, after): {grew}"
 
 
-def test_a_dense_agent_whose_rounds_run_in_c_never_imports_numba(tmp_path):
-    """Mode dense on the native engine with the C library's kernels: a worker's all-reduce of
-    float32 tensors (split blocks included) runs without numba, which is not imported (its
-    import and its kernels cost a worker about 110 MB); mode auto in the same process imports
-    it before its join."""
+def test_an_agent_whose_codec_runs_in_c_never_imports_numba(tmp_path):
+    """With the C library's kernels and the native engine, a worker's all-reduces of float32
+    tensors, in every mode and index (split blocks included), run without numba, which is not
+    imported (its import and its kernels cost a worker about 100 MB of peak memory); a float64
+    tensor in the same process imports it, for that tensor's kernels."""
     import subprocess
     import sys
     import textwrap
@@ -65,22 +72,27 @@ def test_a_dense_agent_whose_rounds_run_in_c_never_imports_numba(tmp_path):
     code = textwrap.dedent("""
         import sys
         import numpy as np
-        from tests.test_agent import Job
+        from tests.test_agent import Job, sparse_tensors
         rng = np.random.default_rng(3)
         xs = [rng.standard_normal(50_000).astype(np.float32) for _ in range(2)]
         xs[0][:600] *= 1e-7                      # a run of small values: split blocks
-        job = Job(2, mode="dense", agent_engine="native")
-        try:
-            res, err = job.run(lambda a, w: a.allreduce_detailed(xs[w]))
-            assert not any(err), err
-            assert res[0]._split_at is not None            # (split blocks, decoded in C)
-            assert res[0].out.tobytes() == res[1].out.tobytes()
-        finally:
-            job.close()
+        sparse = [x.astype(np.float32) for x in sparse_tensors(rng, 2, 50_000, 0.01)]
+        for mode, index, ts in (("dense", "flat", xs), ("auto", "hier", sparse),
+                                ("auto", "flat", sparse), ("union", "hier", sparse),
+                                ("sketch", "flat", sparse), ("sketch", "hier", xs)):
+            job = Job(2, mode=mode, index=index, agent_engine="native")
+            try:
+                res, err = job.run(lambda a, w: a.allreduce_detailed(ts[w]))
+                assert not any(err), err
+                assert res[0].out.tobytes() == res[1].out.tobytes()
+                if mode == "dense":
+                    assert res[0]._split_at is not None      # (split blocks, decoded in C)
+            finally:
+                job.close()
         print("numba" in sys.modules)
         job = Job(2, mode="auto", agent_engine="native")
         try:
-            res, err = job.run(lambda a, w: a.allreduce(xs[w]))
+            res, err = job.run(lambda a, w: a.allreduce(sparse[w].astype(np.float64)))
             assert not any(err), err
         finally:
             job.close()

@@ -4,6 +4,8 @@
 - ``soft_loop.c``: the software aggregator's datagram loop (``homagg.targets.soft.native``);
 - ``agent_loop.c``: the agent's round loop (``homagg.host_agent.engine.native``);
 - ``codec.c``: round 1's reading of a float32 tensor (``homagg.host_agent.codec._native``);
+- ``union.c``, ``sketch.c``: the codec's union and sketch kernels, so that a float32 tensor's
+  codec runs here whatever its mode (``homagg.host_agent.codec._native``);
 - ``wire.h``: the protocol's constants for C, generated from ``homagg.wire`` (``genheader``).
 
 ``load()`` gives the library, or None where it is not built (no compiler when homagg was
@@ -81,8 +83,8 @@ def why() -> str:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """The functions' signatures (soft_loop.c, agent_loop.c, codec.c)."""
-    p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+    """The functions' signatures (soft_loop.c, agent_loop.c, codec.c, union.c, sketch.c)."""
+    p, i32, i64, u64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
     sig = {
         "hx_new": (p, []),
         "hx_free": (None, [p]),
@@ -111,6 +113,21 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                   p]),
         "hc_quantize_f32": (i64, [p, i64, p, i64, p, p, i64, p, i32]),
         "hc_scale_i32": (None, [p, i64, p, i64, p, i32, i32]),
+        "hc_popcount8": (i64, [p, i64]),
+        "hc_union_size": (i64, [p, i64]),
+        "hc_set_bits": (i64, [p, i64, p]),
+        "hc_pack_nonzero_f32": (i64, [p, i64, p]),
+        "hc_gather_union": (None, [p, i64, p, p]),
+        "hc_subblocks": (None, [p, p, i64, p]),
+        "hc_level_counts": (None, [p, i64, p, p]),
+        "hc_encode_union_f32": (i32, [p, i64, p, p, i64, p, i64, p, p, i64, p, p]),
+        **{f"hc_decode_union_i{v}_f{o}": (i64, [p, i64, p, p, i64, p, i64])
+           for v in (32, 64) for o in (32, 64)},
+        "hc_assemble": (None, [p, i32, p, p, i32, i64, ctypes.c_double]),
+        "hc_scale_wide": (None, [p, i32, i64, p, i64, p, i32]),
+        "hc_hashes": (None, [p, i64, i64, u64, u64, p, p]),
+        "hc_sketch_encode": (None, [p, p, i32, i64, i64, u64, u64, p]),
+        "hc_peel": (i64, [p, i64, u64, u64, p, p, p, i64, p, i32]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)

@@ -10,7 +10,6 @@ setting every kernel is compiled with.
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 import numba
@@ -83,49 +82,9 @@ def decode_union_scaled(words: np.ndarray, n: int, values: np.ndarray,
                         ) -> np.ndarray | None:
     dt = np.dtype(dtype)
     if dt in (np.float32, np.float64) and values.dtype in (np.int32, np.int64):
-        values = np.ascontiguousarray(values)
-        scales = np.ascontiguousarray(word_scales, np.float64)
-        parts = _native.threads_for(n)
-        if parts > 1:
-            return _decode_on_threads(words, n, values, scales, dt, out, parts)
-        if out is None:
-            out = np.empty(n, dt)
-        elif _k_union_size(words, n) != values.size:
-            return None  # (a given out is written only once the sizes agree)
-        if _k_decode_union(out, words, values, scales, 1) != values.size:
-            return None
-        return out
+        return _native.decode_scaled(words, n, values, word_scales, dt, out, _k_union_size,
+                                     _k_decode_union)
     return _ref.decode_union_scaled(words, n, values, word_scales, dtype, out)
-
-
-def _decode_on_threads(words: np.ndarray, n: int, values: np.ndarray, scales: np.ndarray,
-                       dt: np.dtype, out: np.ndarray | None, parts: int) -> np.ndarray | None:
-    """``decode_union_scaled`` split between ``parts`` threads, a share of the bitmap's words
-    each (the kernels release the GIL): each share's values start at the union's count of the
-    words before it. The counts are taken first, so nothing is written unless they agree."""
-    nw = (n + 31) // 32
-    bounds = [nw * i // parts for i in range(parts + 1)]
-    ends = [min(n, 32 * b) for b in bounds]
-    counts = [int(_k_union_size(words[b0:b1], ends[i + 1] - ends[i]))
-              for i, (b0, b1) in enumerate(zip(bounds, bounds[1:]))]
-    if sum(counts) != values.size:
-        return None
-    out = np.empty(n, dt) if out is None else out
-    firsts = np.concatenate(([0], np.cumsum(counts)))
-    got = [0] * parts
-
-    def share(i: int) -> None:
-        got[i] = _k_decode_union(out[ends[i]:ends[i + 1]], words[bounds[i]:bounds[i + 1]],
-                                 values[firsts[i]:firsts[i + 1]],
-                                 scales[bounds[i]:bounds[i + 1]], 1)
-
-    threads = [threading.Thread(target=share, args=(i,)) for i in range(1, parts)]
-    for t in threads:
-        t.start()
-    share(0)
-    for t in threads:
-        t.join()
-    return out if got == counts else None
 
 
 def subblocks(mid: np.ndarray, blocks: np.ndarray) -> np.ndarray:

@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from homagg.host_agent.codec import _ref
+from homagg.host_agent.codec import _native, _ref
 from homagg.host_agent.codec._jit_bitmap import _njit
 from homagg.host_agent.codec._ref import M1, M2, M3
-
-#: Peeling packs a counter's element count (8 bits) and rank xor (23 bits) in an int32 below this
-#: union size, in an int64 (16 + 47 bits) from it on.
-_PEEL_INT32_STATE_BELOW = 2**23
-
 
 # --------------------------------------------------------------------------------------------
 # The interface (see _ref for what each returns)
@@ -40,7 +35,7 @@ def peel(counters: np.ndarray, union: np.ndarray, s1: np.uint64, s2: np.uint64
     values = np.zeros(u, np.int64)
     resolved = np.zeros(u, bool)
     # Count in the low bits, rank xor above: 8 + 23 bits fit an int32 (half the traffic).
-    small = u < _PEEL_INT32_STATE_BELOW
+    small = u < _native.PEEL_INT32_STATE_BELOW
     state = np.zeros(m, np.int32 if small else np.int64)
     rounds = _k_peel(np.ascontiguousarray(union, np.int64), s1, s2, values, resolved,
                      state, counters.astype(np.int64), 8 if small else 16,

@@ -3,8 +3,8 @@ has them, else numba's ``_jit``) when numba is installed, else numpy's.
 
 ``_ref`` (numpy) and ``_jit`` (numba) define the same functions with the same signatures; the
 codec calls ``kernels.active.<function>``, so it has no branch on numba. ``_compiled`` is
-``_jit`` with the C library's twins in front (a dense float32 tensor's passes), and numba
-imported at the first kernel of its that runs. ``_ref`` is the reference: the tests run them
+``_jit`` with the C library's twins in front (a float32 tensor's kernels, every mode), and
+numba imported at the first kernel of its that runs. ``_ref`` is the reference: the tests run them
 all and compare them bit for bit, selecting one with ``use`` / ``using`` (or by setting
 ``active``).
 
