@@ -7,6 +7,7 @@ trained by 4 workers with DDP, their gradients all-reduced by gloo's ring, throu
     sudo python -m bench.models --targets soft,bmv2 --rates 100,1000,0
     sudo python -m bench.models --models ncf,lstm --shape tiny --steps 3   # a quick look
     sudo python -m bench.models --variants "gloo,homagg,homagg unpipelined"  # pipelining A/B
+    sudo python -m bench.models --part 1048576   # homagg's long buckets in parts of 2^20
 
 Per model and variant: the step time (rank 0's median after the first step), the compute
 time (the same steps under ``no_sync``, measured first), the all-reduce's exposed time (step
@@ -89,9 +90,14 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(n for n, _ in VARIANTS[:3]),
                     help="which of gloo, homagg, homagg dense, homagg unpipelined (the hook's "
                     "buckets one at a time); gloo is every ratio's base")
+    ap.add_argument("--part", type=int, default=None,
+                    help="homagg: elements per part of a long bucket (AgentConfig.part; "
+                    "default its own)")
     a = ap.parse_args(argv)
     models = a.models.split(",")
-    variants = [(n, args) for n, args in VARIANTS if n in a.variants.split(",")]
+    part = [] if a.part is None else ["--part", str(a.part)]
+    variants = [(n, args + (part if n != "gloo" else [])) for n, args in VARIANTS
+                if n in a.variants.split(",")]
     if not variants:
         ap.error(f"--variants: some of {', '.join(n for n, _ in VARIANTS)}")
     for m in models:
