@@ -113,7 +113,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                   p]),
         "hc_quantize_f32": (i64, [p, i64, p, i64, p, p, i64, p, i32]),
         "hc_scale_i32": (None, [p, i64, p, i64, p, i32, i32]),
-        "hc_popcount8": (i64, [p, i64]),
         "hc_union_size": (i64, [p, i64]),
         "hc_set_bits": (i64, [p, i64, p]),
         "hc_pack_nonzero_f32": (i64, [p, i64, p]),

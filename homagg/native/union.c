@@ -42,15 +42,6 @@ static inline double pow2(int64_t s) { /* 2**s, -1022 <= s <= 1023 */
     return v.d;
 }
 
-/* the set bits of the bytes b[0:len] */
-HC_CLONES
-int64_t hc_popcount8(const uint8_t *b, int64_t len) {
-    int64_t total = 0;
-    for (int64_t i = 0; i < len; i++)
-        total += __builtin_popcount(b[i]);
-    return total;
-}
-
 /* How many of the first n tensor positions are set (the union's size). */
 HC_CLONES
 int64_t hc_union_size(const uint32_t *words, int64_t n) {

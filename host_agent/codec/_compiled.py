@@ -56,14 +56,19 @@ def summary(x: np.ndarray, block: int, binades: int, run: int, split: bool, cap:
     return jit().summary(x, block, binades, run, split, cap)
 
 
+def _normal_shifts(*shifts: np.ndarray) -> bool:
+    """Whether every shift makes 2**shift a normal float64 (the compiled loops' rule)."""
+    lo = min(s.min(initial=0) for s in shifts)
+    hi = max(s.max(initial=0) for s in shifts)
+    return lo >= -1022 and hi <= 1023
+
+
 def quantize_blocks(x: np.ndarray, shifts: np.ndarray, block: int, at: np.ndarray,
                     at_shifts: np.ndarray) -> tuple[np.ndarray, int]:
     if x.dtype == np.float32:
         shifts = np.ascontiguousarray(shifts, np.int64)
         at_shifts = np.ascontiguousarray(at_shifts, np.int64)
-        lo = min(shifts.min(initial=0), at_shifts.min(initial=0))
-        hi = max(shifts.max(initial=0), at_shifts.max(initial=0))
-        if lo >= -1022 and hi <= 1023:  # (2**shift a normal float64, as numba's kernel asks)
+        if _normal_shifts(shifts, at_shifts):
             got = _native.quantize_f32(np.ascontiguousarray(x), shifts, block,
                                        np.ascontiguousarray(at, np.int64), at_shifts)
             if got is not None:
@@ -122,13 +127,6 @@ def subblocks(mid: np.ndarray, blocks: np.ndarray) -> np.ndarray:
 def level_counts(words: np.ndarray, n: int) -> tuple[int, int]:
     got = _native.level_counts(words, n)
     return got if got is not None else jit().level_counts(words, n)
-
-
-def _normal_shifts(*shifts: np.ndarray) -> bool:
-    """Whether every shift makes 2**shift a normal float64 (the compiled loops' rule)."""
-    lo = min(s.min(initial=0) for s in shifts)
-    hi = max(s.max(initial=0) for s in shifts)
-    return lo >= -1022 and hi <= 1023
 
 
 def encode_union_blocks(words: np.ndarray, n: int, idx: np.ndarray, raw: np.ndarray,

@@ -170,9 +170,10 @@ def subblocks(mid: np.ndarray, blocks: np.ndarray) -> np.ndarray | None:
     lib = _lib()
     if lib is None:
         return None
-    mid = np.ascontiguousarray(mid).view(np.uint8)
+    mid = np.ascontiguousarray(mid)
     blocks = np.ascontiguousarray(blocks, np.int64)
-    out = np.empty(lib.hc_popcount8(mid.ctypes.data, 2 * blocks.size), np.int64)
+    # (its sub-block bits are the mid level's first 16 per block, as a bitmap's positions)
+    out = np.empty(lib.hc_union_size(mid.ctypes.data, 16 * blocks.size), np.int64)
     lib.hc_subblocks(mid.ctypes.data, blocks.ctypes.data, blocks.size, out.ctypes.data)
     return out
 
