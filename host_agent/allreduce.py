@@ -447,7 +447,9 @@ class Agent:
         stream = self._stream
         if mode == Mode.SKETCH and union_words is not None and not union.size:
             return np.zeros(0, np.int64), {}  # an empty union, on every worker
-        words = local.value_words(mode, scales, union_words, union, self.seed, self.cfg.ratio)
+        scratch = getattr(self.transport, "scratch", None)  # (kept from round to round)
+        words = local.value_words(mode, scales, union_words, union, self.seed, self.cfg.ratio,
+                                  np.empty if scratch is None else scratch.empty)
         if mode == Mode.DENSE or union_words is None:
             # (the switch's int32 words, as the union's: an int64 copy was 8 bytes an element
             # at the all-reduce's peak; ``Result.ints`` widens them)

@@ -20,7 +20,9 @@ kind can share a job.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -131,17 +133,19 @@ class HostTensor:
         return codec.element_words(pos[nz], v[nz], pos, e)
 
     def value_words(self, mode, scales: Scales, union_words: np.ndarray | None,
-                    union: np.ndarray | None, seed: int, ratio: float) -> np.ndarray:
+                    union: np.ndarray | None, seed: int, ratio: float,
+                    alloc: Callable[[int, Any], np.ndarray] = np.empty) -> np.ndarray:
         """The value round's int32 words: dense (all n), on the union (from the bitmap), or
         the sketch's counters on the listed ``union``. A value out of int32 at its scale
-        raises CodecError naming its index."""
+        raises CodecError naming its index. ``alloc(n, dtype)`` makes the dense words' array
+        (the transport's ``Scratch.empty``: memory kept from round to round)."""
         if mode == Mode.DENSE or union_words is None:
             self._scan = None  # (its positions and values: 12 bytes an element, not needed)
-            return self._dense_words(scales)
+            return self._dense_words(scales, alloc)
         if mode == Mode.UNION and self._scan is None and self._words is not None:
             # a mostly dense tensor (round 1 listed no positions): its dense words, read at
             # the union's positions (the same words as from the positions, bit for bit)
-            return codec.encode_union_dense(self._dense_words(scales), self._words,
+            return codec.encode_union_dense(self._dense_words(scales, alloc), self._words,
                                             union_words)
         if mode == Mode.UNION:  # in one pass; where it finds a fault, step by step to name it
             got = codec.encode_union_float(
@@ -155,7 +159,8 @@ class HostTensor:
         assert union is not None  # mode sketch: the union listed
         return codec.encode_values(s, union, mode, seed, ratio)
 
-    def _dense_words(self, scales: Scales) -> np.ndarray:
+    def _dense_words(self, scales: Scales,
+                     alloc: Callable[[int, Any], np.ndarray] = np.empty) -> np.ndarray:
         """Every element quantized at its shift, in one pass (``quantize_blocks``: the
         numpy reference does a chunk of a million elements at a time, so the float64
         products of a large tensor are never whole). A value out of int32 at its scale
@@ -163,7 +168,7 @@ class HostTensor:
         at = scales.at if scales.at is not None else np.zeros(0, np.int64)
         at_shifts = scales.at_shifts() if scales.at is not None else np.zeros(0, np.int64)
         out, bad = codec.kernels.active.quantize_blocks(self.x, scales.blocks(), scales.block,
-                                                        at, at_shifts)
+                                                        at, at_shifts, alloc(self.n, np.int32))
         if bad < 0:
             return out
         try:  # the first bad value alone, for quantize's own message

@@ -64,16 +64,17 @@ def _normal_shifts(*shifts: np.ndarray) -> bool:
 
 
 def quantize_blocks(x: np.ndarray, shifts: np.ndarray, block: int, at: np.ndarray,
-                    at_shifts: np.ndarray) -> tuple[np.ndarray, int]:
+                    at_shifts: np.ndarray, out: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, int]:
     if x.dtype == np.float32:
         shifts = np.ascontiguousarray(shifts, np.int64)
         at_shifts = np.ascontiguousarray(at_shifts, np.int64)
         if _normal_shifts(shifts, at_shifts):
             got = _native.quantize_f32(np.ascontiguousarray(x), shifts, block,
-                                       np.ascontiguousarray(at, np.int64), at_shifts)
+                                       np.ascontiguousarray(at, np.int64), at_shifts, out=out)
             if got is not None:
                 return got
-    return jit().quantize_blocks(x, shifts, block, at, at_shifts)
+    return jit().quantize_blocks(x, shifts, block, at, at_shifts, out)
 
 
 def scale_blocks(values: np.ndarray, scales: np.ndarray, block: int, dtype,

@@ -84,15 +84,16 @@ def summary(x: np.ndarray, block: int, binades: int, run: int, split: bool, cap:
 
 
 def quantize_blocks(x: np.ndarray, shifts: np.ndarray, block: int, at: np.ndarray,
-                    at_shifts: np.ndarray) -> tuple[np.ndarray, int]:
+                    at_shifts: np.ndarray, out: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, int]:
     shifts = np.ascontiguousarray(shifts, np.int64)
     at_shifts = np.ascontiguousarray(at_shifts, np.int64)
     lo = min(shifts.min(initial=0), at_shifts.min(initial=0))
     hi = max(shifts.max(initial=0), at_shifts.max(initial=0))
     if x.dtype not in (np.float32, np.float64) or lo < -1022 or hi > 1023:
         # (2**shift a normal float64: then x * 2**shift is ldexp's, rounded the same way)
-        return _ref.quantize_blocks(x, shifts, block, at, at_shifts)
-    out = np.empty(x.size, np.int32)
+        return _ref.quantize_blocks(x, shifts, block, at, at_shifts, out)
+    out = np.empty(x.size, np.int32) if out is None else out
     bad = _k_quantize_blocks(np.ascontiguousarray(x), shifts, block,
                              np.ascontiguousarray(at, np.int64), at_shifts, out)
     return out, int(bad)

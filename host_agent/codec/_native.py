@@ -88,15 +88,16 @@ def summary_f32(x: np.ndarray, block: int, binades: int, run: int, split: bool,
 
 
 def quantize_f32(x: np.ndarray, shifts: np.ndarray, block: int, at: np.ndarray,
-                 at_shifts: np.ndarray, baseline: bool = False
+                 at_shifts: np.ndarray, baseline: bool = False, out: np.ndarray | None = None
                  ) -> tuple[np.ndarray, int] | None:
     """``quantize_blocks`` of a contiguous float32 ``x`` (int64 ``shifts``, ``at`` and
-    ``at_shifts``, every shift in -1022..1023: the caller checks); None where the library is
-    not loaded."""
+    ``at_shifts``, every shift in -1022..1023: the caller checks), into ``out`` where given;
+    None where the library is not loaded."""
     lib = native.load()
     if lib is None or x.dtype != np.float32 or block <= 0:
         return None
-    out = np.empty(x.size, np.int32)
+    out = np.empty(x.size, np.int32) if out is None else out
+    assert out.dtype == np.int32 and out.size == x.size and out.flags.c_contiguous
     bad = lib.hc_quantize_f32(x.ctypes.data, x.size, shifts.ctypes.data, block,
                               at.ctypes.data, at_shifts.ctypes.data, at.size, out.ctypes.data,
                               int(baseline))

@@ -281,13 +281,15 @@ def summary(x: np.ndarray, block: int, binades: int, run: int, split: bool, cap:
 
 
 def quantize_blocks(x: np.ndarray, shifts: np.ndarray, block: int, at: np.ndarray,
-                    at_shifts: np.ndarray) -> tuple[np.ndarray, int]:
+                    at_shifts: np.ndarray, out: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, int]:
     """Every element of a 1-D float tensor as int32 ``rint(x * 2**shift)``, ``shift`` its
     block's (int64 ``shifts``, one per ``block`` elements) or, at the sorted positions ``at``,
     its own (``at_shifts``); and the first position whose value is not finite or not in int32
-    there, or -1 (the words from that chunk on are then unspecified)."""
+    there, or -1 (the words from that chunk on are then unspecified). The words go in ``out``
+    (int32, contiguous, x.size of them) where given."""
     n = x.size
-    out = np.empty(n, np.int32)
+    out = np.empty(n, np.int32) if out is None else out
     step = max(block, CHUNK // block * block)
     for lo in range(0, n, step):
         hi = min(n, lo + step)

@@ -39,8 +39,9 @@ all and compare them bit for bit, selecting one with ``use`` / ``using`` (or by 
     summary(x, block, binades, run, split, cap)
                                               -> (words, peaks, split mask, first non-finite
                                                  or -1, (positions, values) or None): round 1
-    quantize_blocks(x, shifts, block, at, at_shifts)
-                                              -> (int32 words, first bad position or -1)
+    quantize_blocks(x, shifts, block, at, at_shifts, out=None)
+                                              -> (int32 words, in ``out`` where given, first
+                                                 bad position or -1)
     encode_union_blocks(words, n, idx, raw, shifts, block, at, at_shifts)
                                               -> int32 values by union rank, quantized as
                                                  quantize_blocks does; None if one does not

@@ -28,6 +28,8 @@ GPU.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -131,7 +133,9 @@ class DeviceTensor:
 
     # -- the value rounds ------------------------------------------------------------------
     def value_words(self, mode, scales: Scales, union_words: np.ndarray | None,
-                    union: np.ndarray | None, seed: int, ratio: float) -> np.ndarray:
+                    union: np.ndarray | None, seed: int, ratio: float,
+                    alloc: Callable[[int, Any], np.ndarray] = np.empty) -> np.ndarray:
+        # (``alloc`` is the host's: these words are made on the device and copied in one trip)
         if mode == Mode.DENSE or union_words is None:
             shifts = self._shifts(scales)
             q, bad = _quantize_lazy(self.x, shifts)

@@ -91,7 +91,10 @@ class Round(LossRecovery):
         if second is not None:
             head2, self.h8_second = t.headers(second[0], self.gen or 0, flags)
             parts.append((head2, second[1], split, nchunks - split))
-        batch = np.empty(nchunks, wire.packet_dtype(K))
+        # (a round's packets and results are kept by the transport for its next rounds: not
+        # faulted in afresh each round, engine.scratch)
+        alloc = np.empty if self.join else t.scratch.empty
+        batch = alloc(nchunks, wire.packet_dtype(K))
         for h, w, at, m in parts:  # each part's packets in their place
             if t.native is not None and not self.join:  # the same bytes, in one pass in C
                 t.native.pack(_flat(w), K, m, g0 + at, S, h, out=batch[at:at + m])
@@ -101,7 +104,7 @@ class Round(LossRecovery):
         self.buf = batch.view(np.uint8).data
         assert len(self.buf) == nchunks * self.psize
 
-        self.out = np.empty(nchunks * K, np.int32)  # (every chunk's result is written in it)
+        self.out = alloc(nchunks * K, np.int32)  # (every chunk's result is written in it)
         self.done = np.zeros(nchunks, bool)
         self.sent_at = np.full(nchunks, np.inf)
         self.rto = np.full(nchunks, t.rtt.rto)

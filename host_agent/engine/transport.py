@@ -44,6 +44,7 @@ from homagg.host_agent.engine.congestion import Congestion
 from homagg.host_agent.engine.round import Round, SwitchOverflow
 from homagg.host_agent.engine.round_cost import RoundCost
 from homagg.host_agent.engine.rto import RtoEstimator
+from homagg.host_agent.engine.scratch import Scratch
 
 if TYPE_CHECKING:
     from homagg.host_agent.engine import Counters
@@ -100,6 +101,8 @@ class Transport:
         # single datagrams, up to RECV_BATCH receives' worth before they are matched
         self.rbuf = bytearray(RECV_BATCH * udpio.RECV_BYTES)
         self.rview = memoryview(self.rbuf)
+        # the rounds' packets, results and words, kept from round to round (engine.scratch)
+        self.scratch = Scratch()
         # Retransmission timeout from measured round trips (RFC 6298, Karn: samples only from
         # chunks sent once). A fixed timeout resends half of everything on a queueing bmv2.
         self.rtt = RtoEstimator(cfg.timeout, cfg.min_timeout, cfg.max_timeout)
@@ -128,6 +131,7 @@ class Transport:
     def close(self) -> None:
         if self.native is not None:
             self.native.close()
+        self.scratch.clear()
         self.sock.close()
 
     def stream(self, op: int, words: np.ndarray, flagged: bool = False) -> np.ndarray:
