@@ -4,7 +4,8 @@ of a ``homagg-net`` topology at once (the environment is ``homagg-net exec``'s).
 
 First ``--compute-steps`` steps under ``no_sync`` (forward, backward and the optimizer, no
 all-reduce: the step's compute), then ``--steps`` steps as DDP runs them. Rank 0 prints one
-JSON line per step and a summary line: the step times, the compute time, and for homagg the
+JSON line per step and a summary line: the step times, the compute time, the process's CPU
+time per step (every thread's: the training, DDP, gloo's or the agent's), and for homagg the
 bytes it sent and the mode and index each bucket took.
 """
 
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
 
     def step(n: int, sync: bool, ddp=ddp, opt=opt) -> tuple[float, float]:
         batch = s.batch(rank, n)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         opt.zero_grad()
         if sync:
             loss = s.loss(ddp, *batch)
@@ -77,9 +78,13 @@ def main(argv=None) -> int:
                 loss = s.loss(ddp, *batch)
                 loss.backward()
         opt.step()
-        return 1e3 * (time.perf_counter() - t0), float(loss.item())
+        value = float(loss.item())
+        cpu.append(1e3 * (time.process_time() - cpu0))
+        return 1e3 * (time.perf_counter() - t0), value
 
+    cpu: list[float] = []  # (the process's CPU ms of each step)
     compute = [step(n, False)[0] for n in range(a.compute_steps)]
+    del cpu[:]
     dist.barrier()  # every rank at the first synced step at once
     sent0 = agent.counters.bytes_sent if agent else 0
     times, losses = [], []
@@ -93,7 +98,7 @@ def main(argv=None) -> int:
     if rank == 0:
         print("summary " + json.dumps({
             "model": a.model, "shape": a.shape, "params": params,
-            "compute_ms": compute, "step_ms": times, "losses": losses,
+            "compute_ms": compute, "step_ms": times, "cpu_ms": cpu, "losses": losses,
             "bytes_per_step": ((agent.counters.bytes_sent - sent0) / max(a.steps, 1)
                                if agent else None),
             "dense_bytes": 4 * params, "taken": dict(taken),

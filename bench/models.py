@@ -14,9 +14,12 @@ Per model and variant: the step time (rank 0's median after the first step), the
 time (the same steps under ``no_sync``, measured first), the all-reduce's exposed time (step
 minus compute), the elements all-reduced per second of that time (the model's parameters per
 step: aggregation throughput), the bytes an agent sent per step against dense fp32 (gloo's
-ring sends 2 (W - 1) / W of dense fp32 per worker), and the mode and index each homagg bucket
-took. The models are ``bench.model_zoo``'s at ``--shape fit`` by default: the paper's
-parameters (the same gradients cross the network), less compute per step (its doc says how).
+ring sends 2 (W - 1) / W of dense fp32 per worker), rank 0's peak resident memory, its CPU
+time per step (``cpu ms``: every thread of its process, the median after the first step; the
+four workers and, for homagg, the aggregator share the machine's cores), and the mode and index
+each homagg bucket took. The models are ``bench.model_zoo``'s at ``--shape fit`` by default:
+the paper's parameters (the same gradients cross the network), less compute per step (its doc
+says how).
 
 Needs root and Mininet; figures go to bench/out/models.json. Whether homagg's sum is exact
 on these models is ``tests/test_models.py``'s business (20 steps each, bit for bit).
@@ -66,13 +69,15 @@ def figures(s: dict, workers: int) -> dict:
     step = statistics.median(s["step_ms"][1:] or s["step_ms"])
     compute = statistics.median(s["compute_ms"][1:] or s["compute_ms"])
     exposed = max(step - compute, 1e-3)
+    cpu = s.get("cpu_ms")
     return {"step_ms": step, "compute_ms": compute, "allreduce_ms": step - compute,
             "elements_per_s": s["params"] / (exposed / 1e3),
             "wire_vs_dense": (s["bytes_per_step"] / s["dense_bytes"]
                               if s["bytes_per_step"] is not None
                               else 2 * (workers - 1) / workers),
             "taken": s["taken"], "params": s["params"], "losses": s["losses"],
-            "max_rss_mb": s.get("max_rss_mb"), "pipelined": s.get("pipelined")}
+            "max_rss_mb": s.get("max_rss_mb"), "pipelined": s.get("pipelined"),
+            "cpu_ms": statistics.median(cpu[1:] or cpu) if cpu else None}
 
 
 def main(argv=None) -> int:
@@ -144,14 +149,14 @@ def main(argv=None) -> int:
           f"K = {a.words or 'default'}, MTU {a.mtu}")
     print(f"{'target':6} {'links':>9} {'model':6} {'variant':18} {'ms/step':>9} "
           f"{'compute':>8} {'allreduce':>9} {'vs gloo':>8} {'wire/dense':>10} "
-          f"{'elements/s':>11} {'peak MB':>8}  buckets")
+          f"{'elements/s':>11} {'peak MB':>8} {'cpu ms':>7}  buckets")
     for r in rows:
         link = f"{r['rate_mbit']:.0f} Mbit/s" if r["rate_mbit"] else "unshaped"
         print(f"{r['target']:6} {link:>9} {r['model']:6} {r['variant']:18} "
               f"{r['step_ms']:9.0f} {r['compute_ms']:8.0f} {r['allreduce_ms']:9.0f} "
               + (f"{r['vs_gloo']:7.2f}x " if r["vs_gloo"] is not None else f"{'-':>8} ")
               + f"{r['wire_vs_dense']:10.3f} {r['elements_per_s']:11.3g} "
-              f"{r['max_rss_mb'] or 0:8.0f}  "
+              f"{r['max_rss_mb'] or 0:8.0f} {r.get('cpu_ms') or 0:7.0f}  "
               f"{', '.join(f'{k} {v}' for k, v in sorted(r['taken'].items()))}"
               + (f"; {r['pipelined']} fused" if r.get("pipelined") else ""))
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -163,8 +168,8 @@ def main(argv=None) -> int:
 
 def figure_rows(rows: list[dict]) -> list[dict]:
     """``plots.models``' rows (docs/figures/data/benchmarks.json's "models" columns): one per
-    (target, link rate, model) that gloo ran, step seconds and rank 0's peak resident memory
-    (MB) per variant (None: not run)."""
+    (target, link rate, model) that gloo ran, step seconds, rank 0's peak resident memory
+    (MB) and its CPU per step (ms) per variant (None: not run)."""
     out: dict[tuple, dict] = {}
     for r in rows:
         link = f"{r['rate_mbit']:.0f} Mbit/s" if r["rate_mbit"] else "unshaped"
@@ -172,10 +177,12 @@ def figure_rows(rows: list[dict]) -> list[dict]:
                              {"model": r["model"], "links": link, "gloo_s": None,
                               "homagg_s": None, "homagg_dense_s": None,
                               "gloo_peak_mb": None, "homagg_peak_mb": None,
-                              "homagg_dense_peak_mb": None})
+                              "homagg_dense_peak_mb": None, "gloo_cpu_ms": None,
+                              "homagg_cpu_ms": None, "homagg_dense_cpu_ms": None})
         name = r["variant"].replace(" ", "_")
         row[f"{name}_s"] = r["step_ms"] / 1e3  # (plotted: the first three's)
         row[f"{name}_peak_mb"] = r.get("max_rss_mb")
+        row[f"{name}_cpu_ms"] = r.get("cpu_ms")
     return [r for r in out.values() if r["gloo_s"]]
 
 

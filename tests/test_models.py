@@ -120,13 +120,14 @@ def test_twenty_steps_through_homagg_are_bit_identical_to_exact_integer_sums(tmp
 
 
 def test_the_models_figure_rows_and_plot(tmp_path):
-    """bench.models' rows become the figure's (step seconds per variant, one row per link
-    rate and model that gloo ran), and ``plots.models`` draws them, a variant left out too."""
+    """bench.models' rows become the figure's (step seconds, peak memory and CPU per variant,
+    one row per link rate and model that gloo ran), and ``plots.models`` draws them, a variant
+    left out too."""
     from bench import models, plots
 
     def row(rate, model, variant, ms, mb):
         return {"target": "soft", "rate_mbit": rate, "model": model, "variant": variant,
-                "step_ms": ms, "max_rss_mb": mb}
+                "step_ms": ms, "max_rss_mb": mb, "cpu_ms": ms / 2}
 
     rows = [row(100.0, "ncf", "gloo", 18000, 900.0), row(100.0, "ncf", "homagg", 1000, 950.0),
             row(100.0, "ncf", "homagg dense", 17000, 990.0),
@@ -136,10 +137,12 @@ def test_the_models_figure_rows_and_plot(tmp_path):
     assert got == [
         {"model": "ncf", "links": "100 Mbit/s", "gloo_s": 18.0, "homagg_s": 1.0,
          "homagg_dense_s": 17.0, "gloo_peak_mb": 900.0, "homagg_peak_mb": 950.0,
-         "homagg_dense_peak_mb": 990.0},
+         "homagg_dense_peak_mb": 990.0, "gloo_cpu_ms": 9000, "homagg_cpu_ms": 500,
+         "homagg_dense_cpu_ms": 8500},
         {"model": "lstm", "links": "unshaped", "gloo_s": 2.76, "homagg_s": 4.3,
          "homagg_dense_s": None, "gloo_peak_mb": 700.0, "homagg_peak_mb": 720.0,
-         "homagg_dense_peak_mb": None}]  # (vgg19: no gloo run to compare with)
+         "homagg_dense_peak_mb": None, "gloo_cpu_ms": 1380, "homagg_cpu_ms": 2150,
+         "homagg_dense_cpu_ms": None}]  # (vgg19: no gloo run to compare with)
     pytest.importorskip("matplotlib")
     fig = plots.models(got)
     fig.savefig(tmp_path / "models.png")
