@@ -78,6 +78,15 @@ def test_the_smallest_idle_buffer_that_fits_and_a_bound_on_what_is_kept():
     assert s.nbytes == 0 and y[0] == y[0]  # (what is in use lives on in its views)
 
 
+def test_a_buffer_above_the_largest_is_never_kept():
+    s = Scratch(largest=1 << 20)
+    a = s.empty((1 << 20) // 4 + 1, np.int32)
+    assert s.nbytes == 0 and a.size == (1 << 18) + 1
+    del a
+    s.empty(1 << 18, np.int32)  # (exactly the largest: kept)
+    assert s.nbytes == 1 << 20 and s.made == 2
+
+
 @pytest.fixture(params=AGENT_ENGINES, ids=["agent-auto", "agent-python"])
 def make_job(request):
     yield from closing_factory(functools.partial(Job, agent_engine=request.param))

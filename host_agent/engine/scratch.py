@@ -8,6 +8,8 @@ trims the heap of the agent's thread): a third of a dense worker's CPU went to t
 numpy's views name the array that owns their memory as their ``base`` (a view of a view too),
 and anything that holds a view holds the view, so the owner's reference count tells whether any
 view of it is alive: a result a caller keeps is never written over, it only costs a new buffer.
+A buffer larger than ``largest`` is never kept (an all-reduce of a long tensor not cut into
+parts would otherwise hold its size three times over after the call).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ import sys
 import numpy as np
 
 __all__ = ["Scratch"]
+
+#: The largest buffer a ``Scratch`` keeps, in bytes: a part's words, packets or sums at parts of
+#: up to 2^22 elements (``AgentConfig.part``).
+LARGEST = 32 << 20
 
 
 def _refs(owners: list[np.ndarray], i: int) -> int:
@@ -29,10 +35,11 @@ _IDLE = _refs([np.empty(1, np.uint8)], 0)
 
 
 class Scratch:
-    """Up to ``keep`` buffers, each handed out (``empty``) while no view of it is alive."""
+    """Up to ``keep`` buffers of at most ``largest`` bytes, each handed out (``empty``) while no
+    view of it is alive."""
 
-    def __init__(self, keep: int = 6):
-        self.keep = keep
+    def __init__(self, keep: int = 6, largest: int = LARGEST):
+        self.keep, self.largest = keep, largest
         self._owners: list[np.ndarray] = []
         self.made = 0    # buffers allocated (kept or not)
         self.reused = 0  # requests served by a kept buffer
@@ -46,6 +53,9 @@ class Scratch:
         """An uninitialised 1-D array of ``n`` elements of ``dtype``, as ``np.empty``'s."""
         dt = np.dtype(dtype)
         size = n * dt.itemsize
+        if size > self.largest:
+            self.made += 1
+            return np.empty(n, dt)
         fit, small = -1, -1  # the smallest idle buffer that fits; an idle one that does not
         for i in range(len(self._owners)):
             if _refs(self._owners, i) != _IDLE:
