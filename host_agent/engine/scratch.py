@@ -2,9 +2,9 @@
 results and the words it sends.
 
 Each is a part's worth of memory (8 MiB for a part of 2^21 elements). Made afresh every round,
-each of their pages is faulted in and zeroed by the kernel, and given back when freed (glibc
-trims the heap of the agent's thread): a third of a dense worker's CPU went to that. A
-``Scratch`` keeps a few buffers and hands one out again once nothing refers to it but the pool.
+each of their pages would be faulted in and zeroed by the kernel, and given back when freed
+(glibc trims the heap of the agent's thread), every round. A ``Scratch`` keeps a few buffers
+and hands one out again once nothing refers to it but the pool.
 numpy's views name the array that owns their memory as their ``base`` (a view of a view too),
 and anything that holds a view holds the view, so the owner's reference count tells whether any
 view of it is alive: a result a caller keeps is never written over, it only costs a new buffer.
