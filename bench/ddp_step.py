@@ -15,6 +15,7 @@ fewer cores than processes, the step is as fast as the sum of that over the work
     sudo python -m bench.ddp_step                     # soft and bmv2, unshaped and 100 Mbit/s
     sudo python -m bench.ddp_step --targets soft --rates 0 --steps 15
     sudo python -m bench.ddp_step --words 64,256      # homagg at K = 64 and 256 side by side
+    sudo python -m bench.ddp_step --slots 64,256      # homagg's window at 64 and 256 slots
     sudo python -m bench.ddp_step --workers 2         # 2 workers (default 4)
     sudo python -m bench.ddp_step --topo leafspine    # 2 leaves of 2 workers under a spine
     sudo python -m bench.ddp_step --mtu 9000 --words 2176   # jumbo frames (gloo's too)
@@ -22,6 +23,8 @@ fewer cores than processes, the step is as fast as the sum of that over the work
 
 ``--words``: the switch's words per packet (K); with several, each K gets its own topology
 (gloo runs in the first), so a change of K is measured against gloo in the same run.
+``--slots``: the job's slots on the switch, its window (default: homagg-net's for the target);
+with several, each gets its own topology, as ``--words``.
 ``--mtu``: every link's MTU (homagg-net --mtu), for gloo as for homagg; 9000 for K above 364.
 ``--topo leafspine --leaves L --workers-per-leaf N``: the same on a tree of switches
 (launcher.tree: homagg aggregates at the leaves and the spine; gloo's ring crosses the tree,
@@ -98,6 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--words", default="", help="K values, e.g. 64,256 (default: the P4 "
                                                  "default only)")
+    ap.add_argument("--slots", default="", help="the job's slots (its window), e.g. 64,256 "
+                                                 "(default: homagg-net's for the target)")
     ap.add_argument("--mtu", type=int, default=1500,
                     help="every link's MTU, gloo's included (9000: jumbo frames, K up to 2239; "
                          "2176 on bmv2)")
@@ -111,6 +116,8 @@ def main(argv=None) -> int:
     catalog = VARIANTS + ([("homagg unpipelined", ["--backend", "hook", "--no-pipeline"])]
                           if a.pipeline_ab else [])
     words: list[int | None] = [int(k) for k in a.words.split(",")] if a.words else [None]
+    slots: list[int | None] = [int(s) for s in a.slots.split(",")] if a.slots else [None]
+    settings = [(k, s) for k in words for s in slots]
     preflight()
     rows = []
     for target in a.targets.split(","):
@@ -121,15 +128,17 @@ def main(argv=None) -> int:
         for rate in (float(r) for r in a.rates.split(",")):
             med: dict[str, float] = {}
             cpu: dict[str, float] = {}
-            for i, k in enumerate(words):
+            for i, (k, s) in enumerate(settings):
                 opts = NetOptions(target=target, workers=a.workers, bw=rate or None, words=k,
                                   mtu=a.mtu, topo=a.topo, leaves=a.leaves,
-                                  workers_per_leaf=a.workers_per_leaf)
-                opts.log_dir = LOG_DIR / a.topo / f"{target}-{int(rate)}" / f"k{k or 'default'}"
+                                  workers_per_leaf=a.workers_per_leaf, slots=s)
+                opts.log_dir = (LOG_DIR / a.topo / f"{target}-{int(rate)}"
+                                / f"k{k or 'default'}-s{s or 'default'}")
                 opts.log_dir.mkdir(parents=True, exist_ok=True)
-                label = f" K={k}" if len(words) > 1 else ""
+                label = (f" K={k}" if len(words) > 1 else "") + (
+                    f" S={s}" if len(slots) > 1 else "")
                 variants = [(n + ("" if n == "gloo" else label), args) for n, args in catalog
-                            if n != "gloo" or i == 0]  # gloo does not depend on K
+                            if n != "gloo" or i == 0]  # gloo depends on neither K nor slots
                 try:
                     with make_net(opts) as net:
                         times = {n: run_variant(net, args, a.steps,

@@ -9,6 +9,7 @@ trained by 4 workers with DDP, their gradients all-reduced by gloo's ring, throu
     sudo python -m bench.models --variants "gloo,homagg,homagg unpipelined"  # pipelining A/B
     sudo python -m bench.models --part 1048576   # homagg's long buckets in parts of 2^20
     sudo python -m bench.models --mtu 9000 --words 2176  # jumbo frames (gloo's too)
+    sudo python -m bench.models --slots 64              # homagg's window at 64 slots
 
 Per model and variant: the step time (rank 0's median after the first step), the compute
 time (the same steps under ``no_sync``, measured first), the all-reduce's exposed time (step
@@ -98,6 +99,9 @@ def main(argv=None) -> int:
                     "buckets one at a time); gloo is every ratio's base")
     ap.add_argument("--words", type=int, default=None,
                     help="the switch's words per packet, K (default: the P4 program's)")
+    ap.add_argument("--slots", type=int, default=None,
+                    help="the job's slots on the switch, its window (default: homagg-net's "
+                    "for the target)")
     ap.add_argument("--mtu", type=int, default=1500,
                     help="every link's MTU (homagg-net --mtu), gloo's as homagg's; 9000 for K "
                     "above 364")
@@ -124,7 +128,7 @@ def main(argv=None) -> int:
             continue
         for rate in (float(r) for r in a.rates.split(",")):
             opts = NetOptions(target=target, workers=a.workers, bw=rate or None,
-                              words=a.words, mtu=a.mtu)
+                              words=a.words, mtu=a.mtu, slots=a.slots)
             opts.log_dir = LOG_DIR / f"{target}-{int(rate)}"
             opts.log_dir.mkdir(parents=True, exist_ok=True)
             try:
@@ -140,13 +144,14 @@ def main(argv=None) -> int:
                         for name, f in got_v.items():
                             rows.append({"target": target, "rate_mbit": rate, "model": m,
                                          "words": a.words, "mtu": a.mtu,
+                                         "slots": net.slots,
                                          "variant": name, **f,
                                          "vs_gloo": (got_v["gloo"]["step_ms"] / f["step_ms"]
                                                      if "gloo" in got_v else None)})
             except (NetError, RuntimeError) as e:
                 print(f"{target} {rate or 'unshaped'}: failed: {e}")
     print(f"\n{a.workers} workers, shape {a.shape}, {a.steps} steps (median after the first), "
-          f"K = {a.words or 'default'}, MTU {a.mtu}")
+          f"K = {a.words or 'default'}, MTU {a.mtu}, slots {a.slots or 'default'}")
     print(f"{'target':6} {'links':>9} {'model':6} {'variant':18} {'ms/step':>9} "
           f"{'compute':>8} {'allreduce':>9} {'vs gloo':>8} {'wire/dense':>10} "
           f"{'elements/s':>11} {'peak MB':>8} {'cpu ms':>7}  buckets")
