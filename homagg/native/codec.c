@@ -55,10 +55,12 @@ static inline uint8_t split_block(const uint32_t *xi, int64_t count, uint32_t to
         limit = (int64_t)1 << (m + HC_BIAS + HC_MANT - 1);
     else
         limit = 0;
-    int64_t small = 0;
+    /* the count in 32-bit lanes (limit < 2**31), which the compiler vectorizes: most blocks of
+     * a dense tensor end here */
+    int32_t lim = (int32_t)limit, small = 0;
     for (int64_t i = 0; i < count; i++) {
-        int64_t a = xi[i] & HC_MAG;
-        small += (a != 0) & (a < limit);
+        int32_t a = (int32_t)(xi[i] & HC_MAG);
+        small += (a != 0) & (a < lim);
     }
     if (small < run)
         return 0;
