@@ -271,6 +271,47 @@ def test_quantize_and_scale_kernels_agree_with_the_reference_bit_for_bit(native,
                 assert got is out and got.tobytes() == want.tobytes(), (n, block, dt)
 
 
+@pytest.mark.parametrize("baseline", [False, True])
+def test_quantize_at_every_shift_around_a_float32_scales_range(baseline):
+    """The C loop scales in float32 lanes where a block's 2**shift is a normal float32 (-126 to
+    127) and in float64 elsewhere: at every shift from -140 to 159, numpy's words bit for bit,
+    for values up to int32's edges, ties, products too small to be normal and subnormal inputs;
+    and a value past int32 (or not finite) anywhere in a group of eight is the one named."""
+    if homagg.native.load() is None:
+        pytest.skip(f"the native library is off: {homagg.native.why()}")
+    rng = np.random.default_rng(41)
+    block = 40  # (five groups of eight a block)
+    shifts = np.arange(-140, 160, dtype=np.int64)
+    n = shifts.size * block
+    s = shifts.repeat(block)
+    m = rng.integers(-2**31 + 256, 2**31 - 256, n).astype(np.float64)  # q up to int32's edges
+    ties = rng.random(n) < 0.3
+    m[ties] = rng.integers(-1000, 1000, ties.sum()) + 0.5  # ties, to even
+    edges = rng.random(n) < 0.1
+    m[edges] = rng.choice([-2.0**31, 2.0**31 - 128, 0.49, -0.5, 1e-3], edges.sum())
+    m = np.where(s < -95, m * 2.0 ** (s + 95 - 31), m)  # (x within float32's range)
+    x = np.ldexp(m, -s).astype(np.float32)  # (some underflow: subnormal, 0)
+    x[rng.random(n) < 0.05] = np.float32(1e-42)
+    x[rng.random(n) < 0.05] = -np.float32(3e-39)
+    q = np.rint(np.ldexp(x.astype(np.float64), s))
+    x[(q < -2**31) | (q > 2**31 - 1)] = 0  # (float32's rounding of m)
+    assert (q == -2**31).any() and (q == 2**31 - 128).any() and (x == 0).mean() < 0.3
+    none = np.zeros(0, np.int64)
+    want, wbad = kernels.REF.quantize_blocks(x, shifts, block, none, none)
+    assert wbad == -1
+    got, gbad = _native.quantize_f32(x, shifts, block, none, none, baseline=baseline)
+    assert gbad == -1
+    np.testing.assert_array_equal(got, want)
+    for at in (0, 7, 8 * 700 + 3, n - 1, 5 * block + 17, 200 * block + 39):
+        e = 31 - int(s[at])  # 2**31 at the element's scale: the first value past int32
+        past = np.float32(np.ldexp(1.0, e)) if e <= 127 else np.float32(np.inf)
+        for bad in (np.inf, np.nan, past, -2 * past):
+            y = x.copy()
+            y[at] = bad
+            assert _native.quantize_f32(y, shifts, block, none, none, baseline=baseline)[1] \
+                == kernels.REF.quantize_blocks(y, shifts, block, none, none)[1] == at
+
+
 @needs_jit
 @pytest.mark.parametrize("native", ["c", "c-baseline", "numba"])
 def test_the_kernels_name_the_first_value_that_does_not_quantize(native, monkeypatch):

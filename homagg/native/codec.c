@@ -320,7 +320,8 @@ int64_t hc_summary_f32(const uint32_t *xi, int64_t n, int64_t block, int64_t bin
  * rint(x * 2**s) (round half to even, as rint under the default rounding mode), an exact
  * product since 2**s is a power of two and x a float32; the scaled value v * 2**-s rounded once
  * to the output's type. numba's loops run a scalar conversion and a libm rint per element; these
- * run four lanes of AVX2 at a time where the CPU has it, so each is about a memory pass. */
+ * run four lanes of AVX2 at a time where the CPU has it (the quantize eight, in float32, where
+ * the block's scale is a normal float32), so each is about a memory pass. */
 
 static inline double pow2(int64_t s) { /* 2**s, -1022 <= s <= 1023 */
     union { uint64_t u; double d; } v = {.u = (uint64_t)(s + 1023) << 52};
@@ -381,6 +382,34 @@ __attribute__((target("avx2"))) static int64_t quantize_avx2(const float *x, int
     }
     return quantize_scalar(x, i, hi, scale, at, nat, out);
 }
+
+/* quantize_avx2 in float32, eight lanes at a time, for a block whose 2**shift is a normal
+ * float32 (-126 <= shift <= 127): x * 2**shift is then exact in float32 wherever it is normal,
+ * as in float64, and a product too small to be normal rounds to 0 either way, so every word is
+ * the float64 loop's. A group of eight with a value out of int32 (or not finite) goes through
+ * the scalar loop, in float64, and so does the block's tail. */
+__attribute__((target("avx2"))) static int64_t quantize_avx2_f32(const float *x, int64_t lo,
+                                                                  int64_t hi, double scale,
+                                                                  const int64_t *at,
+                                                                  int64_t nat, int32_t *out) {
+    const __m256 s = _mm256_set1_ps((float)scale), top = _mm256_set1_ps(2147483648.0f),
+                 bottom = _mm256_set1_ps(-2147483648.0f);
+    int64_t i = lo;
+    for (; i + 8 <= hi; i += 8) {
+        __m256 q = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 ok = _mm256_and_ps(_mm256_cmp_ps(q, bottom, _CMP_GE_OQ),
+                                  _mm256_cmp_ps(q, top, _CMP_LT_OQ));
+        if (_mm256_movemask_ps(ok) != 0xFF) {
+            int64_t bad = quantize_scalar(x, i, i + 8, scale, at, nat, out);
+            if (bad >= 0)
+                return bad;
+            continue;
+        }
+        _mm256_storeu_si256((__m256i *)(out + i), _mm256_cvttps_epi32(q));
+    }
+    return quantize_scalar(x, i, hi, scale, at, nat, out);
+}
 #endif
 
 /* Every element of x[0:n) as int32 rint(x * 2**shift), shift its block's (``shifts``, one per
@@ -398,8 +427,10 @@ int64_t hc_quantize_f32(const float *x, int64_t n, const int64_t *shifts, int64_
     for (int64_t b = 0, lo = 0; lo < n && bad < 0; b++, lo += block) {
         int64_t hi = lo + block < n ? lo + block : n;
 #ifdef HC_X86
-        bad = wide ? quantize_avx2(x, lo, hi, pow2(shifts[b]), at, nat, out)
-                   : quantize_scalar(x, lo, hi, pow2(shifts[b]), at, nat, out);
+        int64_t sh = shifts[b];
+        bad = !wide ? quantize_scalar(x, lo, hi, pow2(sh), at, nat, out)
+              : sh >= -126 && sh <= 127 ? quantize_avx2_f32(x, lo, hi, pow2(sh), at, nat, out)
+                                        : quantize_avx2(x, lo, hi, pow2(sh), at, nat, out);
 #else
         bad = quantize_scalar(x, lo, hi, pow2(shifts[b]), at, nat, out);
 #endif
