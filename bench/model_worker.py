@@ -103,6 +103,10 @@ def main(argv=None) -> int:
                                if agent else None),
             "dense_bytes": 4 * params, "taken": dict(taken),
             "pipelined": agent.counters.pipelined if agent else None,
+            # the run's resends by cause (loss.py; the warm-up steps' included)
+            "resends": ({n: getattr(agent.counters, n) for n in (
+                "retransmissions", "early_resends", "probes", "probes_held", "held_back",
+                "waited_timeout", "waited_rack", "waited_probe")} if agent else None),
             # the worker's peak resident memory (Linux: kB): the model, its gradients, DDP's
             # buckets and the all-reduce's buffers together
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
