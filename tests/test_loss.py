@@ -77,6 +77,22 @@ def test_a_rack_resend_marks_the_round_lossy_and_counts_its_wait():
     assert r.lossy()
 
 
+def test_a_resent_chunks_result_is_no_evidence_against_the_chunks_numbered_above_it():
+    """RACK's evidence is a result of a chunk numbered after and sent after (``rack_due``):
+    chunks 0-3 sent at 0, chunk 1 resent at 10 ms and its result back at 10.5 ms. Its peers'
+    copies were in, so chunk 0's result is overdue (every peer sent it before chunk 1), but
+    chunks 2 and 3 may wait for a slow peer's copies: they keep their timeouts."""
+    r = FakeRound(n=4)
+    r.sent_at[1], r.resent[1] = 0.010, True
+    r.delivered(1, 0.0105)
+    r.done[1] = True
+    assert (r.rack_ts, r.rack_c) == (0.010, 1)
+    pending = r.retransmit(r.in_flight(), now=0.012)  # past 0.5 ms + srtt / 4, before 20 ms
+    assert r.sends == [0] and pending.tolist() == [0, 2, 3]
+    assert r.counters.early_resends == 1 and r.counters.waited_timeout == 0.0
+    assert np.isinf(r.rack_due(np.array([2, 3]))).all()
+
+
 def test_held_chunks_are_probed_only_after_a_loss():
     r = FakeRound(n=2)
     r.held[:] = True

@@ -253,7 +253,7 @@ static double wake_at(const ha_round *r, double now) {
         if (r->done[c]) continue;
         any = 1;
         double sent = r->sent_at[c], due = sent + r->rto[c];
-        int before = sent < r->rack_ts || (sent == r->rack_ts && c < r->rack_c);
+        int before = c < r->rack_c && sent <= r->rack_ts; /* (loss.py: rack_due) */
         if (before && !r->held[c]) {
             double rack = sent + r->rack_rtt + srtt / 4;
             if (rack < due) due = rack;

@@ -3,11 +3,16 @@ tail-loss probe. ``LossRecovery`` is the part of ``round.Round`` that decides; t
 the per-chunk state it reads (declared below) and does the sending.
 
 Each chunk has a timeout (measured, ``rto``, with backoff). Loss is also detected without
-waiting it out, as TCP's RACK does (RFC 8985): once the
-result of a chunk sent after chunk c has come back, c is deemed lost when it has been out for
-that result's round trip plus a reordering window (a quarter of the smoothed round trip), and
-is resent then. A chunk the switch said it holds (a status reply) is exempt: a peer's packet is
-what it waits for. Each such resend waits for a later chunk's result again, so none repeats
+waiting it out, as TCP's RACK does (RFC 8985): once the result of a chunk numbered after chunk
+c and sent after it has come back, c is deemed lost when it has been out for that result's
+round trip plus a reordering window (a quarter of the smoothed round trip), and is resent then.
+Numbered after it, not only sent after it: the switch completes a chunk once every peer's copy
+is in, and each peer sends its chunks in order, so a result says every peer has sent the chunks
+numbered below it, and nothing of those above. A resent chunk's result (its peers' copies long
+in) comes back while the chunks sent before the resend and numbered above it still wait for a
+slow peer's; taken as evidence against them, it would resend a window that is only queued.
+A chunk the switch said it holds (a status reply) is exempt: a peer's packet is what it waits
+for. Each such resend waits for a later chunk's result again, so none repeats
 without new evidence. A loss with nothing sent after it (a round's tail) is found by a tail-loss
 probe (RFC 8985's TLP): after a probe timeout of silence the latest-sent chunk not held is resent
 once, and again only after another result; the timeout (with backoff) covers a lost probe.
@@ -226,11 +231,12 @@ class LossRecovery:
         self.counters.probes += 1
 
     def rack_due(self, pending: np.ndarray) -> np.ndarray:
-        """Per pending chunk, when RACK deems it lost: sent before the latest-sent chunk whose
-        result came back (or with it, and numbered before it), and out for that result's
-        round trip plus the reordering window; inf for the others."""
+        """Per pending chunk, when RACK deems it lost: numbered before the latest-sent chunk
+        whose result came back and sent no later than it, and out for that result's round
+        trip plus the reordering window; inf for the others (the module's doc says why the
+        number counts)."""
         sent = self.sent_at[pending]
-        before = (sent < self.rack_ts) | ((sent == self.rack_ts) & (pending < self.rack_c))
+        before = (pending < self.rack_c) & (sent <= self.rack_ts)
         srtt = self.t.rtt.srtt or 0.0
         return np.where(before & ~self.held[pending], sent + self.rack_rtt + srtt / 4, np.inf)
 
