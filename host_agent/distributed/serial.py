@@ -10,16 +10,28 @@ tensor is ready when the job queued right behind it offers one, and taking it ta
 off the queue; the thread runs it next, its round 1 already done. Nothing waits for a job that
 is not queued yet, and a job that offers nothing (a gloo call, a sparse bucket) is never
 taken: the pipeline stops at it.
+
+The thread is a daemon (a script that never shuts its group down still exits), and it is
+joined when the interpreter exits (``atexit``), before Python finalizes: a job inside torch's
+C++ with the GIL released (a DDP future's ``set_result`` runs DDP's callbacks so) that woke
+into a finalizing interpreter would be ended by ``pthread_exit`` through a C++ frame, which
+is ``std::terminate``: "terminate called without an active exception", SIGABRT.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
+import weakref
 from typing import Any, Protocol
 
 log = logging.getLogger("homagg.torch")
+
+#: At exit, how long (s) a thread may take over the jobs already queued before the interpreter
+#: finalizes without it (a job bounds itself: the agent's deadline).
+EXIT_WAIT = 30.0
 
 
 class Offering(Protocol):
@@ -66,16 +78,19 @@ class Serial:
         self._q: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
+        _live.add(self)
 
     def submit(self, job) -> None:
         """``job``: a callable, or an ``Offering``."""
         self._q.put(job)
 
-    def shutdown(self, wait: bool = True) -> None:
-        """The jobs already queued run; then the thread ends (``wait``: joined)."""
+    def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
+        """The jobs already queued run; then the thread ends (``wait``: joined, for up to
+        ``timeout`` seconds if given)."""
+        _live.discard(self)
         self._q.put(None)
         if wait:
-            self._thread.join()
+            self._thread.join(timeout)
 
     def _serve(self) -> None:
         job = self._q.get()
@@ -87,3 +102,17 @@ class Serial:
                 log.exception("homagg: a job of the agent's thread failed")
             job = behind.taken if behind is not None and behind.taken is not None \
                 else self._q.get()
+
+
+_live: weakref.WeakSet[Serial] = weakref.WeakSet()
+
+
+@atexit.register
+def _join_at_exit() -> None:
+    """Every thread still serving finishes its queued jobs before the interpreter finalizes
+    (the module's docstring), for up to ``EXIT_WAIT`` seconds each."""
+    for serial in list(_live):
+        serial.shutdown(wait=True, timeout=EXIT_WAIT)
+        if serial._thread.is_alive():
+            log.warning("homagg: the agent's thread %s still runs a job at exit (%.0f s)",
+                        serial._thread.name, EXIT_WAIT)
