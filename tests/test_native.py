@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -352,3 +353,80 @@ def test_linerate_benchmark_runs(tmp_path):
     table = json.loads(out.read_text())["table"]
     assert [r["target"] for r in table] == targets
     assert all(r["gbit_core"] > 0 for r in table)
+
+
+class Stalling(SoftSwitch):
+    """A soft switch whose model, given a packet by the native loop, says so (``stalled``) and
+    waits until the test has sent what it wants (``go``): what comes meanwhile waits in the
+    socket, and the loop receives it in one batch."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.stalled, self.go = threading.Event(), threading.Event()
+
+    def handle(self, data, src, port=None):
+        replies = super().handle(data, src, port)
+        self.stalled.set()
+        assert self.go.wait(10)
+        return replies
+
+
+def test_runs_decided_in_one_batch_reach_each_worker_as_one_gso_run():
+    """Worker 1 completes 40 rounds in two runs of 20 that the loop receives together: each
+    worker gets the 40 exact sums, in slot order, as one message (a GSO run) where the two
+    runs' results lie end to end, not one message per run and worker."""
+    if not soft_native.available():
+        pytest.skip(f"the native engine is off: {soft_native.why()}")
+    k, n = 64, 40
+    sw = Stalling(slots=n, words=k)
+    server = SoftSwitchServer(sw, (SERVER_IP, 0), ports=(), engine="native").start()
+    socks = []
+    try:
+        for i in range(2):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind((f"127.0.0.{i + 1}", 0))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            s.setblocking(False)
+            socks.append(s)
+        install(sw, 1, [s.getsockname() for s in socks], n, key=KEYS[1])
+        words = np.random.default_rng(7).integers(-2**20, 2**20, (2, n, k), dtype=np.int32)
+
+        def run(worker: int, slots: range) -> None:
+            pkts = [wire.pack(wire.OP_ADD, 1, worker, s, 1, words[worker, s], k=k,
+                              auth=KEYS[1]) for s in slots]
+            sent = udpio.BatchSocket(socks[worker], gro=False).send_many(
+                b"".join(pkts), len(pkts[0]), server.address)
+            assert sent == len(pkts)
+
+        run(0, range(n))
+        _wait_rx(sw, n)
+        before = server.native.io_counts()
+        socks[1].sendto(b"\x00", server.address)  # the model's: the loop waits on it
+        assert sw.stalled.wait(10)
+        run(1, range(n // 2))
+        run(1, range(n // 2, n))
+        sw.go.set()
+        _wait_rx(sw, 2 * n + 1)
+        deadline = time.monotonic() + 5
+        got: dict[int, list[bytes]] = {0: [], 1: []}
+        while sum(map(len, got.values())) < 2 * n:
+            assert time.monotonic() < deadline, {w: len(r) for w, r in got.items()}
+            for w, s in enumerate(socks):
+                try:
+                    got[w].append(s.recv(65536))
+                except BlockingIOError:
+                    time.sleep(0.001)
+        after = server.native.io_counts()
+    finally:
+        sw.go.set()
+        server.stop()
+        for s in socks:
+            s.close()
+    for w in (0, 1):
+        heads = [wire.decode_header(r) for r in got[w]]
+        assert [h.slot for h in heads] == list(range(n))
+        assert all(h.flags & wire.FLAG_RESULT for h in heads)
+        sums = np.stack([np.frombuffer(r, ">i4", offset=wire.HOMAGG_HDR_BYTES) for r in got[w]])
+        assert np.array_equal(sums, words[0] + words[1])
+    assert after["sent"] - before["sent"] == 2 * n
+    assert after["send_runs"] - before["send_runs"] == 2, (before, after)

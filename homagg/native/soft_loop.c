@@ -133,8 +133,9 @@ typedef struct {
     union { char buf[CMSG_SPACE(sizeof(uint16_t))]; struct cmsghdr align; } ocbuf[HX_MAX_OUT];
     hx_queued split[HX_MAX_OUT];
     int nout, gso;
-    /* system calls and datagrams, each way (homagg.udpio.io_counts' names) */
-    int64_t send_calls, sent, recv_calls, received, send_dropped, taken;
+    /* system calls and datagrams, each way (homagg.udpio.io_counts' names), and the messages
+     * (GSO runs) sent */
+    int64_t send_calls, sent, recv_calls, received, send_dropped, taken, send_runs;
 } hx_ctx;
 
 static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
@@ -340,23 +341,13 @@ static int64_t now_ms(void) {
     return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-/* Queue one message: datagrams of pkt_bytes end to end at `data` (a GSO run where len is
- * more than one), to (ip, port), from socket `fd`. The queue must have room. */
-static void queue_msg(hx_ctx *c, int fd, uint8_t *data, size_t len, uint32_t ip, uint16_t port) {
-    int i = c->nout++;
+/* Message i's length: len bytes of datagrams (a GSO run, with its segment size, where that
+ * is more than one). */
+static void set_len(hx_ctx *c, int i, size_t len) {
     size_t size = (size_t)c->pkt_bytes;
-    c->ofd[i] = fd;
-    c->oiov[i].iov_base = data;
-    c->oiov[i].iov_len = len;
-    c->odst[i] = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons(port),
-                                      .sin_addr.s_addr = htonl(ip)};
     struct msghdr *h = &c->omsgs[i].msg_hdr;
-    memset(h, 0, sizeof *h);
-    h->msg_name = &c->odst[i];
-    h->msg_namelen = sizeof(struct sockaddr_in);
-    h->msg_iov = &c->oiov[i];
-    h->msg_iovlen = 1;
-    if (len > size) {
+    c->oiov[i].iov_len = len;
+    if (len > size && !h->msg_control) {
         h->msg_control = c->ocbuf[i].buf;
         h->msg_controllen = sizeof c->ocbuf[i].buf;
         struct cmsghdr *cm = CMSG_FIRSTHDR(h);
@@ -366,6 +357,42 @@ static void queue_msg(hx_ctx *c, int fd, uint8_t *data, size_t len, uint32_t ip,
         uint16_t seg = (uint16_t)size;
         memcpy(CMSG_DATA(cm), &seg, sizeof seg);
     }
+}
+
+/* Queue one message: datagrams of pkt_bytes end to end at `data` (a GSO run where len is
+ * more than one), to (ip, port), from socket `fd`. The queue must have room. */
+static void queue_msg(hx_ctx *c, int fd, uint8_t *data, size_t len, uint32_t ip, uint16_t port) {
+    int i = c->nout++;
+    c->ofd[i] = fd;
+    c->oiov[i].iov_base = data;
+    c->odst[i] = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons(port),
+                                      .sin_addr.s_addr = htonl(ip)};
+    struct msghdr *h = &c->omsgs[i].msg_hdr;
+    memset(h, 0, sizeof *h);
+    h->msg_name = &c->odst[i];
+    h->msg_namelen = sizeof(struct sockaddr_in);
+    h->msg_iov = &c->oiov[i];
+    h->msg_iovlen = 1;
+    set_len(c, i, len);
+}
+
+/* The queue's latest message to (ip, port) from `fd`, if it ends where `data` begins and
+ * has room for more of a GSO run (`per` bytes in all): its index, else -1. Only the last
+ * HX_EXTEND_BACK messages are looked at (a run's results go to each destination in turn, so
+ * the last run's message there is among its last few). */
+#define HX_EXTEND_BACK 64
+static int extendable(hx_ctx *c, int fd, const uint8_t *data, uint32_t ip, uint16_t port,
+                      size_t per) {
+    uint32_t nip = htonl(ip);
+    uint16_t nport = htons(port);
+    int stop = c->nout > HX_EXTEND_BACK ? c->nout - HX_EXTEND_BACK : 0;
+    for (int i = c->nout - 1; i >= stop; i--) {
+        if (c->ofd[i] != fd || c->odst[i].sin_addr.s_addr != nip || c->odst[i].sin_port != nport)
+            continue;
+        const uint8_t *end = (const uint8_t *)c->oiov[i].iov_base + c->oiov[i].iov_len;
+        return end == data && c->oiov[i].iov_len < per ? i : -1;
+    }
+    return -1;
 }
 
 static int64_t datagrams(hx_ctx *c, size_t len) {
@@ -408,6 +435,7 @@ static void flush(hx_ctx *c) {
         if (n > 0) {
             for (int i = at; i < at + n; i++) c->sent += datagrams(c, c->oiov[i].iov_len);
             c->send_calls++;
+            c->send_runs += n;
             at += n;
             continue;
         }
@@ -435,7 +463,9 @@ static void flush(hx_ctx *c) {
 
 /* Queue the datagrams out[first .. end) (equal sizes) where a job's rounds go: to each of its
  * result addresses from `fd` (the port the request came to), or with `up`, a tree's child
- * job's partial sums to its parent, from its uplink's port. */
+ * job's partial sums to its parent, from its uplink's port. Where the queue's last message
+ * there ends where these begin (the run decided before, in the same batch), they go on in it,
+ * up to a GSO run's limit: fewer, longer messages, each a wake-up at the other end. */
 static void queue_results(hx_ctx *c, const hx_job *job, int up, size_t first, size_t end,
                           int fd) {
     size_t total = end - first;
@@ -449,7 +479,16 @@ static void queue_results(hx_ctx *c, const hx_job *job, int up, size_t first, si
     for (int r = 0; r < dests; r++) {
         uint32_t ip = up ? job->up_ip : c->res_ip[job->res_at + r];
         uint16_t port = up ? job->up_port : c->res_port[job->res_at + r];
-        for (size_t at = 0; at < total; at += per) {
+        size_t at = 0;
+        /* the run goes on from the last one's datagrams there (consecutive runs of a job's
+         * results lie end to end in out): one GSO run of both, where it fits */
+        int last = extendable(c, fd, c->out + first, ip, port, per);
+        if (last >= 0) {
+            size_t room = per - c->oiov[last].iov_len;
+            at = total < room ? total : room;
+            set_len(c, last, c->oiov[last].iov_len + at);
+        }
+        for (; at < total; at += per) {
             if (c->nout == HX_MAX_OUT) flush(c);
             queue_msg(c, fd, c->out + first + at, total - at < per ? total - at : per, ip, port);
         }
@@ -807,9 +846,10 @@ int32_t hx_slow(hx_ctx *c, const uint8_t **data, uint32_t *ip, uint16_t *port) {
 
 int32_t hx_slow_port(hx_ctx *c) { return c->slow_fdi; }
 
-/* send_calls, sent, recv_calls, received, datagrams dropped on a full send buffer, and
- * packets decided here (not handed to Python) */
+/* send_calls, sent, recv_calls, received, datagrams dropped on a full send buffer, packets
+ * decided here (not handed to Python), and messages sent (GSO runs) */
 void hx_io_counts(hx_ctx *c, int64_t *out) {
+    out[6] = c->send_runs;
     out[5] = c->taken;
     out[0] = c->send_calls;
     out[1] = c->sent;

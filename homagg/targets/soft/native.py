@@ -191,12 +191,12 @@ class NativeLoop:
 
     def io_counts(self) -> dict[str, int]:
         """The loop's system calls and datagrams each way (``udpio.io_counts``' names), the
-        datagrams it dropped on a full send buffer, and the packets it decided itself
-        (``taken``: not handed to the model)."""
-        out = (ctypes.c_int64 * 6)()
+        datagrams it dropped on a full send buffer, the packets it decided itself (``taken``:
+        not handed to the model), and the messages it sent (``send_runs``: a GSO run each)."""
+        out = (ctypes.c_int64 * 7)()
         self.lib.hx_io_counts(self.ctx, out)
         return dict(zip(("send_calls", "sent", "recv_calls", "received", "send_dropped",
-                         "taken"), out))
+                         "taken", "send_runs"), out))
 
     @property
     def gso(self) -> bool:
