@@ -3,6 +3,9 @@ gradients DDP applies are the exact mean of the workers' quantized gradients."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -251,9 +254,6 @@ def test_the_hook_thread_inside_set_result_at_exit(tmp_path):
     bucket of a step): the thread is joined before the interpreter finalizes, so it never
     wakes into one. Without that, pthread_exit unwinds its C++ frame: "terminate called
     without an active exception", SIGABRT (seen once in a while in this file's tests)."""
-    import subprocess
-    import sys
-
     script = tmp_path / "exit_race.py"
     script.write_text(EXIT_RACE)
     for _ in range(2):
